@@ -1,0 +1,944 @@
+//! The decision: one pure function from an [`Observed`] state to a [`Decision`].
+//!
+//! This file is the whole lifecycle policy. Every row of
+//! `shared/reference/lifecycle-cases.md` is decided here, in the order the checks appear
+//! in [`decide`]:
+//!
+//! 1. triggers that are not compute's business are ignored (rows 3, unknown events);
+//! 2. missing evidence changes nothing (row 22), and a timed-out submission is only
+//!    reconciled from turn evidence, never retried blind (row 21);
+//! 3. sessions that are not self-hosted or not this deployment's are ignored (rows 23, 24);
+//! 4. closed records and operator cleanups (row 25, part of 26);
+//! 5. deleted and failed sessions release their compute (rows 5, 6, 7, 8);
+//! 6. more than one active compute is fixed to exactly one (row 13), and an active compute
+//!    the record does not name is adopted (row 12) or, on a sweep with no record at all,
+//!    released as an orphan (row 26);
+//! 7. a current `environment_connection` requirement ensures one compute: start, wait,
+//!    reuse or replace, with start-failure backoff (rows 1, 2, 9, 10, 11, 16, 28);
+//! 8. otherwise the trigger's own question: resolved actions (row 4), turns without an
+//!    executor (row 19), idle shutdown leases (rows 14, 15, 17, 18, 20), sweeps (row 27).
+//!
+//! A decision lists its side effects in the order they must be applied; the controller
+//! applies them under the effect-key lock and stops at the first that fails, so a later
+//! effect (e.g. `MarkClosed`) is only applied once the earlier ones (the stops it depends
+//! on) are confirmed. Applying a decision's effects and deciding again on the resulting
+//! state yields no further effect (property-tested).
+
+use crate::compute::{ComputeInstance, ComputeStatus, InstanceRef};
+use crate::environment::EnvironmentStatus;
+use crate::ids::{EnvironmentId, Generation, SessionId, idempotency_token};
+use crate::observed::{Inventory, Observed, SessionView, Trigger, Unavailable};
+use crate::record::{Record, RecordStatus, ShutdownLease};
+use crate::session::{Session, SessionStatus};
+use crate::turn::{ItemStatus, TurnStatus};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The named outcome of a decision (lifecycle-cases.md's vocabulary, plus `adopt` and
+/// `cleanup`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// Nothing to do (record bookkeeping may still happen).
+    Ignore,
+    /// Create compute.
+    Start,
+    /// Record an existing compute the record does not name (row 12).
+    Adopt,
+    /// Keep the compute that exists.
+    Reuse,
+    /// A start, stop or connection is in flight: recheck later.
+    Wait,
+    /// Stop generation N, start N+1.
+    Replace,
+    /// Take a shutdown lease with a grace period.
+    ScheduleStop,
+    /// Drop a pending shutdown lease.
+    CancelStop,
+    /// Stop the leased compute.
+    Stop,
+    /// Stop because the session is gone, failed or the compute is an orphan.
+    Release,
+    /// Hold for an owner with the evidence; change nothing.
+    Reconcile,
+    /// Evidence is missing: retry later, change nothing.
+    Uncertain,
+    /// More than one compute, or a record that disagrees with the provider: fix, report.
+    Divergent,
+    /// Operator close: delete the session and stop the compute, two receipts.
+    Cleanup,
+}
+
+impl Outcome {
+    /// The outcome's name as used in logs and the audit trail (`schedule-stop`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ignore => "ignore",
+            Self::Start => "start",
+            Self::Adopt => "adopt",
+            Self::Reuse => "reuse",
+            Self::Wait => "wait",
+            Self::Replace => "replace",
+            Self::ScheduleStop => "schedule-stop",
+            Self::CancelStop => "cancel-stop",
+            Self::Stop => "stop",
+            Self::Release => "release",
+            Self::Reconcile => "reconcile",
+            Self::Uncertain => "uncertain",
+            Self::Divergent => "divergent",
+            Self::Cleanup => "cleanup",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a decision was taken: the evidence that settled it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum Reason {
+    /// The action type is not `environment_connection` (row 3).
+    NotAComputeAction,
+    /// The event type does not concern compute.
+    UnrelatedEvent,
+    /// The session could not be retrieved (row 22).
+    SessionUnavailable {
+        /// Why.
+        cause: Unavailable,
+    },
+    /// The provider's inventory could not be read.
+    InventoryUnavailable,
+    /// A submission timed out and no turn evidence was read yet (row 21): retrieve the
+    /// session, its turns and their items before anything else; never resubmit.
+    SubmissionOutcomeUnknown,
+    /// A submission timed out but its turn exists: the original may still run (row 21).
+    SubmissionFound {
+        /// The turn.
+        turn_id: String,
+        /// Its status.
+        status: TurnStatus,
+    },
+    /// The environment is `none` or `openai_hosted` (row 23).
+    NotSelfHosted,
+    /// The ownership filter rejects the session (row 24).
+    NotOwned,
+    /// The record is closed: nothing starts for this session again.
+    SessionClosed,
+    /// An operator close is in progress (row 25).
+    SessionClosing,
+    /// A start is in flight; a close waits it out (row 25).
+    StartInFlight,
+    /// The session answered 404 (rows 5, 6).
+    SessionDeleted,
+    /// The session is failed (row 7).
+    SessionFailed,
+    /// The failed event is stale: the session is no longer failed (row 8).
+    StaleFailedEvent,
+    /// More than one active compute (row 13).
+    MultipleComputes {
+        /// How many were active.
+        active: usize,
+    },
+    /// The record does not name the active compute (row 12).
+    UnrecordedCompute,
+    /// A compute tagged by this deployment has no record (row 26).
+    Orphan,
+    /// The record says a compute runs; the provider has none (rows 11, 27).
+    RecordStale,
+    /// The session requires `environment_connection` and nothing serves it (row 1).
+    ConnectionRequired,
+    /// The connection requirement is resolved already (row 4).
+    ActionResolved,
+    /// The compute is provisioning or pending (row 9).
+    ComputeStarting,
+    /// A compute is stopping; start nothing until it is gone.
+    ComputeStopping,
+    /// The executor runs and is within its connect deadline.
+    ExecutorConnecting,
+    /// The environment reports `connected`.
+    ExecutorConnected,
+    /// The executor ran past the connect deadline without connecting (row 10).
+    ConnectDeadlinePassed {
+        /// Seconds since the compute started.
+        running_secs: u64,
+    },
+    /// The recorded compute stopped behind the controller's back (row 11). Files are not
+    /// restored on the new compute: restore from a snapshot if one exists.
+    ComputeGone {
+        /// The generation that is gone.
+        previous: Generation,
+    },
+    /// The last start failed; the next attempt waits out its backoff (row 28).
+    StartBackoff {
+        /// Failed attempts so far.
+        attempts: u32,
+    },
+    /// Starts keep failing; no further attempt until an operator acts (row 28).
+    StartFailing {
+        /// Failed attempts so far.
+        attempts: u32,
+        /// The provider's last reason.
+        last_reason: String,
+    },
+    /// Idle, nothing pending: stop after the grace period (row 14).
+    IdleGrace,
+    /// A lease is pending already.
+    LeaseAlreadyPending,
+    /// New work arrived (connection request, turn, required action): keep the compute
+    /// (rows 16, 17).
+    NewWork,
+    /// The timer's lease is no longer the record's lease (cancelled or replaced).
+    LeaseNotCurrent,
+    /// The lease names an older generation than the current one (row 18).
+    LeaseSuperseded,
+    /// The lease is not due yet.
+    LeaseNotDue,
+    /// Due, session idle, nothing active, same generation (row 15).
+    LeaseExpired,
+    /// A turn runs with no executor at all (row 19): report, do not guess.
+    TurnWithoutExecutor,
+    /// The latest turn completed with failed or incomplete tool items while the executor
+    /// was disconnected (row 20): never resubmit input.
+    MidTurnDisconnect {
+        /// The turn.
+        turn_id: String,
+        /// Broken tool items: `(item id, item type, status)`.
+        broken_tools: Vec<(String, String, ItemStatus)>,
+    },
+    /// The idle event is stale: the session is busy again.
+    StaleIdleEvent,
+    /// Nothing to change.
+    Converged,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotAComputeAction => f.write_str("required action is not environment_connection"),
+            Self::UnrelatedEvent => f.write_str("event type does not concern compute"),
+            Self::SessionUnavailable { cause } => write!(f, "session unavailable ({cause:?})"),
+            Self::InventoryUnavailable => f.write_str("compute inventory unavailable"),
+            Self::SubmissionOutcomeUnknown => {
+                f.write_str("submission outcome unknown: read session, turns and items first")
+            }
+            Self::SubmissionFound { turn_id, status } => {
+                write!(
+                    f,
+                    "submitted turn {turn_id} exists ({status:?}); never resubmit"
+                )
+            }
+            Self::NotSelfHosted => f.write_str("environment is not self_hosted"),
+            Self::NotOwned => f.write_str("session belongs to another handler"),
+            Self::SessionClosed => f.write_str("session closed"),
+            Self::SessionClosing => f.write_str("operator close in progress"),
+            Self::StartInFlight => f.write_str("a start is in flight; waiting it out"),
+            Self::SessionDeleted => f.write_str("session deleted"),
+            Self::SessionFailed => f.write_str("session failed"),
+            Self::StaleFailedEvent => f.write_str("stale failed event: session no longer failed"),
+            Self::MultipleComputes { active } => write!(f, "{active} active computes"),
+            Self::UnrecordedCompute => f.write_str("active compute not named by the record"),
+            Self::Orphan => f.write_str("compute has no record"),
+            Self::RecordStale => f.write_str("record names a compute the provider does not run"),
+            Self::ConnectionRequired => f.write_str("environment_connection required"),
+            Self::ActionResolved => f.write_str("connection requirement already resolved"),
+            Self::ComputeStarting => f.write_str("compute is starting"),
+            Self::ComputeStopping => f.write_str("compute is stopping"),
+            Self::ExecutorConnecting => f.write_str("executor running, within connect deadline"),
+            Self::ExecutorConnected => f.write_str("executor connected"),
+            Self::ConnectDeadlinePassed { running_secs } => {
+                write!(f, "executor not connected after {running_secs} s")
+            }
+            Self::ComputeGone { previous } => write!(
+                f,
+                "generation {previous} stopped; workspace files are not restored"
+            ),
+            Self::StartBackoff { attempts } => {
+                write!(f, "start failed {attempts} time(s); backing off")
+            }
+            Self::StartFailing {
+                attempts,
+                last_reason,
+            } => write!(
+                f,
+                "start failed {attempts} times (last: {last_reason}); needs an operator"
+            ),
+            Self::IdleGrace => f.write_str("session idle; stop after the grace period"),
+            Self::LeaseAlreadyPending => f.write_str("shutdown lease already pending"),
+            Self::NewWork => f.write_str("new work arrived"),
+            Self::LeaseNotCurrent => f.write_str("lease no longer current"),
+            Self::LeaseSuperseded => f.write_str("lease names an older generation"),
+            Self::LeaseNotDue => f.write_str("lease not due yet"),
+            Self::LeaseExpired => f.write_str("lease due, session idle, same generation"),
+            Self::TurnWithoutExecutor => f.write_str("turn in progress without any executor"),
+            Self::MidTurnDisconnect {
+                turn_id,
+                broken_tools,
+            } => write!(
+                f,
+                "turn {turn_id} completed with {} broken tool item(s) after a disconnect",
+                broken_tools.len()
+            ),
+            Self::StaleIdleEvent => f.write_str("stale idle event: session busy"),
+            Self::Converged => f.write_str("nothing to change"),
+        }
+    }
+}
+
+/// Everything needed to start one compute.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartSpec {
+    /// The environment the executor connects (`--environment-id`).
+    pub environment_id: EnvironmentId,
+    /// The owning session (tag).
+    pub session_id: SessionId,
+    /// Passed unchanged to `--remote` (agents-api.md).
+    pub remote_url: String,
+    /// The session's workspace directory.
+    pub workspace_directory: String,
+    /// The generation being started.
+    pub generation: Generation,
+    /// Deterministic per (environment, generation), ≤ 64 printable ASCII
+    /// ([`idempotency_token`]).
+    pub idempotency_token: String,
+    /// The generation this start follows, if any. Its files are NOT restored
+    /// (agents-api.md: reusing an environment id does not restore files).
+    pub previous: Option<InstanceRef>,
+}
+
+/// Why a compute is stopped (recorded with the receipt).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The shutdown lease expired.
+    LeaseExpired,
+    /// Replaced by a newer generation.
+    Replaced,
+    /// The session was deleted.
+    SessionDeleted,
+    /// The session failed.
+    SessionFailed,
+    /// No record owns it.
+    Orphan,
+    /// One of several computes for one environment.
+    Divergent,
+    /// Operator close.
+    Closed,
+}
+
+/// One exact compute to stop.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopSpec {
+    /// The exact instance and generation.
+    pub target: InstanceRef,
+    /// Why.
+    pub reason: StopReason,
+}
+
+/// A side effect, applied in order by the controller under the effect-key lock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "effect", rename_all = "snake_case")]
+pub enum Effect {
+    /// Start a compute; record its instance id and generation before releasing the lock.
+    StartCompute(StartSpec),
+    /// Stop one exact compute and read back that it stopped.
+    StopCompute(StopSpec),
+    /// Write an existing compute into the record (generation and instance id).
+    AdoptCompute(InstanceRef),
+    /// Store a shutdown lease and schedule its recheck at `due_at`.
+    PutLease(ShutdownLease),
+    /// Remove the pending shutdown lease.
+    DropLease,
+    /// Record: no compute runs (status `stopped`).
+    MarkStopped,
+    /// Record: closed for good (status `closed`, `cleanup_required` cleared).
+    MarkClosed,
+    /// Record: `cleanup_required` (reject new work; resume the close on every look).
+    RequireCleanup,
+    /// `DELETE /agents/sessions/{id}` (its own receipt, separate from the stop).
+    DeleteSession(SessionId),
+}
+
+/// A decision: its named outcome, the evidence, the ordered side effects, and when to look
+/// again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// The named outcome.
+    pub outcome: Outcome,
+    /// Why.
+    pub reason: Reason,
+    /// Side effects, in application order. Empty for `ignore`, `wait`, `reuse`,
+    /// `reconcile` and `uncertain` (record bookkeeping aside).
+    pub effects: Vec<Effect>,
+    /// Look again after this many seconds (a `wait`, a backoff, an unavailable dependency).
+    pub recheck_after_secs: Option<u64>,
+}
+
+impl Decision {
+    fn new(outcome: Outcome, reason: Reason) -> Self {
+        Self {
+            outcome,
+            reason,
+            effects: Vec::new(),
+            recheck_after_secs: None,
+        }
+    }
+    fn with(mut self, effects: impl IntoIterator<Item = Effect>) -> Self {
+        self.effects.extend(effects);
+        self
+    }
+    fn recheck(mut self, secs: u64) -> Self {
+        self.recheck_after_secs = Some(secs.max(1));
+        self
+    }
+    fn ignore(reason: Reason) -> Self {
+        Self::new(Outcome::Ignore, reason)
+    }
+
+    /// Whether any effect starts or stops compute or deletes a session.
+    pub fn touches_resources(&self) -> bool {
+        self.effects.iter().any(|e| {
+            matches!(
+                e,
+                Effect::StartCompute(_) | Effect::StopCompute(_) | Effect::DeleteSession(_)
+            )
+        })
+    }
+}
+
+/// Decides what to do about one environment's compute, from its observed state alone.
+///
+/// Pure and total: no I/O, no clock (uses `observed.now`, Unix seconds), never panics.
+/// See the module documentation for the order of the checks and the rows they implement.
+pub fn decide(o: &Observed) -> Decision {
+    match &o.trigger {
+        Trigger::OtherActionRequired { .. } => return Decision::ignore(Reason::NotAComputeAction),
+        Trigger::OtherEvent { .. } => return Decision::ignore(Reason::UnrelatedEvent),
+        _ => {}
+    }
+
+    // Uncertain means hands off (DESIGN.md principle 6, row 22).
+    if let SessionView::Unavailable { cause } = &o.session {
+        return Decision::new(
+            Outcome::Uncertain,
+            Reason::SessionUnavailable { cause: *cause },
+        )
+        .recheck(o.policy.uncertain_retry_secs);
+    }
+    let Inventory::Known { instances } = &o.inventory else {
+        return Decision::new(Outcome::Uncertain, Reason::InventoryUnavailable)
+            .recheck(o.policy.uncertain_retry_secs);
+    };
+    if o.trigger == Trigger::InputTimedOut {
+        return match &o.latest_turn {
+            None => Decision::new(Outcome::Uncertain, Reason::SubmissionOutcomeUnknown)
+                .recheck(o.policy.uncertain_retry_secs),
+            Some(t) => Decision::new(
+                Outcome::Reconcile,
+                Reason::SubmissionFound {
+                    turn_id: t.turn_id.clone(),
+                    status: t.status,
+                },
+            ),
+        };
+    }
+
+    let session = match &o.session {
+        SessionView::Found { session } => {
+            if session.self_hosted().is_none() {
+                return Decision::ignore(Reason::NotSelfHosted);
+            }
+            if !o.filter.accepts(session) {
+                return Decision::ignore(Reason::NotOwned);
+            }
+            Some(session.as_ref())
+        }
+        _ => None,
+    };
+
+    let mine: Vec<&ComputeInstance> = instances
+        .iter()
+        .filter(|i| i.environment_id == o.environment_id)
+        .collect();
+    let view = View {
+        o,
+        session,
+        record: o.record.as_ref(),
+        active: mine
+            .iter()
+            .copied()
+            .filter(|i| i.status.is_active())
+            .collect(),
+        stopping: mine.iter().any(|i| i.status == ComputeStatus::Stopping),
+        max_generation: mine
+            .iter()
+            .map(|i| i.generation)
+            .chain(o.record.as_ref().map(|r| r.generation))
+            .max()
+            .unwrap_or_default(),
+    };
+    view.decide()
+}
+
+/// The observation, pre-digested: this environment's active instances and the like.
+struct View<'a> {
+    o: &'a Observed,
+    /// `None` when deleted.
+    session: Option<&'a Session>,
+    record: Option<&'a Record>,
+    active: Vec<&'a ComputeInstance>,
+    stopping: bool,
+    max_generation: Generation,
+}
+
+impl View<'_> {
+    fn lease(&self) -> Option<&ShutdownLease> {
+        self.record.and_then(|r| r.lease.as_ref())
+    }
+
+    fn drop_lease(&self) -> Option<Effect> {
+        self.lease().map(|_| Effect::DropLease)
+    }
+
+    fn stops(&self, reason: StopReason) -> impl Iterator<Item = Effect> + '_ {
+        self.active.iter().map(move |i| {
+            Effect::StopCompute(StopSpec {
+                target: i.as_ref(),
+                reason,
+            })
+        })
+    }
+
+    fn decide(&self) -> Decision {
+        if let Some(d) = self.closed_or_closing() {
+            return d;
+        }
+        let Some(session) = self.session else {
+            return self.deleted();
+        };
+        if session.status == SessionStatus::Failed {
+            return self.failed();
+        }
+        if self.o.trigger == Trigger::Failed {
+            return Decision::ignore(Reason::StaleFailedEvent);
+        }
+        if let Some(d) = self.divergent_or_unrecorded(session) {
+            return d;
+        }
+        let current = self.active.first().copied();
+        if session.requires_connection_of(&self.o.environment_id)
+            && !matches!(self.o.trigger, Trigger::Close)
+        {
+            return self.ensure_compute(session, current);
+        }
+        self.without_connection_need(session, current)
+    }
+
+    /// Rows 25 and 26 (closed session): closed records start nothing; an operator close
+    /// deletes the session and stops the compute, resuming on every look.
+    fn closed_or_closing(&self) -> Option<Decision> {
+        let record = self.record;
+        if record.is_some_and(|r| r.status == RecordStatus::Closed && !r.cleanup_required) {
+            if self.active.is_empty() {
+                return Some(Decision::ignore(Reason::SessionClosed));
+            }
+            return Some(
+                Decision::new(Outcome::Release, Reason::SessionClosed)
+                    .with(self.stops(StopReason::Closed)),
+            );
+        }
+        let closing = record.is_some_and(|r| r.cleanup_required);
+        if !closing && self.o.trigger != Trigger::Close {
+            return None;
+        }
+        let mut effects: Vec<Effect> = Vec::new();
+        if !closing {
+            effects.push(Effect::RequireCleanup);
+        }
+        if self.active.iter().any(|i| i.status.is_starting()) {
+            return Some(
+                Decision::new(Outcome::Wait, Reason::StartInFlight)
+                    .with(effects)
+                    .recheck(self.o.policy.recheck_secs),
+            );
+        }
+        effects.extend(self.drop_lease());
+        if let Some(s) = self.session {
+            effects.push(Effect::DeleteSession(s.id.clone()));
+        }
+        effects.extend(self.stops(StopReason::Closed));
+        if self.stopping {
+            return Some(
+                Decision::new(Outcome::Cleanup, Reason::ComputeStopping)
+                    .with(effects)
+                    .recheck(self.o.policy.recheck_secs),
+            );
+        }
+        effects.push(Effect::MarkClosed);
+        Some(Decision::new(Outcome::Cleanup, Reason::SessionClosing).with(effects))
+    }
+
+    /// Rows 5 and 6 (and 26 for a deleted session).
+    fn deleted(&self) -> Decision {
+        if !self.active.is_empty() {
+            return Decision::new(Outcome::Release, Reason::SessionDeleted)
+                .with(self.drop_lease())
+                .with(self.stops(StopReason::SessionDeleted))
+                .with([Effect::MarkClosed]);
+        }
+        if self.stopping {
+            return Decision::new(Outcome::Wait, Reason::ComputeStopping)
+                .recheck(self.o.policy.recheck_secs);
+        }
+        match self.record {
+            Some(r) if r.status != RecordStatus::Closed => {
+                Decision::ignore(Reason::SessionDeleted).with([Effect::MarkClosed])
+            }
+            _ => Decision::ignore(Reason::SessionDeleted),
+        }
+    }
+
+    /// Row 7.
+    fn failed(&self) -> Decision {
+        if !self.active.is_empty() {
+            return Decision::new(Outcome::Release, Reason::SessionFailed)
+                .with(self.drop_lease())
+                .with(self.stops(StopReason::SessionFailed))
+                .with([Effect::MarkStopped]);
+        }
+        if self.stopping {
+            return Decision::new(Outcome::Wait, Reason::ComputeStopping)
+                .recheck(self.o.policy.recheck_secs);
+        }
+        match self.record {
+            Some(r) if r.claims_compute() || r.lease.is_some() => {
+                Decision::ignore(Reason::SessionFailed).with([Effect::MarkStopped])
+            }
+            _ => Decision::ignore(Reason::SessionFailed),
+        }
+    }
+
+    /// Rows 12, 13 and 26: make the provider and the record agree on at most one compute.
+    /// The rest of the decision is taken on the state these fixes produce, so that applying
+    /// the whole decision leaves nothing further to do.
+    fn divergent_or_unrecorded(&self, session: &Session) -> Option<Decision> {
+        let recorded = self.record.and_then(Record::current);
+        if self.active.len() > 1 {
+            // Keep the newest generation (a replacement in flight is newer than the
+            // compute it replaces), the running one on a tie.
+            let keep = *self
+                .active
+                .iter()
+                .max_by_key(|i| (i.generation, i.status == ComputeStatus::Running))?;
+            let mut effects: Vec<Effect> = self
+                .active
+                .iter()
+                .filter(|i| i.instance_id != keep.instance_id)
+                .map(|i| {
+                    Effect::StopCompute(StopSpec {
+                        target: i.as_ref(),
+                        reason: StopReason::Divergent,
+                    })
+                })
+                .collect();
+            let rest = self.after_adopting(keep, &mut effects);
+            return Some(
+                Decision::new(
+                    Outcome::Divergent,
+                    Reason::MultipleComputes {
+                        active: self.active.len(),
+                    },
+                )
+                .with(effects)
+                .with(rest.effects)
+                .recheck(
+                    rest.recheck_after_secs
+                        .unwrap_or(self.o.policy.recheck_secs),
+                ),
+            );
+        }
+        let c = *self.active.first()?;
+        if recorded.as_ref() == Some(&c.as_ref()) {
+            return None;
+        }
+        let needs_nothing = session.status == SessionStatus::Idle && !session.is_busy();
+        if self.record.is_none() && self.o.trigger == Trigger::Sweep && needs_nothing {
+            return Some(
+                Decision::new(Outcome::Release, Reason::Orphan)
+                    .with(self.stops(StopReason::Orphan)),
+            );
+        }
+        let mut effects = Vec::new();
+        let rest = self.after_adopting(c, &mut effects);
+        let mut d = Decision::new(Outcome::Adopt, Reason::UnrecordedCompute).with(effects);
+        if !rest.effects.is_empty() {
+            d.outcome = rest.outcome;
+            d.reason = rest.reason;
+        }
+        d.effects.extend(rest.effects);
+        d.recheck_after_secs = rest.recheck_after_secs;
+        Some(d)
+    }
+
+    /// Decides again as if `keep` were the only active compute and the record named it;
+    /// pushes the adoption (and a lease drop, if the lease targets another instance).
+    fn after_adopting(&self, keep: &ComputeInstance, effects: &mut Vec<Effect>) -> Decision {
+        let mut o = self.o.clone();
+        let session_id = self
+            .session
+            .map(|s| s.id.clone())
+            .unwrap_or_else(|| SessionId::new(""));
+        let record = o
+            .record
+            .get_or_insert_with(|| Record::new(self.o.environment_id.clone(), session_id));
+        if record.current().as_ref() != Some(&keep.as_ref())
+            || record.status != RecordStatus::Active
+        {
+            effects.push(Effect::AdoptCompute(keep.as_ref()));
+            record.generation = keep.generation;
+            record.instance_id = Some(keep.instance_id.clone());
+            record.status = RecordStatus::Active;
+            record.start_failure = None;
+        }
+        if record
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.target != keep.as_ref())
+        {
+            effects.push(Effect::DropLease);
+            record.lease = None;
+        }
+        if let Inventory::Known { instances } = &mut o.inventory {
+            instances.retain(|i| i.instance_id == keep.instance_id || !i.status.is_active());
+        }
+        decide(&o)
+    }
+
+    /// Rows 1, 9, 10, 11, 16, 28: the session requires `environment_connection` now.
+    fn ensure_compute(&self, session: &Session, current: Option<&ComputeInstance>) -> Decision {
+        let policy = &self.o.policy;
+        let now = self.o.now;
+        let cancel: Vec<Effect> = self.drop_lease().into_iter().collect();
+        let cancelled = !cancel.is_empty();
+        // The named outcome when no resource is touched: a cancelled lease is the news.
+        let quiet = |outcome: Outcome, reason: Reason| {
+            if cancelled {
+                Decision::new(Outcome::CancelStop, Reason::NewWork).with(cancel.clone())
+            } else {
+                Decision::new(outcome, reason)
+            }
+        };
+        let Some(c) = current else {
+            if self.stopping {
+                return quiet(Outcome::Wait, Reason::ComputeStopping).recheck(policy.recheck_secs);
+            }
+            if let Some(f) = self.record.and_then(|r| r.start_failure.as_ref()) {
+                if f.attempts >= policy.max_start_attempts {
+                    return Decision::new(
+                        Outcome::Reconcile,
+                        Reason::StartFailing {
+                            attempts: f.attempts,
+                            last_reason: f.reason.clone(),
+                        },
+                    )
+                    .with(cancel);
+                }
+                let retry_at = f
+                    .last_failed_at
+                    .saturating_add(policy.start_backoff_secs(f.attempts));
+                if now < retry_at {
+                    return Decision::new(
+                        Outcome::Wait,
+                        Reason::StartBackoff {
+                            attempts: f.attempts,
+                        },
+                    )
+                    .with(cancel)
+                    .recheck(retry_at - now);
+                }
+            }
+            let previous = self
+                .record
+                .filter(|r| r.claims_compute())
+                .and_then(Record::current);
+            let reason = match &previous {
+                Some(p) => Reason::ComputeGone {
+                    previous: p.generation,
+                },
+                None => Reason::ConnectionRequired,
+            };
+            return Decision::new(Outcome::Start, reason)
+                .with(cancel)
+                .with([Effect::StartCompute(self.start_spec(session, previous))])
+                .recheck(policy.recheck_secs);
+        };
+        if c.status.is_starting() {
+            return quiet(Outcome::Wait, Reason::ComputeStarting).recheck(policy.recheck_secs);
+        }
+        if self.o.environment_status == Some(EnvironmentStatus::Connected) {
+            return quiet(Outcome::Reuse, Reason::ExecutorConnected);
+        }
+        let started_at = c.started_at.unwrap_or(now);
+        let running_secs = now.saturating_sub(started_at);
+        if running_secs <= policy.connect_deadline_secs {
+            let left = policy.connect_deadline_secs - running_secs + 1;
+            return quiet(Outcome::Wait, Reason::ExecutorConnecting).recheck(left);
+        }
+        Decision::new(
+            Outcome::Replace,
+            Reason::ConnectDeadlinePassed { running_secs },
+        )
+        .with(cancel)
+        .with([
+            Effect::StopCompute(StopSpec {
+                target: c.as_ref(),
+                reason: StopReason::Replaced,
+            }),
+            Effect::StartCompute(self.start_spec(session, Some(c.as_ref()))),
+        ])
+        .recheck(policy.recheck_secs)
+    }
+
+    fn start_spec(&self, session: &Session, previous: Option<InstanceRef>) -> StartSpec {
+        let env = session
+            .self_hosted()
+            .expect("decide() only ensures compute for self-hosted sessions");
+        let generation = self.max_generation.next();
+        StartSpec {
+            environment_id: self.o.environment_id.clone(),
+            session_id: session.id.clone(),
+            remote_url: env.remote_url.clone(),
+            workspace_directory: env.workspace_directory.clone(),
+            generation,
+            idempotency_token: idempotency_token(&self.o.environment_id, generation),
+            previous,
+        }
+    }
+
+    /// Rows 4, 14, 15, 17, 18, 19, 20, 27: no connection is required right now.
+    fn without_connection_need(
+        &self,
+        session: &Session,
+        current: Option<&ComputeInstance>,
+    ) -> Decision {
+        let busy = session.is_busy();
+        let lease = self.lease();
+        if busy && lease.is_some() {
+            return Decision::new(Outcome::CancelStop, Reason::NewWork).with([Effect::DropLease]);
+        }
+        match &self.o.trigger {
+            Trigger::ConnectionRequested => Decision::ignore(Reason::ActionResolved),
+            Trigger::TurnStarted => self.turn_started(session, current),
+            Trigger::Idle if busy => Decision::ignore(Reason::StaleIdleEvent),
+            Trigger::Idle => self.idle(current),
+            Trigger::LeaseDue { lease: due } => self.lease_due(due, current),
+            Trigger::Sweep => {
+                if session.status == SessionStatus::InProgress {
+                    return self.turn_started(session, current);
+                }
+                match lease {
+                    Some(l) if self.o.now >= l.due_at => self.lease_due(l, current),
+                    Some(_) => Decision::ignore(Reason::LeaseAlreadyPending),
+                    None if busy => Decision::ignore(Reason::Converged),
+                    None => self.idle(current),
+                }
+            }
+            // Handled before: Close (cleanup), Failed (stale), InputTimedOut, Other*.
+            _ => Decision::ignore(Reason::Converged),
+        }
+    }
+
+    /// Row 19.
+    fn turn_started(&self, session: &Session, current: Option<&ComputeInstance>) -> Decision {
+        if session.status == SessionStatus::InProgress && current.is_none() && !self.stopping {
+            return Decision::new(Outcome::Reconcile, Reason::TurnWithoutExecutor);
+        }
+        Decision::ignore(Reason::Converged)
+    }
+
+    /// Rows 14, 20, 27: the session is idle with nothing required.
+    fn idle(&self, current: Option<&ComputeInstance>) -> Decision {
+        let disconnected = matches!(
+            self.o.environment_status,
+            Some(EnvironmentStatus::Disconnected)
+        );
+        if let Some(t) = &self.o.latest_turn {
+            if t.status == TurnStatus::Completed && !t.broken_tools.is_empty() && disconnected {
+                return Decision::new(
+                    Outcome::Reconcile,
+                    Reason::MidTurnDisconnect {
+                        turn_id: t.turn_id.clone(),
+                        broken_tools: t.broken_tools.clone(),
+                    },
+                );
+            }
+        }
+        let Some(c) = current else {
+            return match self.record {
+                Some(r) if r.claims_compute() && !self.stopping => {
+                    Decision::new(Outcome::Divergent, Reason::RecordStale)
+                        .with(self.drop_lease())
+                        .with([Effect::MarkStopped])
+                }
+                _ => Decision::ignore(Reason::Converged),
+            };
+        };
+        if self.lease().is_some() {
+            return Decision::ignore(Reason::LeaseAlreadyPending);
+        }
+        let now = self.o.now;
+        let grace = self.o.policy.shutdown_grace_secs;
+        Decision::new(Outcome::ScheduleStop, Reason::IdleGrace)
+            .with([Effect::PutLease(ShutdownLease {
+                target: c.as_ref(),
+                requested_at: now,
+                due_at: now.saturating_add(grace),
+            })])
+            .recheck(grace)
+    }
+
+    /// Rows 15, 17, 18.
+    fn lease_due(&self, due: &ShutdownLease, current: Option<&ComputeInstance>) -> Decision {
+        if self.lease() != Some(due) {
+            return Decision::ignore(Reason::LeaseNotCurrent);
+        }
+        if self.max_generation > due.target.generation {
+            return Decision::new(Outcome::CancelStop, Reason::LeaseSuperseded)
+                .with([Effect::DropLease]);
+        }
+        if self
+            .o
+            .latest_turn
+            .as_ref()
+            .is_some_and(|t| t.status.is_active())
+        {
+            return Decision::new(Outcome::CancelStop, Reason::NewWork).with([Effect::DropLease]);
+        }
+        if self.o.now < due.due_at {
+            return Decision::new(Outcome::Wait, Reason::LeaseNotDue)
+                .recheck(due.due_at - self.o.now);
+        }
+        match current {
+            Some(c) if c.as_ref() == due.target => {
+                Decision::new(Outcome::Stop, Reason::LeaseExpired).with([
+                    Effect::StopCompute(StopSpec {
+                        target: due.target.clone(),
+                        reason: StopReason::LeaseExpired,
+                    }),
+                    Effect::DropLease,
+                    Effect::MarkStopped,
+                ])
+            }
+            Some(_) => Decision::new(Outcome::CancelStop, Reason::LeaseNotCurrent)
+                .with([Effect::DropLease]),
+            None if self.stopping => Decision::new(Outcome::Wait, Reason::ComputeStopping)
+                .recheck(self.o.policy.recheck_secs),
+            None => {
+                Decision::ignore(Reason::Converged).with([Effect::DropLease, Effect::MarkStopped])
+            }
+        }
+    }
+}

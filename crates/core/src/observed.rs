@@ -1,0 +1,208 @@
+//! Everything [`crate::decide`] looks at: one environment's observed state at one instant.
+//!
+//! The controller gathers it fresh for every decision (DESIGN.md principle 1: events are
+//! hints, state is authority): the session from the Agents API, the record from the
+//! registry, the instances from the provider, optional turn evidence, and `now`.
+
+use crate::compute::ComputeInstance;
+use crate::environment::EnvironmentStatus;
+use crate::event::RequiredActionType;
+use crate::ids::EnvironmentId;
+use crate::record::{Record, ShutdownLease};
+use crate::session::Session;
+use crate::turn::{ItemStatus, TurnStatus};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// What made the controller look. A trigger selects the question; the observed state
+/// answers it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Trigger {
+    /// `agent.session.action_required` with `environment_connection`.
+    ConnectionRequested,
+    /// `agent.session.action_required` of another type (not compute's business).
+    OtherActionRequired {
+        /// The action type from the webhook.
+        action: RequiredActionType,
+    },
+    /// `agent.session.in_progress`: a turn started (cancels a pending stop).
+    TurnStarted,
+    /// `agent.session.idle`: a shutdown *hint*.
+    Idle,
+    /// `agent.session.failed`.
+    Failed,
+    /// Any other event (ignored).
+    OtherEvent {
+        /// The event type as sent.
+        event_type: String,
+    },
+    /// A shutdown lease's recheck timer fired (the lease as it was scheduled).
+    LeaseDue {
+        /// The lease the timer was scheduled for.
+        lease: ShutdownLease,
+    },
+    /// The scheduled sweeper reconciles this environment.
+    Sweep,
+    /// An operator closes the session (lifecycle-cases.md row 25).
+    Close,
+    /// An input submission got no response; its outcome is unknown (row 21).
+    InputTimedOut,
+}
+
+/// The session as retrieved just now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SessionView {
+    /// `GET /agents/sessions/{id}` answered 200.
+    Found {
+        /// The session.
+        session: Box<Session>,
+    },
+    /// It answered 404: deleted (no webhook is ever sent for a deletion).
+    Deleted,
+    /// No answer to rely on: evidence is missing (row 22).
+    Unavailable {
+        /// Why.
+        cause: Unavailable,
+    },
+}
+
+/// Why evidence is missing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unavailable {
+    /// No response in time.
+    Timeout,
+    /// Connection refused, DNS, TLS.
+    Unreachable,
+    /// 5xx after retries.
+    ServerError,
+    /// 429 after retries.
+    RateLimited,
+}
+
+/// The provider's instances for the environment (by tag), or unknown.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Inventory {
+    /// Read back from the provider just now (stopped ones may be included).
+    Known {
+        /// Every instance tagged for the environment.
+        instances: Vec<ComputeInstance>,
+    },
+    /// The provider could not be read: never start or stop on that.
+    Unavailable,
+}
+
+/// Evidence about the session's latest turn, fetched when it matters (rows 20, 21).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnEvidence {
+    /// Turn id.
+    pub turn_id: String,
+    /// Turn status.
+    pub status: TurnStatus,
+    /// Tool items of the turn that failed or are incomplete: `(item id, item type, status)`.
+    pub broken_tools: Vec<(String, String, ItemStatus)>,
+}
+
+/// Which sessions this deployment handles; handlers sharing a project never fight (row 24).
+/// Every set condition must hold; an empty filter accepts every self-hosted session.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnershipFilter {
+    /// Accepted `agent.id`s; empty accepts any agent.
+    pub agent_ids: Vec<String>,
+    /// Required `environment.workspace_directory`, if set.
+    pub workspace_directory: Option<String>,
+    /// Required `metadata` pairs (e.g. `{"owner": "team-a"}`).
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl OwnershipFilter {
+    /// Whether `session` belongs to this deployment.
+    pub fn accepts(&self, session: &Session) -> bool {
+        let agent_ok = self.agent_ids.is_empty() || self.agent_ids.contains(&session.agent.id);
+        let dir_ok = match (&self.workspace_directory, session.self_hosted()) {
+            (None, _) => true,
+            (Some(want), Some(env)) => &env.workspace_directory == want,
+            (Some(_), None) => false,
+        };
+        let meta_ok = self
+            .metadata
+            .iter()
+            .all(|(k, v)| session.metadata.get(k) == Some(v));
+        agent_ok && dir_ok && meta_ok
+    }
+}
+
+/// Timing rules, all in seconds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    /// A running executor that has not connected within this many seconds of its start is
+    /// replaced (row 10). Default 180 (the API itself waits up to 300 s for an input-time
+    /// connection, agents-api.md).
+    pub connect_deadline_secs: u64,
+    /// Grace between an idle session and the stop (default 300).
+    pub shutdown_grace_secs: u64,
+    /// First retry delay after a failed start; doubles per attempt (default 15).
+    pub start_retry_base_secs: u64,
+    /// Cap of the start retry delay (default 600).
+    pub start_retry_max_secs: u64,
+    /// After this many consecutive failed starts, stop trying and hold for an operator
+    /// (default 5; row 28: never loop creating compute).
+    pub max_start_attempts: u32,
+    /// Recheck delay while waiting on a start or stop in flight (default 10).
+    pub recheck_secs: u64,
+    /// Retry delay when evidence is unavailable (default 15).
+    pub uncertain_retry_secs: u64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            connect_deadline_secs: 180,
+            shutdown_grace_secs: 300,
+            start_retry_base_secs: 15,
+            start_retry_max_secs: 600,
+            max_start_attempts: 5,
+            recheck_secs: 10,
+            uncertain_retry_secs: 15,
+        }
+    }
+}
+
+impl Policy {
+    /// Delay before start attempt `attempts + 1`, in seconds: base × 2^(attempts-1), capped.
+    pub fn start_backoff_secs(&self, attempts: u32) -> u64 {
+        let exp = attempts.saturating_sub(1).min(32);
+        self.start_retry_base_secs
+            .saturating_mul(1u64 << exp)
+            .min(self.start_retry_max_secs)
+    }
+}
+
+/// One environment's observed state: the whole input of [`crate::decide`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Observed {
+    /// What made the controller look.
+    pub trigger: Trigger,
+    /// The environment being decided (from the event, the session or the record).
+    pub environment_id: EnvironmentId,
+    /// The session, retrieved just now.
+    pub session: SessionView,
+    /// The `agent.environment` status, when it was read (`connected` means the executor
+    /// is attached).
+    pub environment_status: Option<EnvironmentStatus>,
+    /// The controller's record under the effect key, if one exists.
+    pub record: Option<Record>,
+    /// The provider's instances tagged for the environment.
+    pub inventory: Inventory,
+    /// The latest turn, when fetched.
+    pub latest_turn: Option<TurnEvidence>,
+    /// This deployment's ownership filter.
+    pub filter: OwnershipFilter,
+    /// Timing rules.
+    pub policy: Policy,
+    /// Unix seconds.
+    pub now: u64,
+}

@@ -1,0 +1,101 @@
+//! The controller's own record of one environment's compute, stored under its effect key
+//! (`agents-api:environment:{environment_id}:compute`) and changed only by conditional
+//! writes (DESIGN.md principle 2).
+
+use crate::compute::InstanceRef;
+use crate::ids::{EnvironmentId, Generation, InstanceId, SessionId};
+use serde::{Deserialize, Serialize};
+
+/// One environment's compute record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// The environment (the effect key derives from it).
+    pub environment_id: EnvironmentId,
+    /// The session that owns the environment.
+    pub session_id: SessionId,
+    /// Latest generation started or adopted (0: none yet). Never decreases.
+    pub generation: Generation,
+    /// Provider instance of `generation`, written before the lock is released
+    /// (DESIGN.md principle 3). `None` before the first start or after a failed start.
+    pub instance_id: Option<InstanceId>,
+    /// What the controller believes.
+    pub status: RecordStatus,
+    /// A pending shutdown lease, if any.
+    pub lease: Option<ShutdownLease>,
+    /// Consecutive failed starts, if the last start failed.
+    pub start_failure: Option<StartFailure>,
+    /// Set when an operator close began; new work is rejected while it is set, and only
+    /// the halves not yet confirmed (session deleted, compute stopped) are retried.
+    pub cleanup_required: bool,
+    /// Optimistic-concurrency version: every write conditions on it and increments it.
+    pub version: u64,
+}
+
+/// What the controller believes about the environment's compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordStatus {
+    /// A compute of `generation` was started or adopted and not yet seen stopped.
+    Active,
+    /// The compute was stopped and read back stopped (or found gone).
+    Stopped,
+    /// The session is gone (deleted or closed); nothing may start for it again.
+    Closed,
+}
+
+/// A pending shutdown: stop exactly `target` at `due_at` unless new work arrives first.
+///
+/// Source: agents-api.md, "idle is not a safe shutdown signal": a grace period absorbs
+/// the idle that arrives just before queued input starts.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ShutdownLease {
+    /// The exact instance and generation to stop; a newer generation is never stopped
+    /// by this lease (lifecycle-cases.md row 18).
+    pub target: InstanceRef,
+    /// When the lease was taken, Unix seconds.
+    pub requested_at: u64,
+    /// When the stop becomes due, Unix seconds (`requested_at` + grace).
+    pub due_at: u64,
+}
+
+/// The last failed start attempts (lifecycle-cases.md row 28: capacity, quota, a bad task
+/// definition, failures returned with a success status).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartFailure {
+    /// Consecutive failed attempts (≥ 1).
+    pub attempts: u32,
+    /// When the last attempt failed, Unix seconds.
+    pub last_failed_at: u64,
+    /// The provider's reason, as reported (never a secret).
+    pub reason: String,
+}
+
+impl Record {
+    /// A new record for an environment with nothing started yet (generation 0).
+    pub fn new(environment_id: EnvironmentId, session_id: SessionId) -> Self {
+        Self {
+            environment_id,
+            session_id,
+            generation: Generation(0),
+            instance_id: None,
+            status: RecordStatus::Active,
+            lease: None,
+            start_failure: None,
+            cleanup_required: false,
+            version: 0,
+        }
+    }
+
+    /// The instance the record names as current, if any.
+    pub fn current(&self) -> Option<InstanceRef> {
+        self.instance_id.as_ref().map(|id| InstanceRef {
+            instance_id: id.clone(),
+            generation: self.generation,
+        })
+    }
+
+    /// Whether the record claims a compute is running or starting.
+    pub fn claims_compute(&self) -> bool {
+        self.status == RecordStatus::Active && self.instance_id.is_some()
+    }
+}
