@@ -661,7 +661,7 @@ impl View<'_> {
             );
         }
         let c = *self.active.first()?;
-        if recorded.as_ref() == Some(&c.as_ref()) {
+        if recorded == Some(&c.as_ref()) {
             return None;
         }
         let needs_nothing = session.status == SessionStatus::Idle && !session.is_busy();
@@ -694,12 +694,10 @@ impl View<'_> {
         let record = o
             .record
             .get_or_insert_with(|| Record::new(self.o.environment_id.clone(), session_id));
-        if record.current().as_ref() != Some(&keep.as_ref())
-            || record.status != RecordStatus::Active
-        {
+        if record.current() != Some(&keep.as_ref()) || record.status != RecordStatus::Active {
             effects.push(Effect::AdoptCompute(keep.as_ref()));
-            record.generation = keep.generation;
-            record.instance_id = Some(keep.instance_id.clone());
+            record.generation = record.generation.max(keep.generation);
+            record.instance = Some(keep.as_ref());
             record.status = RecordStatus::Active;
             record.start_failure = None;
         }
@@ -763,7 +761,8 @@ impl View<'_> {
             let previous = self
                 .record
                 .filter(|r| r.claims_compute())
-                .and_then(Record::current);
+                .and_then(Record::current)
+                .cloned();
             let reason = match &previous {
                 Some(p) => Reason::ComputeGone {
                     previous: p.generation,
@@ -787,18 +786,20 @@ impl View<'_> {
             let left = policy.connect_deadline_secs - running_secs + 1;
             return quiet(Outcome::Wait, Reason::ExecutorConnecting).recheck(left);
         }
+        let stop = Effect::StopCompute(StopSpec {
+            target: c.as_ref(),
+            reason: StopReason::Replaced,
+        });
+        // Another compute still on its way down: stop this one now, start once all are gone.
+        let start = (!self.stopping)
+            .then(|| Effect::StartCompute(self.start_spec(session, Some(c.as_ref()))));
         Decision::new(
             Outcome::Replace,
             Reason::ConnectDeadlinePassed { running_secs },
         )
         .with(cancel)
-        .with([
-            Effect::StopCompute(StopSpec {
-                target: c.as_ref(),
-                reason: StopReason::Replaced,
-            }),
-            Effect::StartCompute(self.start_spec(session, Some(c.as_ref()))),
-        ])
+        .with([stop])
+        .with(start)
         .recheck(policy.recheck_secs)
     }
 
@@ -824,7 +825,14 @@ impl View<'_> {
         session: &Session,
         current: Option<&ComputeInstance>,
     ) -> Decision {
-        let busy = session.is_busy();
+        // A turn the evidence shows active counts as work even if the session already
+        // reads idle (agents-api.md: idle can arrive just before queued input starts).
+        let turn_active = self
+            .o
+            .latest_turn
+            .as_ref()
+            .is_some_and(|t| t.status.is_active());
+        let busy = session.is_busy() || turn_active;
         let lease = self.lease();
         if busy && lease.is_some() {
             return Decision::new(Outcome::CancelStop, Reason::NewWork).with([Effect::DropLease]);
@@ -839,7 +847,7 @@ impl View<'_> {
                 if session.status == SessionStatus::InProgress {
                     return self.turn_started(session, current);
                 }
-                match lease {
+                match lease.filter(|l| Self::targets(l, current)) {
                     Some(l) if self.o.now >= l.due_at => self.lease_due(l, current),
                     Some(_) => Decision::ignore(Reason::LeaseAlreadyPending),
                     None if busy => Decision::ignore(Reason::Converged),
@@ -865,33 +873,41 @@ impl View<'_> {
             self.o.environment_status,
             Some(EnvironmentStatus::Disconnected)
         );
-        if let Some(t) = &self.o.latest_turn {
-            if t.status == TurnStatus::Completed && !t.broken_tools.is_empty() && disconnected {
-                return Decision::new(
-                    Outcome::Reconcile,
-                    Reason::MidTurnDisconnect {
-                        turn_id: t.turn_id.clone(),
-                        broken_tools: t.broken_tools.clone(),
-                    },
-                );
-            }
+        if let Some(t) = &self.o.latest_turn
+            && t.status == TurnStatus::Completed
+            && !t.broken_tools.is_empty()
+            && disconnected
+        {
+            return Decision::new(
+                Outcome::Reconcile,
+                Reason::MidTurnDisconnect {
+                    turn_id: t.turn_id.clone(),
+                    broken_tools: t.broken_tools.clone(),
+                },
+            );
         }
+        // A lease that names another compute than the current one is stale: replace it.
+        let stale_lease = self
+            .lease()
+            .filter(|l| !Self::targets(l, current))
+            .map(|_| Effect::DropLease);
         let Some(c) = current else {
             return match self.record {
                 Some(r) if r.claims_compute() && !self.stopping => {
                     Decision::new(Outcome::Divergent, Reason::RecordStale)
-                        .with(self.drop_lease())
+                        .with(stale_lease)
                         .with([Effect::MarkStopped])
                 }
-                _ => Decision::ignore(Reason::Converged),
+                _ => Decision::ignore(Reason::Converged).with(stale_lease),
             };
         };
-        if self.lease().is_some() {
+        if stale_lease.is_none() && self.lease().is_some() {
             return Decision::ignore(Reason::LeaseAlreadyPending);
         }
         let now = self.o.now;
         let grace = self.o.policy.shutdown_grace_secs;
         Decision::new(Outcome::ScheduleStop, Reason::IdleGrace)
+            .with(stale_lease)
             .with([Effect::PutLease(ShutdownLease {
                 target: c.as_ref(),
                 requested_at: now,
@@ -900,12 +916,23 @@ impl View<'_> {
             .recheck(grace)
     }
 
+    /// Whether `lease` names exactly the `current` compute.
+    fn targets(lease: &ShutdownLease, current: Option<&ComputeInstance>) -> bool {
+        current.is_some_and(|c| lease.target == c.as_ref())
+    }
+
     /// Rows 15, 17, 18.
     fn lease_due(&self, due: &ShutdownLease, current: Option<&ComputeInstance>) -> Decision {
         if self.lease() != Some(due) {
             return Decision::ignore(Reason::LeaseNotCurrent);
         }
-        if self.max_generation > due.target.generation {
+        let current_generation = current
+            .map(|c| c.generation)
+            .into_iter()
+            .chain(self.record.and_then(Record::current).map(|r| r.generation))
+            .max()
+            .unwrap_or_default();
+        if current_generation > due.target.generation {
             return Decision::new(Outcome::CancelStop, Reason::LeaseSuperseded)
                 .with([Effect::DropLease]);
         }

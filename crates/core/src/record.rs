@@ -3,7 +3,7 @@
 //! writes (DESIGN.md principle 2).
 
 use crate::compute::InstanceRef;
-use crate::ids::{EnvironmentId, Generation, InstanceId, SessionId};
+use crate::ids::{EnvironmentId, Generation, SessionId};
 use serde::{Deserialize, Serialize};
 
 /// One environment's compute record.
@@ -13,11 +13,14 @@ pub struct Record {
     pub environment_id: EnvironmentId,
     /// The session that owns the environment.
     pub session_id: SessionId,
-    /// Latest generation started or adopted (0: none yet). Never decreases.
+    /// High-water mark: the highest generation ever allocated for this environment
+    /// (0: none yet). Never decreases, so a generation number (and its idempotency token)
+    /// is never reused even after the provider forgets old instances.
     pub generation: Generation,
-    /// Provider instance of `generation`, written before the lock is released
-    /// (DESIGN.md principle 3). `None` before the first start or after a failed start.
-    pub instance_id: Option<InstanceId>,
+    /// The compute the record names as current: provider instance id and generation,
+    /// written before the lock is released (DESIGN.md principle 3). `None` before the first
+    /// start or after a failed start.
+    pub instance: Option<InstanceRef>,
     /// What the controller believes.
     pub status: RecordStatus,
     /// A pending shutdown lease, if any.
@@ -77,7 +80,7 @@ impl Record {
             environment_id,
             session_id,
             generation: Generation(0),
-            instance_id: None,
+            instance: None,
             status: RecordStatus::Active,
             lease: None,
             start_failure: None,
@@ -87,15 +90,12 @@ impl Record {
     }
 
     /// The instance the record names as current, if any.
-    pub fn current(&self) -> Option<InstanceRef> {
-        self.instance_id.as_ref().map(|id| InstanceRef {
-            instance_id: id.clone(),
-            generation: self.generation,
-        })
+    pub fn current(&self) -> Option<&InstanceRef> {
+        self.instance.as_ref()
     }
 
     /// Whether the record claims a compute is running or starting.
     pub fn claims_compute(&self) -> bool {
-        self.status == RecordStatus::Active && self.instance_id.is_some()
+        self.status == RecordStatus::Active && self.instance.is_some()
     }
 }

@@ -4,6 +4,8 @@
 //! `openai/types/beta/agent_session.py`). Fields the controller does not read are kept
 //! verbatim in `extra` maps, so a session parsed and serialized again is the same object;
 //! unknown enum values parse as `Unknown` instead of failing (forward compatibility).
+//! An `Unknown` value serializes as `"unknown"` (its original spelling is not kept): the
+//! controller reads sessions, it never writes them back.
 
 use crate::ids::{EnvironmentId, SessionId};
 use serde::{Deserialize, Serialize};
@@ -143,6 +145,9 @@ pub struct SelfHostedEnvironment {
     pub workspace_directory: String,
     /// Extra capability directories.
     pub capability_directories: Vec<String>,
+    /// Every other field verbatim.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 impl Session {

@@ -60,17 +60,29 @@ impl TurnStatus {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Item {
     /// Item id.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// Item type, e.g. `command_execution`.
     #[serde(rename = "type")]
     pub kind: String,
-    /// Tool items carry a status; messages do not.
-    #[serde(default)]
+    /// Tool items and messages carry a status; some item types (e.g. `agent_message`)
+    /// have none. Only tool items' failures are evidence of a broken tool
+    /// ([`Item::is_tool`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<ItemStatus>,
     /// Every other field verbatim.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+impl Item {
+    /// Whether the item is a tool item (a command, a function, an MCP or computer-use call,
+    /// or their outputs) rather than a message or reasoning: its failure means a tool may
+    /// not have had its effect (lifecycle-cases.md row 20).
+    pub fn is_tool(&self) -> bool {
+        let k = self.kind.as_str();
+        k.ends_with("_call") || k.ends_with("_call_output") || k == "command_execution"
+    }
 }
 
 /// Status of a tool item.
@@ -97,15 +109,19 @@ impl ItemStatus {
     }
 }
 
-/// A cursor page (`{object: "list", data, first_id, last_id, has_more}`).
+/// A cursor page (`{object: "list", data, first_id?, last_id?, has_more?}`).
+///
+/// Cursor rules differ by list (official SDK 3.51.0): item lists continue after
+/// `last_id`; turn and session lists continue after the `id` of the last entry in `data`
+/// (their `last_id` may be absent). Default order is `desc`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Page<T> {
     /// The page's entries.
     pub data: Vec<T>,
-    /// Whether another page follows (pass `last_id` as `after`).
+    /// Whether another page follows (absent means no).
     #[serde(default)]
     pub has_more: bool,
-    /// Id of the last entry, the cursor for the next page.
+    /// Id of the last entry (item lists' cursor; may be absent on other lists).
     #[serde(default)]
     pub last_id: Option<String>,
     /// Every other field verbatim.
