@@ -1,0 +1,1009 @@
+//! The contract suite every backend adapter passes: the embedded backend
+//! (`sandbox-local`: SQLite queue and registry, child processes) now, the AWS adapters (SQS,
+//! DynamoDB, ECS on moto) later.
+//!
+//! Each function drives one adapter through the semantics the controller relies on and
+//! panics with a message naming the violated rule. Call them from an async test:
+//!
+//! ```ignore
+//! #[tokio::test]
+//! async fn sqlite_fifo_queue_passes_the_contract() {
+//!     let q = SqliteQueue::open(dir.join("q.db"), "events", QueueOptions::fifo()).unwrap();
+//!     sandbox_controller::contract::queue_fifo_contract(&q, 5).await;
+//! }
+//! ```
+//!
+//! Sharing: every call invents unique names (environment ids, session ids, webhook ids,
+//! lock owners, message groups), so registry and compute suites can run concurrently on one
+//! backend. A queue suite needs a *dedicated, empty* queue: it receives whatever the queue
+//! holds.
+//!
+//! Time: where the port takes `now` (locks, the delivery ledger) the suite passes explicit
+//! values around the system clock, so no test waits for a lease to expire. Visibility
+//! timeouts, `retry_after` and `delay_secs` are checked with short real waits (about 1 s
+//! each); the queue suites take about 3 s, the registry suite well under 1 s, the compute
+//! suite as long as two starts and two stops take on the provider.
+
+use crate::job::Job;
+use crate::ports::{
+    AuditEntry, Clock, Compute, Outgoing, Queue, Receipt, ReceiptKind, Received, Registry, Sent,
+    Started, SystemClock, Write,
+};
+use sandbox_core::compute::{ComputeInstance, ComputeStatus, InstanceRef};
+use sandbox_core::decision::StartSpec;
+use sandbox_core::ids::{
+    DeploymentId, EnvironmentId, Generation, InstanceId, SessionId, idempotency_token,
+};
+use sandbox_core::observed::Trigger;
+use sandbox_core::record::{Record, RecordStatus, ShutdownLease};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a positive receive waits for its message, milliseconds (long poll).
+const RECEIVE_WAIT_MS: u64 = 4_000;
+/// The visibility timeout used where the suite does not test visibility, seconds.
+const LONG_VISIBILITY_SECS: u32 = 30;
+/// Lower bound accepted for a 1 s hide (visibility, retry, delay), milliseconds: the
+/// message must not come back in less than this.
+const MIN_HIDDEN_MS: u128 = 700;
+/// Bound on waiting for a stopped compute to read back `Stopped`.
+const STOP_READ_BACK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A short unique token for names: wall-clock nanoseconds, process id and a counter.
+fn unique() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "{:x}{:x}{n:x}",
+        nanos & 0xffff_ffff_ffff,
+        std::process::id()
+    )
+}
+
+/// One test message: its job names the run and a label, so equality pins the message.
+fn message(run: &str, label: &str, group: &str) -> Outgoing {
+    let job = Job {
+        trigger: Trigger::Sweep,
+        session_id: SessionId::new(format!("sess_ct_{run}_{group}")),
+        environment_id: Some(EnvironmentId::new(format!("env_ct_{run}_{group}"))),
+        webhook_id: Some(format!("msg_ct_{run}_{label}")),
+        enqueued_at: SystemClock.now(),
+    };
+    Outgoing {
+        job,
+        dedup_id: format!("msg_ct_{run}_{label}"),
+        group: format!("grp_{run}_{group}"),
+        delay_secs: 0,
+    }
+}
+
+fn label_of(r: &Received) -> String {
+    r.job.webhook_id.clone().unwrap_or_default()
+}
+
+async fn send_ok<Q: Queue>(q: &Q, msg: &Outgoing, rule: &str) {
+    let sent = q
+        .send(msg.clone())
+        .await
+        .unwrap_or_else(|e| panic!("queue contract [{rule}]: send failed: {e}"));
+    assert_eq!(
+        sent,
+        Sent::Queued,
+        "queue contract [{rule}]: a send with a fresh dedup id must be queued"
+    );
+}
+
+async fn receive<Q: Queue>(
+    q: &Q,
+    max: usize,
+    visibility: u32,
+    wait_ms: u64,
+    rule: &str,
+) -> Vec<Received> {
+    q.receive(max, visibility, wait_ms)
+        .await
+        .unwrap_or_else(|e| panic!("queue contract [{rule}]: receive failed: {e}"))
+}
+
+/// Receives exactly `msg` (waiting for it), with the expected receive count.
+async fn receive_exactly<Q: Queue>(
+    q: &Q,
+    msg: &Outgoing,
+    visibility: u32,
+    receive_count: u32,
+    rule: &str,
+) -> Received {
+    let got = receive(q, 10, visibility, RECEIVE_WAIT_MS, rule).await;
+    let labels: Vec<String> = got.iter().map(label_of).collect();
+    assert_eq!(
+        got.len(),
+        1,
+        "queue contract [{rule}]: expected exactly one message ({}), got {labels:?}",
+        msg.dedup_id
+    );
+    let r = got.into_iter().next().unwrap_or_else(|| unreachable!());
+    assert_eq!(
+        r.job, msg.job,
+        "queue contract [{rule}]: received the wrong message (expected {})",
+        msg.dedup_id
+    );
+    assert_eq!(
+        r.receive_count, receive_count,
+        "queue contract [{rule}]: wrong receive_count for {}",
+        msg.dedup_id
+    );
+    assert!(
+        !r.receipt.is_empty() && !r.message_id.is_empty(),
+        "queue contract [{rule}]: receipt and message_id must be non-empty"
+    );
+    r
+}
+
+async fn expect_nothing<Q: Queue>(q: &Q, rule: &str) {
+    let got = receive(q, 10, LONG_VISIBILITY_SECS, 0, rule).await;
+    let labels: Vec<String> = got.iter().map(label_of).collect();
+    assert!(
+        got.is_empty(),
+        "queue contract [{rule}]: expected no deliverable message, got {labels:?}"
+    );
+}
+
+async fn ack<Q: Queue>(q: &Q, r: &Received, rule: &str) {
+    q.ack(&r.receipt)
+        .await
+        .unwrap_or_else(|e| panic!("queue contract [{rule}]: ack failed: {e}"));
+}
+
+async fn retry_after<Q: Queue>(q: &Q, r: &Received, delay: u32, rule: &str) {
+    q.retry_after(&r.receipt, delay)
+        .await
+        .unwrap_or_else(|e| panic!("queue contract [{rule}]: retry_after failed: {e}"));
+}
+
+async fn dead_letters<Q: Queue>(q: &Q, rule: &str) -> u64 {
+    q.dead_letter_count()
+        .await
+        .unwrap_or_else(|e| panic!("queue contract [{rule}]: dead_letter_count failed: {e}"))
+}
+
+/// send → receive (count 1, same job) → ack → gone.
+async fn round_trip<Q: Queue>(q: &Q, run: &str) {
+    let rule = "send-receive-ack";
+    expect_nothing(q, "the queue under test must start empty").await;
+    let m = message(run, "rt", "rt");
+    send_ok(q, &m, rule).await;
+    let r = receive_exactly(q, &m, LONG_VISIBILITY_SECS, 1, rule).await;
+    ack(q, &r, rule).await;
+    expect_nothing(q, "an acked message is never delivered again").await;
+}
+
+/// A received message is hidden for its visibility timeout, then delivered again with its
+/// receive count incremented.
+async fn visibility<Q: Queue>(q: &Q, run: &str) {
+    let rule = "visibility-timeout";
+    let m = message(run, "vis", "vis");
+    send_ok(q, &m, rule).await;
+    let first = receive_exactly(q, &m, 1, 1, rule).await;
+    let hidden_at = Instant::now();
+    expect_nothing(
+        q,
+        "a received message is hidden during its visibility timeout",
+    )
+    .await;
+    let second = receive_exactly(q, &m, LONG_VISIBILITY_SECS, 2, rule).await;
+    let hidden_ms = hidden_at.elapsed().as_millis();
+    assert!(
+        hidden_ms >= MIN_HIDDEN_MS,
+        "queue contract [{rule}]: a 1 s visibility timeout re-delivered after {hidden_ms} ms"
+    );
+    assert_eq!(
+        first.message_id, second.message_id,
+        "queue contract [{rule}]: a re-delivery keeps its message_id"
+    );
+    ack(q, &second, rule).await;
+    expect_nothing(q, "acked after re-delivery").await;
+}
+
+/// `retry_after(d)` hides the message for `d` seconds; `retry_after(0)` shows it at once.
+async fn retry<Q: Queue>(q: &Q, run: &str) {
+    let rule = "retry-after";
+    let m = message(run, "retry", "retry");
+    send_ok(q, &m, rule).await;
+    let first = receive_exactly(q, &m, LONG_VISIBILITY_SECS, 1, rule).await;
+    retry_after(q, &first, 1, rule).await;
+    let hidden_at = Instant::now();
+    expect_nothing(q, "retry_after(1) hides the message for about 1 s").await;
+    let second = receive_exactly(q, &m, LONG_VISIBILITY_SECS, 2, rule).await;
+    let hidden_ms = hidden_at.elapsed().as_millis();
+    assert!(
+        hidden_ms >= MIN_HIDDEN_MS,
+        "queue contract [{rule}]: retry_after(1) re-delivered after {hidden_ms} ms"
+    );
+    retry_after(q, &second, 0, rule).await;
+    let started = Instant::now();
+    let third = receive_exactly(q, &m, LONG_VISIBILITY_SECS, 3, rule).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(RECEIVE_WAIT_MS / 2),
+        "queue contract [{rule}]: retry_after(0) must make the message visible at once"
+    );
+    ack(q, &third, rule).await;
+    expect_nothing(q, "acked after retries").await;
+}
+
+/// A message received `max_receive_count` times goes to the dead-letter queue on the next
+/// receive instead of being delivered, and is never delivered again; the message behind it
+/// in its group is delivered next.
+///
+/// On a FIFO queue the message behind it is queued first, in the same group (it must stay
+/// blocked until the poison message leaves); on a standard queue (no ordering) it is sent
+/// after the poison message's last receive.
+async fn dead_letter<Q: Queue>(q: &Q, run: &str, max_receive_count: u32, fifo: bool) {
+    let rule = "dead-letter";
+    assert!(
+        max_receive_count >= 1,
+        "max_receive_count must be at least 1"
+    );
+    let before = dead_letters(q, rule).await;
+    let poison = message(run, "poison", "dlq");
+    let behind = message(run, "behind", "dlq");
+    send_ok(q, &poison, rule).await;
+    if fifo {
+        send_ok(q, &behind, rule).await;
+    }
+    for count in 1..=max_receive_count {
+        let got = receive(q, 1, LONG_VISIBILITY_SECS, RECEIVE_WAIT_MS, rule).await;
+        let r = got.into_iter().find(|r| r.job == poison.job).unwrap_or_else(|| {
+            panic!("queue contract [{rule}]: receive {count} of {max_receive_count} did not deliver the oldest message")
+        });
+        assert_eq!(
+            r.receive_count, count,
+            "queue contract [{rule}]: receive_count"
+        );
+        retry_after(q, &r, 0, rule).await;
+    }
+    if !fifo {
+        send_ok(q, &behind, rule).await;
+    }
+    // The next receive moves the poison message to the DLQ and delivers the next one.
+    let r = receive_exactly(q, &behind, LONG_VISIBILITY_SECS, 1, rule).await;
+    let after = dead_letters(q, rule).await;
+    assert_eq!(
+        after,
+        before + 1,
+        "queue contract [{rule}]: a message received more than max_receive_count ({max_receive_count}) times must land in the DLQ"
+    );
+    ack(q, &r, rule).await;
+    expect_nothing(q, "a dead-lettered message is never delivered again").await;
+}
+
+/// The FIFO queue contract.
+///
+/// `q` must be a dedicated, empty FIFO queue whose dead-letter redrive triggers after
+/// `max_receive_count` (≥ 3) receives (SQS `maxReceiveCount`). Checks: send → receive → ack;
+/// a second send with a retained dedup id is [`Sent::Duplicate`] and dropped; messages of
+/// one group come in order, one at a time (the group is locked while one is in flight)
+/// while other groups flow; the visibility timeout hides and re-delivers with
+/// `receive_count` + 1; `retry_after` delays re-visibility (0: at once); dead-lettering
+/// after `max_receive_count` receives; `delay_secs > 0` is rejected (as SQS FIFO does).
+/// Takes about 3 s.
+pub async fn queue_fifo_contract<Q: Queue>(q: &Q, max_receive_count: u32) {
+    assert!(
+        max_receive_count >= 3,
+        "queue contract: the suite receives one message 3 times; use max_receive_count >= 3"
+    );
+    let run = unique();
+    round_trip(q, &run).await;
+
+    // De-duplication while the first message is retained (queued or in flight).
+    let rule = "fifo-dedup";
+    let first = message(&run, "dedup", "dedup");
+    send_ok(q, &first, rule).await;
+    let mut copy = message(&run, "dedup-copy", "dedup");
+    copy.dedup_id = first.dedup_id.clone();
+    let sent = q
+        .send(copy.clone())
+        .await
+        .unwrap_or_else(|e| panic!("queue contract [{rule}]: send failed: {e}"));
+    assert_eq!(
+        sent,
+        Sent::Duplicate,
+        "queue contract [{rule}]: a second send with a retained dedup id must be reported as a duplicate"
+    );
+    let r = receive_exactly(q, &first, LONG_VISIBILITY_SECS, 1, rule).await;
+    let sent = q
+        .send(copy)
+        .await
+        .unwrap_or_else(|e| panic!("queue contract [{rule}]: send failed: {e}"));
+    assert_eq!(
+        sent,
+        Sent::Duplicate,
+        "queue contract [{rule}]: the dedup id stays retained while its message is in flight"
+    );
+    ack(q, &r, rule).await;
+    expect_nothing(q, "a duplicate is dropped, never delivered").await;
+
+    // Group ordering and the in-flight group lock.
+    let rule = "fifo-group-order";
+    let g: Vec<Outgoing> = (1..=3)
+        .map(|i| message(&run, &format!("g{i}"), "g"))
+        .collect();
+    for m in &g {
+        send_ok(q, m, rule).await;
+    }
+    let got = receive(q, 1, LONG_VISIBILITY_SECS, RECEIVE_WAIT_MS, rule).await;
+    assert_eq!(
+        got.iter().map(|r| &r.job).collect::<Vec<_>>(),
+        vec![&g[0].job],
+        "queue contract [{rule}]: the oldest message of the group comes first"
+    );
+    let head = got.into_iter().next().unwrap_or_else(|| unreachable!());
+    expect_nothing(
+        q,
+        "fifo-group-lock: no message of a group while another is in flight",
+    )
+    .await;
+    let other = message(&run, "h1", "h");
+    send_ok(q, &other, rule).await;
+    let h = receive_exactly(
+        q,
+        &other,
+        LONG_VISIBILITY_SECS,
+        1,
+        "fifo-groups-independent",
+    )
+    .await;
+    ack(q, &h, rule).await;
+    ack(q, &head, rule).await;
+    for m in &g[1..] {
+        let r = receive_exactly(q, m, LONG_VISIBILITY_SECS, 1, rule).await;
+        ack(q, &r, rule).await;
+    }
+    expect_nothing(q, "group drained").await;
+
+    visibility(q, &run).await;
+    retry(q, &run).await;
+    dead_letter(q, &run, max_receive_count, true).await;
+
+    let rule = "fifo-rejects-delay";
+    let mut delayed = message(&run, "delayed", "delayed");
+    delayed.delay_secs = 1;
+    assert!(
+        q.send(delayed).await.is_err(),
+        "queue contract [{rule}]: a FIFO queue must reject delay_secs > 0 (SQS does)"
+    );
+    expect_nothing(q, "a rejected send stores nothing").await;
+}
+
+/// The standard (delay) queue contract, for the queue that carries shutdown-lease
+/// rechecks.
+///
+/// `q` must be a dedicated, empty standard queue with dead-letter redrive after
+/// `max_receive_count` (≥ 3) receives. Checks: send → receive → ack; `delay_secs` hides a message
+/// for that long while undelayed ones flow; `delay_secs > 900` is rejected; visibility
+/// timeout, `retry_after` and dead-lettering as in the FIFO contract. Takes about 3 s.
+pub async fn queue_delay_contract<Q: Queue>(q: &Q, max_receive_count: u32) {
+    assert!(
+        max_receive_count >= 3,
+        "queue contract: the suite receives one message 3 times; use max_receive_count >= 3"
+    );
+    let run = unique();
+    round_trip(q, &run).await;
+
+    let rule = "delay-secs";
+    let mut delayed = message(&run, "delayed", "delayed");
+    delayed.delay_secs = 1;
+    let now = message(&run, "undelayed", "undelayed");
+    let sent_at = Instant::now();
+    send_ok(q, &delayed, rule).await;
+    send_ok(q, &now, rule).await;
+    let r = receive_exactly(q, &now, LONG_VISIBILITY_SECS, 1, rule).await;
+    ack(q, &r, rule).await;
+    expect_nothing(
+        q,
+        "delay-secs: a delayed message is hidden until its delay passed",
+    )
+    .await;
+    let r = receive_exactly(q, &delayed, LONG_VISIBILITY_SECS, 1, rule).await;
+    let hidden_ms = sent_at.elapsed().as_millis();
+    assert!(
+        hidden_ms >= MIN_HIDDEN_MS,
+        "queue contract [{rule}]: delay_secs = 1 delivered after {hidden_ms} ms"
+    );
+    ack(q, &r, rule).await;
+
+    let rule = "delay-secs-limit";
+    let mut too_long = message(&run, "too-long", "too-long");
+    too_long.delay_secs = 901;
+    assert!(
+        q.send(too_long).await.is_err(),
+        "queue contract [{rule}]: delay_secs > 900 must be rejected (SQS limit)"
+    );
+    expect_nothing(q, "a rejected send stores nothing").await;
+
+    visibility(q, &run).await;
+    retry(q, &run).await;
+    dead_letter(q, &run, max_receive_count, false).await;
+}
+
+fn registry_fail(rule: &str, e: impl std::fmt::Display) -> String {
+    format!("registry contract [{rule}]: call failed: {e}")
+}
+
+/// The registry contract: conditional record writes, locks, the delivery ledger, audit
+/// and receipts. Safe to run concurrently with other calls on one backend (unique keys).
+///
+/// Checks: `put` with `None` creates once (version 1) and conflicts the second time; a
+/// write at the current version succeeds and increments it; stale or future versions
+/// conflict and change nothing; `get`, `find_by_session` and `list` return the stored
+/// record with its stored version; a lock is taken once, refused to a second owner while
+/// held (also at `now == until`), taken by another owner once expired (`until < now`), and
+/// released only by its owner; a remembered delivery is seen until it expires and then reads
+/// as absent; audit entries append; receipts list per key, oldest first.
+pub async fn registry_contract<R: Registry>(r: &R) {
+    let run = unique();
+    let now = SystemClock.now();
+    let env = EnvironmentId::new(format!("env_ct_{run}"));
+    let session = SessionId::new(format!("sess_ct_{run}"));
+    let key = env.effect_key();
+
+    // Conditional create.
+    let rule = "put-create-once";
+    assert_eq!(
+        r.get(&key)
+            .await
+            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e))),
+        None,
+        "registry contract [{rule}]: a fresh key has no record"
+    );
+    let mut record = Record::new(env.clone(), session.clone());
+    let w = r
+        .put(&record, None)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert_eq!(
+        w,
+        Write::Written(1),
+        "registry contract [{rule}]: the first create writes version 1"
+    );
+    let w = r
+        .put(&record, None)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert_eq!(
+        w,
+        Write::Conflict,
+        "registry contract [{rule}]: a second create must conflict"
+    );
+    let stored = r
+        .get(&key)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)))
+        .unwrap_or_else(|| {
+            panic!("registry contract [{rule}]: the created record must be readable")
+        });
+    assert_eq!(
+        stored.version, 1,
+        "registry contract [{rule}]: get returns the stored version"
+    );
+    assert_eq!(stored.environment_id, env);
+    assert_eq!(stored.session_id, session);
+
+    // Versioned updates.
+    let rule = "put-versioned";
+    record.generation = Generation(1);
+    record.instance = Some(InstanceRef {
+        instance_id: InstanceId::new(format!("inst_ct_{run}")),
+        generation: Generation(1),
+    });
+    record.lease = Some(ShutdownLease {
+        target: InstanceRef {
+            instance_id: InstanceId::new(format!("inst_ct_{run}")),
+            generation: Generation(1),
+        },
+        requested_at: now,
+        due_at: now + 300,
+    });
+    let w = r
+        .put(&record, Some(1))
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert_eq!(
+        w,
+        Write::Written(2),
+        "registry contract [{rule}]: a write at the current version increments it"
+    );
+    let mut stale = record.clone();
+    stale.status = RecordStatus::Closed;
+    for expected in [Some(1), Some(3), None] {
+        let w = r
+            .put(&stale, expected)
+            .await
+            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+        assert_eq!(
+            w,
+            Write::Conflict,
+            "registry contract [{rule}]: a write expecting version {expected:?} when 2 is stored must conflict"
+        );
+    }
+    let stored = r
+        .get(&key)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)))
+        .unwrap_or_else(|| panic!("registry contract [{rule}]: record vanished"));
+    let mut expected_record = record.clone();
+    expected_record.version = 2;
+    assert_eq!(
+        stored, expected_record,
+        "registry contract [{rule}]: get returns the last written record with its version; conflicts change nothing"
+    );
+    let w = r
+        .put(&stored, Some(2))
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert_eq!(
+        w,
+        Write::Written(3),
+        "registry contract [{rule}]: versions keep incrementing"
+    );
+
+    // Lookups.
+    let rule = "find-by-session";
+    let found = r
+        .find_by_session(&session)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)))
+        .unwrap_or_else(|| {
+            panic!("registry contract [{rule}]: the session's record must be found")
+        });
+    assert_eq!(found.environment_id, env, "registry contract [{rule}]");
+    assert_eq!(
+        found.version, 3,
+        "registry contract [{rule}]: the stored version"
+    );
+    let nobody = SessionId::new(format!("sess_ct_{run}_nobody"));
+    assert_eq!(
+        r.find_by_session(&nobody)
+            .await
+            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e))),
+        None,
+        "registry contract [{rule}]: an unknown session has no record"
+    );
+
+    let rule = "list";
+    let env2 = EnvironmentId::new(format!("env_ct_{run}_2"));
+    let session2 = SessionId::new(format!("sess_ct_{run}_2"));
+    let w = r
+        .put(&Record::new(env2.clone(), session2), None)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert_eq!(w, Write::Written(1), "registry contract [{rule}]");
+    let all = r
+        .list()
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    for (e, v) in [(&env, 3), (&env2, 1)] {
+        let listed: Vec<&Record> = all.iter().filter(|rec| &rec.environment_id == e).collect();
+        assert_eq!(
+            listed.len(),
+            1,
+            "registry contract [{rule}]: list returns every record once ({e})"
+        );
+        assert_eq!(
+            listed[0].version, v,
+            "registry contract [{rule}]: listed with its stored version"
+        );
+    }
+
+    // Locks.
+    let rule = "lock";
+    let (a, b, c) = (
+        format!("owner-a-{run}"),
+        format!("owner-b-{run}"),
+        format!("owner-c-{run}"),
+    );
+    let lock = |owner: &str, until: u64, at: u64| {
+        let (key, owner) = (key.clone(), owner.to_owned());
+        async move {
+            r.lock(&key, &owner, until, at)
+                .await
+                .unwrap_or_else(|e| panic!("{}", registry_fail("lock", e)))
+        }
+    };
+    assert!(
+        lock(&a, now + 30, now).await,
+        "registry contract [{rule}]: a free lock is taken"
+    );
+    assert!(
+        !lock(&b, now + 30, now).await,
+        "registry contract [{rule}]: a held lock is refused to another owner"
+    );
+    assert!(
+        !lock(&b, now + 60, now + 30).await,
+        "registry contract [{rule}]: a lock is still held at now == until (expired means until < now)"
+    );
+    assert!(
+        lock(&b, now + 100, now + 31).await,
+        "registry contract [{rule}]: an expired lock (until < now) can be taken by another owner"
+    );
+    r.unlock(&key, &a)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert!(
+        !lock(&c, now + 100, now + 40).await,
+        "registry contract [{rule}]: unlock by a former owner must not release the current owner's lock"
+    );
+    r.unlock(&key, &b)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert!(
+        lock(&c, now + 100, now + 40).await,
+        "registry contract [{rule}]: the owner's unlock frees the lock"
+    );
+    r.unlock(&key, &c)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    r.unlock(&env2.effect_key(), &a).await.unwrap_or_else(|e| {
+        panic!("registry contract [{rule}]: unlocking a never-locked key is a no-op: {e}")
+    });
+
+    // Delivery ledger.
+    let rule = "ledger";
+    let wh = format!("msg_ct_{run}");
+    let seen = |at: u64| {
+        let wh = wh.clone();
+        async move {
+            r.seen_delivery(&wh, at)
+                .await
+                .unwrap_or_else(|e| panic!("{}", registry_fail("ledger", e)))
+        }
+    };
+    assert!(
+        !seen(now).await,
+        "registry contract [{rule}]: an unknown delivery is not seen"
+    );
+    r.remember_delivery(&wh, now + 60)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert!(
+        seen(now).await,
+        "registry contract [{rule}]: a remembered delivery is seen"
+    );
+    assert!(
+        seen(now + 59).await,
+        "registry contract [{rule}]: seen until it expires"
+    );
+    assert!(
+        !seen(now + 61).await,
+        "registry contract [{rule}]: an expired entry reads as absent"
+    );
+    r.remember_delivery(&wh, now + 200)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert!(
+        seen(now + 100).await,
+        "registry contract [{rule}]: remembering again extends the entry"
+    );
+    assert!(
+        !r.seen_delivery(&format!("{wh}_other"), now)
+            .await
+            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e))),
+        "registry contract [{rule}]: entries are per webhook id"
+    );
+
+    // Audit (append-only; the port has no read-back) and receipts.
+    let rule = "audit";
+    for (i, outcome) in ["start", "schedule-stop"].iter().enumerate() {
+        let entry = AuditEntry {
+            at: now + i as u64,
+            effect_key: key.clone(),
+            session_id: session.clone(),
+            trigger: serde_json::json!({"kind": "sweep"}),
+            observed: serde_json::json!({"record_version": 3}),
+            outcome: (*outcome).to_owned(),
+            reason: format!("contract {run}"),
+            applied: vec![serde_json::json!({"effect": outcome})],
+            error: None,
+        };
+        r.audit(&entry)
+            .await
+            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    }
+
+    let rule = "receipts";
+    let receipts = [
+        Receipt {
+            at: now,
+            effect_key: key.clone(),
+            kind: ReceiptKind::ComputeStopped {
+                instance_id: InstanceId::new(format!("inst_ct_{run}")),
+                generation: 1,
+                reason: "lease_expired".to_owned(),
+            },
+        },
+        Receipt {
+            at: now + 1,
+            effect_key: key.clone(),
+            kind: ReceiptKind::SessionDeleted {
+                session_id: session.clone(),
+            },
+        },
+    ];
+    let other = Receipt {
+        at: now,
+        effect_key: env2.effect_key(),
+        kind: ReceiptKind::SessionDeleted {
+            session_id: SessionId::new(format!("sess_ct_{run}_2")),
+        },
+    };
+    r.receipt(&receipts[0])
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    r.receipt(&other)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    r.receipt(&receipts[1])
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert_eq!(
+        r.receipts(&key)
+            .await
+            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e))),
+        receipts.to_vec(),
+        "registry contract [{rule}]: receipts of one key, oldest first, no other key's"
+    );
+    assert_eq!(
+        r.receipts(&env2.effect_key())
+            .await
+            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e))),
+        vec![other],
+        "registry contract [{rule}]: receipts are per key"
+    );
+    let unknown = EnvironmentId::new(format!("env_ct_{run}_none")).effect_key();
+    assert!(
+        r.receipts(&unknown)
+            .await
+            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)))
+            .is_empty(),
+        "registry contract [{rule}]: a key without receipts lists none"
+    );
+}
+
+/// A start spec with unique environment and session ids for generation 1.
+fn contract_spec(run: &str, suffix: &str) -> StartSpec {
+    let environment_id = EnvironmentId::new(format!("env_ct_{run}{suffix}"));
+    StartSpec {
+        session_id: SessionId::new(format!("sess_ct_{run}{suffix}")),
+        remote_url: format!(
+            "wss://agents.invalid/v1/environments/env_ct_{run}{suffix}/connect?x=1&y=a%20b"
+        ),
+        workspace_directory: "/workspace".to_owned(),
+        generation: Generation(1),
+        idempotency_token: idempotency_token(&environment_id, Generation(1)),
+        environment_id,
+        previous: None,
+    }
+}
+
+/// Another valid deployment id, different from `d`.
+fn other_deployment(d: &DeploymentId) -> DeploymentId {
+    let base: String = d.as_str().chars().take(33).collect();
+    let suffix = if format!("{base}-ct") == d.as_str() {
+        "-cu"
+    } else {
+        "-ct"
+    };
+    DeploymentId::new(format!("{base}{suffix}"))
+        .unwrap_or_else(|e| panic!("compute contract: derived deployment id invalid: {e}"))
+}
+
+async fn start_instance<C: Compute>(c: &C, spec: &StartSpec, d: &DeploymentId) -> ComputeInstance {
+    let rule = "start";
+    match c
+        .start(spec, d)
+        .await
+        .unwrap_or_else(|e| panic!("compute contract [{rule}]: start failed: {e}"))
+    {
+        Started::Instance(i) => {
+            assert_tags(&i, spec, rule);
+            i
+        }
+        Started::Failed { reason } => {
+            panic!("compute contract [{rule}]: the provider refused the start: {reason}")
+        }
+    }
+}
+
+fn assert_tags(i: &ComputeInstance, spec: &StartSpec, rule: &str) {
+    assert_eq!(
+        i.environment_id, spec.environment_id,
+        "compute contract [{rule}]: environment tag"
+    );
+    assert_eq!(
+        i.session_id.as_ref(),
+        Some(&spec.session_id),
+        "compute contract [{rule}]: session tag"
+    );
+    assert_eq!(
+        i.generation, spec.generation,
+        "compute contract [{rule}]: generation tag"
+    );
+    assert!(
+        i.status.is_active(),
+        "compute contract [{rule}]: a fresh instance is provisioning, pending or running, got {:?}",
+        i.status
+    );
+}
+
+async fn describe<C: Compute>(c: &C, id: &InstanceId, rule: &str) -> Option<ComputeInstance> {
+    c.describe(id)
+        .await
+        .unwrap_or_else(|e| panic!("compute contract [{rule}]: describe failed: {e}"))
+}
+
+async fn list<C: Compute>(c: &C, d: &DeploymentId, rule: &str) -> Vec<ComputeInstance> {
+    c.list(d)
+        .await
+        .unwrap_or_else(|e| panic!("compute contract [{rule}]: list failed: {e}"))
+}
+
+/// Stops `id` and polls `describe` until it reads back `Stopped` (bounded).
+async fn stop_and_confirm<C: Compute>(c: &C, id: &InstanceId) -> ComputeInstance {
+    let rule = "stop";
+    c.stop(id, "contract")
+        .await
+        .unwrap_or_else(|e| panic!("compute contract [{rule}]: stop failed: {e}"));
+    let deadline = Instant::now() + STOP_READ_BACK_TIMEOUT;
+    loop {
+        let i = describe(c, id, rule).await.unwrap_or_else(|| {
+            panic!("compute contract [{rule}]: a stopped instance must still be described")
+        });
+        if i.status == ComputeStatus::Stopped {
+            return i;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "compute contract [{rule}]: {id} did not read back Stopped within {STOP_READ_BACK_TIMEOUT:?} (last {:?})",
+            i.status
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The compute contract, for provider adapters (ECS, child processes).
+///
+/// Starts one instance tagged with `deployment` and one with a derived second deployment
+/// id, then checks: `start` returns the instance with its environment, session and
+/// generation tags and an active status; `describe` reads it back with the same tags;
+/// `list(deployment)` finds it and not the other deployment's instance (and vice versa);
+/// `stop` is accepted and `describe` reads back `Stopped` within 30 s (polling every
+/// 100 ms), keeping the tags; a stopped instance, if still listed, is listed `Stopped`;
+/// `describe` of an unknown id (the started id with a `0` appended) is `None`. Both
+/// instances are stopped before returning.
+pub async fn compute_contract<C: Compute>(c: &C, deployment: &DeploymentId) {
+    let run = unique();
+    let spec = contract_spec(&run, "");
+    let other_spec = contract_spec(&run, "_o");
+    let other_deployment = other_deployment(deployment);
+
+    let inst = start_instance(c, &spec, deployment).await;
+    let other = start_instance(c, &other_spec, &other_deployment).await;
+
+    let rule = "describe";
+    let read = describe(c, &inst.instance_id, rule)
+        .await
+        .unwrap_or_else(|| {
+            panic!("compute contract [{rule}]: a started instance must be described")
+        });
+    assert_eq!(
+        read.instance_id, inst.instance_id,
+        "compute contract [{rule}]: same id"
+    );
+    assert_tags(&read, &spec, rule);
+
+    let rule = "list-by-deployment";
+    let listed = list(c, deployment, rule).await;
+    let mine: Vec<&ComputeInstance> = listed
+        .iter()
+        .filter(|i| i.instance_id == inst.instance_id)
+        .collect();
+    assert_eq!(
+        mine.len(),
+        1,
+        "compute contract [{rule}]: list(deployment) finds the instance once"
+    );
+    assert_tags(mine[0], &spec, rule);
+    assert!(
+        listed.iter().all(|i| i.instance_id != other.instance_id),
+        "compute contract [{rule}]: list(deployment) must not return another deployment's instance"
+    );
+    let listed_other = list(c, &other_deployment, rule).await;
+    assert!(
+        listed_other
+            .iter()
+            .any(|i| i.instance_id == other.instance_id)
+            && listed_other
+                .iter()
+                .all(|i| i.instance_id != inst.instance_id),
+        "compute contract [{rule}]: each deployment lists only its own instances"
+    );
+
+    let rule = "stop";
+    let stopped = stop_and_confirm(c, &inst.instance_id).await;
+    assert_eq!(
+        stopped.environment_id, spec.environment_id,
+        "compute contract [{rule}]: tags survive the stop"
+    );
+    assert_eq!(
+        stopped.generation, spec.generation,
+        "compute contract [{rule}]: tags survive the stop"
+    );
+    for i in list(c, deployment, rule).await {
+        if i.instance_id == inst.instance_id {
+            assert_eq!(
+                i.status,
+                ComputeStatus::Stopped,
+                "compute contract [{rule}]: a stopped instance is listed Stopped, never live"
+            );
+        }
+    }
+    stop_and_confirm(c, &other.instance_id).await;
+
+    let rule = "describe-unknown";
+    let unknown = InstanceId::new(format!("{}0", inst.instance_id));
+    assert_eq!(
+        describe(c, &unknown, rule).await,
+        None,
+        "compute contract [{rule}]: an unknown instance id must describe as None"
+    );
+}
+
+/// The idempotent-start contract, for adapters that honour the idempotency token
+/// (the child-process provider does; ECS `clientToken` does on AWS but not on moto, where
+/// adoption by tags is the protection).
+///
+/// Checks: a second start with the same spec and deployment returns the same instance id
+/// and `list(deployment)` holds exactly one instance of the environment; a start of the next
+/// generation (new token) creates a different instance. Stops everything it started.
+pub async fn compute_idempotency_contract<C: Compute>(c: &C, deployment: &DeploymentId) {
+    let run = unique();
+    let spec = contract_spec(&run, "_i");
+    let rule = "idempotent-start";
+    let first = start_instance(c, &spec, deployment).await;
+    let again = start_instance(c, &spec, deployment).await;
+    assert_eq!(
+        again.instance_id, first.instance_id,
+        "compute contract [{rule}]: a start with the same idempotency token returns the same instance"
+    );
+    let of_env = |all: Vec<ComputeInstance>| -> Vec<ComputeInstance> {
+        all.into_iter()
+            .filter(|i| i.environment_id == spec.environment_id)
+            .collect()
+    };
+    let listed = of_env(list(c, deployment, rule).await);
+    assert_eq!(
+        listed.len(),
+        1,
+        "compute contract [{rule}]: exactly one instance exists for the token"
+    );
+
+    let mut next = spec.clone();
+    next.generation = Generation(2);
+    next.idempotency_token = idempotency_token(&spec.environment_id, Generation(2));
+    next.previous = Some(first.as_ref());
+    let second = start_instance(c, &next, deployment).await;
+    assert_ne!(
+        second.instance_id, first.instance_id,
+        "compute contract [{rule}]: a new token starts a new instance"
+    );
+    assert_eq!(
+        second.generation,
+        Generation(2),
+        "compute contract [{rule}]: generation tag"
+    );
+    stop_and_confirm(c, &first.instance_id).await;
+    stop_and_confirm(c, &second.instance_id).await;
+}

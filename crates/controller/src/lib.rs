@@ -1,0 +1,31 @@
+//! The controller: async orchestration of the lifecycle over small port traits.
+//!
+//! - [`webhook`] — `accept_delivery`: verify raw bytes, keep what matters, enqueue,
+//!   answer; and the axum router shared by the Lambda and local mode;
+//! - [`worker`] — `process` one job: observe, [`sandbox_core::decide`], act under the
+//!   effect-key lock, record before release, audit;
+//! - [`consume`] — receive, process, ack or retry (local mode's queue loop);
+//! - [`sweep`] — reconcile the registry against the provider inventory and the sessions;
+//! - [`close`] — the operator's cleanup transaction;
+//! - [`ports`] — the traits every backend implements.
+#![forbid(unsafe_code)]
+#![deny(clippy::all)]
+#![warn(missing_docs)]
+
+pub mod close;
+pub mod config;
+pub mod consume;
+pub mod contract;
+pub mod crash_point;
+pub mod job;
+pub mod ports;
+pub mod sweep;
+pub mod webhook;
+pub mod worker;
+
+pub use close::CloseReport;
+pub use config::ControllerConfig;
+pub use job::Job;
+pub use sweep::SweepReport;
+pub use webhook::{Intake, router};
+pub use worker::{Controller, Disposition, Processed};

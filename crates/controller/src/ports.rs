@@ -1,0 +1,324 @@
+//! The ports: every side effect of the controller goes through one of these traits.
+//!
+//! Implementations: `sandbox-local` (SQLite, child processes) and `sandbox-aws` (SQS,
+//! DynamoDB, ECS). Both pass the shared contract suite in `sandbox_controller::contract`.
+//! All times are Unix seconds (`u64`) unless a name says otherwise.
+
+use crate::job::Job;
+use sandbox_core::compute::ComputeInstance;
+use sandbox_core::decision::StartSpec;
+use sandbox_core::ids::{DeploymentId, EffectKey, EnvironmentId, InstanceId, SessionId};
+use sandbox_core::record::Record;
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+
+/// A failure of a backend dependency (queue, registry, provider). Carries no secret.
+#[derive(Debug, thiserror::Error)]
+#[error("{dependency} {operation} failed: {message}")]
+pub struct PortError {
+    /// `queue`, `registry`, `compute`, ...
+    pub dependency: &'static str,
+    /// The operation, e.g. `send`, `put`, `start`.
+    pub operation: &'static str,
+    /// What went wrong (no secret, no raw payload).
+    pub message: String,
+    /// Whether retrying later may succeed (throttling, timeouts, 5xx).
+    pub retryable: bool,
+}
+
+impl PortError {
+    /// A retryable failure.
+    pub fn transient(
+        dependency: &'static str,
+        operation: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            dependency,
+            operation,
+            message: message.into(),
+            retryable: true,
+        }
+    }
+    /// A failure retrying will not fix (bad configuration, invalid input).
+    pub fn permanent(
+        dependency: &'static str,
+        operation: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            dependency,
+            operation,
+            message: message.into(),
+            retryable: false,
+        }
+    }
+}
+
+/// The wall clock, injectable so tests control time.
+pub trait Clock: Send + Sync + 'static {
+    /// Now, Unix seconds.
+    fn now(&self) -> u64;
+}
+
+/// The system clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    }
+}
+
+/// A message to enqueue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The job (the body).
+    pub job: Job,
+    /// De-duplication id: the webhook-id for webhook jobs. A second send with the same id
+    /// while the first is retained is accepted and dropped (SQS FIFO semantics).
+    pub dedup_id: String,
+    /// Ordering group: the session id. Messages of one group are delivered in order and
+    /// one at a time (FIFO queues); standard queues ignore it.
+    pub group: String,
+    /// Delay before the message becomes visible, seconds (≤ 900; FIFO queues reject > 0).
+    pub delay_secs: u32,
+}
+
+/// A received message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// Handle for `ack` / `retry_after` (SQS receipt handle; local row handle).
+    pub receipt: String,
+    /// Provider message id (SQS `MessageId`; the partial batch response's identifier).
+    pub message_id: String,
+    /// The job.
+    pub job: Job,
+    /// How many times this message has been received, this time included (≥ 1).
+    pub receive_count: u32,
+}
+
+/// What happened to a send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sent {
+    /// Stored for delivery.
+    Queued,
+    /// Dropped as a duplicate of a retained message with the same dedup id.
+    Duplicate,
+}
+
+/// A durable queue with visibility timeouts, receive counts and a dead-letter queue.
+pub trait Queue: Send + Sync + 'static {
+    /// Stores a message. Returns only once the queue durably accepted it.
+    fn send(&self, msg: Outgoing) -> impl Future<Output = Result<Sent, PortError>> + Send;
+    /// Receives up to `max` visible messages (waiting up to `wait_ms` milliseconds for
+    /// one), hiding each for `visibility_secs` seconds. Messages received more than the
+    /// queue's maximum receive count go to its dead-letter queue instead.
+    fn receive(
+        &self,
+        max: usize,
+        visibility_secs: u32,
+        wait_ms: u64,
+    ) -> impl Future<Output = Result<Vec<Received>, PortError>> + Send;
+    /// Deletes a processed message.
+    fn ack(&self, receipt: &str) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Makes a message visible again after `delay_secs` seconds (retry with backoff).
+    fn retry_after(
+        &self,
+        receipt: &str,
+        delay_secs: u32,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Messages in the dead-letter queue (for `sandboxctl status` and tests).
+    fn dead_letter_count(&self) -> impl Future<Output = Result<u64, PortError>> + Send;
+}
+
+/// The outcome of a conditional write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Written; the record's version is now the returned value.
+    Written(u64),
+    /// The condition failed: someone else changed the record first.
+    Conflict,
+}
+
+/// An append-only audit entry: what was seen, the decision and what was done.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// Unix seconds.
+    pub at: u64,
+    /// The effect key.
+    pub effect_key: EffectKey,
+    /// The session.
+    pub session_id: SessionId,
+    /// The trigger, as JSON.
+    pub trigger: serde_json::Value,
+    /// A summary of the observed state (session status, record, instances).
+    pub observed: serde_json::Value,
+    /// The decision's outcome (`start`, `schedule-stop`, ...).
+    pub outcome: String,
+    /// The decision's reason, human-readable.
+    pub reason: String,
+    /// The effects applied, in order, as JSON.
+    pub applied: Vec<serde_json::Value>,
+    /// The effect that failed, if one did.
+    pub error: Option<String>,
+}
+
+/// Proof that a resource reached its final state, read back from its owner.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// Unix seconds.
+    pub at: u64,
+    /// The effect key.
+    pub effect_key: EffectKey,
+    /// What was confirmed.
+    pub kind: ReceiptKind,
+}
+
+/// What a receipt confirms.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ReceiptKind {
+    /// A compute was read back stopped.
+    ComputeStopped {
+        /// Instance.
+        instance_id: InstanceId,
+        /// Generation.
+        generation: u64,
+        /// Why it was stopped (`lease_expired`, `session_deleted`, ...).
+        reason: String,
+    },
+    /// `DELETE /agents/sessions/{id}` answered deleted (or 404: already gone).
+    SessionDeleted {
+        /// The session.
+        session_id: SessionId,
+    },
+}
+
+/// The registry: records under effect keys, locks, the delivery ledger, audit and receipts.
+///
+/// Every record change is a conditional write on the record's `version`; locks are leases
+/// with an expiry in Unix seconds and an expired lock counts as absent.
+pub trait Registry: Send + Sync + 'static {
+    /// The record under `key`, if any.
+    fn get(
+        &self,
+        key: &EffectKey,
+    ) -> impl Future<Output = Result<Option<Record>, PortError>> + Send;
+    /// The record of the environment `session` owns, if any (for jobs without an
+    /// environment id and for deleted sessions).
+    fn find_by_session(
+        &self,
+        session: &SessionId,
+    ) -> impl Future<Output = Result<Option<Record>, PortError>> + Send;
+    /// Writes `record` if the stored version equals `expected_version` (`None`: no record
+    /// may exist). The stored version becomes `expected_version + 1` (or 1).
+    fn put(
+        &self,
+        record: &Record,
+        expected_version: Option<u64>,
+    ) -> impl Future<Output = Result<Write, PortError>> + Send;
+    /// Every record (the sweep reads them all, page by page).
+    fn list(&self) -> impl Future<Output = Result<Vec<Record>, PortError>> + Send;
+    /// Takes the lock on `key` for `owner` until `until` (Unix seconds) if it is free or
+    /// expired at `now`. Returns whether it was taken.
+    fn lock(
+        &self,
+        key: &EffectKey,
+        owner: &str,
+        until: u64,
+        now: u64,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
+    /// Releases the lock if `owner` still holds it.
+    fn unlock(
+        &self,
+        key: &EffectKey,
+        owner: &str,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Whether `webhook_id` was processed already (ledger entries expire at their
+    /// `expires_at`; an expired entry reads as absent).
+    fn seen_delivery(
+        &self,
+        webhook_id: &str,
+        now: u64,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
+    /// Records `webhook_id` as processed until `expires_at` (Unix seconds).
+    fn remember_delivery(
+        &self,
+        webhook_id: &str,
+        expires_at: u64,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Appends an audit entry.
+    fn audit(&self, entry: &AuditEntry) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Stores a receipt.
+    fn receipt(&self, receipt: &Receipt) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Receipts of one effect key, oldest first.
+    fn receipts(
+        &self,
+        key: &EffectKey,
+    ) -> impl Future<Output = Result<Vec<Receipt>, PortError>> + Send;
+}
+
+/// What a start produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Started {
+    /// The provider accepted it: the instance (possibly still provisioning).
+    Instance(ComputeInstance),
+    /// The provider answered without an instance (capacity, quota, bad definition —
+    /// including failures returned with a success status). Retrying later may work.
+    Failed {
+        /// The provider's reason, as reported (never a secret).
+        reason: String,
+    },
+}
+
+/// The compute provider: ECS Fargate tasks, or local child processes.
+///
+/// Every instance is tagged with deployment, environment, session and generation, so the
+/// controller can find (and adopt) what a crashed worker started.
+pub trait Compute: Send + Sync + 'static {
+    /// Starts the executor for `spec` (environment id, remote URL unchanged, generation,
+    /// idempotency token), tagged with `deployment`.
+    fn start(
+        &self,
+        spec: &StartSpec,
+        deployment: &DeploymentId,
+    ) -> impl Future<Output = Result<Started, PortError>> + Send;
+    /// Reads one instance back. `None`: the provider does not know it (on ECS, `MISSING`
+    /// long after the start; never treated as stopped right after a start).
+    fn describe(
+        &self,
+        id: &InstanceId,
+    ) -> impl Future<Output = Result<Option<ComputeInstance>, PortError>> + Send;
+    /// Every instance tagged with `deployment` (live and recently stopped), state from the
+    /// provider's read-back, never from absence in a list.
+    fn list(
+        &self,
+        deployment: &DeploymentId,
+    ) -> impl Future<Output = Result<Vec<ComputeInstance>, PortError>> + Send;
+    /// Asks the provider to stop `id` (SIGTERM, then SIGKILL after a grace; ECS StopTask
+    /// with `reason`). Returns once the request is accepted; read back with `describe`.
+    fn stop(
+        &self,
+        id: &InstanceId,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+}
+
+/// Convenience: the instances of one environment.
+pub async fn instances_of<C: Compute>(
+    compute: &C,
+    deployment: &DeploymentId,
+    env: &EnvironmentId,
+) -> Result<Vec<ComputeInstance>, PortError> {
+    Ok(compute
+        .list(deployment)
+        .await?
+        .into_iter()
+        .filter(|i| &i.environment_id == env)
+        .collect())
+}

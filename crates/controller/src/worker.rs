@@ -1,0 +1,661 @@
+//! The worker: process one job. Observe, decide, act under the effect-key lock, record
+//! before release, audit.
+//!
+//! Flow of [`Controller::process`]:
+//! 1. a webhook job whose `webhook-id` is in the ledger is a duplicate: done, nothing
+//!    written (one registry read);
+//! 2. retrieve the session (404 = deleted; errors = unavailable evidence) and resolve the
+//!    environment (event, session or record);
+//! 3. take the lock on `agents-api:environment:{id}:compute` (a lease with an expiry);
+//! 4. read the record and the provider's instances (and, when they matter, the
+//!    environment status and the latest turn) and call [`sandbox_core::decide`];
+//! 5. apply the effects in order; a started compute's instance id and generation are
+//!    written before anything else happens; a stop is read back before its receipt;
+//! 6. audit, remember the webhook-id, release the lock;
+//! 7. say what to do with the message: done (and maybe schedule a recheck on the timers
+//!    queue), or retry the same message later (missing evidence, a failed effect).
+
+use crate::config::ControllerConfig;
+use crate::crash_point::crash_point;
+use crate::job::Job;
+use crate::ports::{
+    AuditEntry, Clock, Compute, Outgoing, PortError, Queue, Receipt, ReceiptKind, Registry,
+    Started, Write, instances_of,
+};
+use sandbox_agents_api::{ApiError, PageParams, SessionsApi};
+use sandbox_core::compute::{ComputeInstance, ComputeStatus};
+use sandbox_core::decision::{Decision, Effect, Outcome, StopSpec, decide};
+use sandbox_core::environment::EnvironmentStatus;
+use sandbox_core::ids::{EnvironmentId, SessionId};
+use sandbox_core::observed::{Inventory, Observed, SessionView, Trigger, TurnEvidence};
+use sandbox_core::record::{Record, StartFailure};
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The controller over its ports.
+pub struct Controller<Q, R, C, S> {
+    /// The events queue (FIFO): webhook jobs.
+    pub events: Q,
+    /// The timers queue (standard, delayed): lease rechecks and other rechecks.
+    pub timers: Q,
+    /// The registry.
+    pub registry: R,
+    /// The compute provider.
+    pub compute: C,
+    /// The Agents API.
+    pub sessions: S,
+    /// The clock.
+    pub clock: Arc<dyn Clock>,
+    /// Settings.
+    pub config: ControllerConfig,
+    nonce: AtomicU64,
+}
+
+/// What to do with the message that carried the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disposition {
+    /// Processed: delete the message.
+    Done,
+    /// Not processed (missing evidence, busy lock, failed effect): make the same message
+    /// visible again after this many seconds.
+    RetryAfter(u32),
+}
+
+/// The result of processing one job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Processed {
+    /// The decision, when one was taken.
+    pub decision: Option<Decision>,
+    /// Effects applied, in order.
+    pub applied: Vec<Effect>,
+    /// The effect that failed, if any.
+    pub error: Option<String>,
+    /// What to do with the message.
+    pub disposition: Disposition,
+    /// Why nothing was decided (duplicate, busy lock, no environment).
+    pub note: Option<&'static str>,
+}
+
+impl Processed {
+    fn skipped(note: &'static str, disposition: Disposition) -> Self {
+        Self {
+            decision: None,
+            applied: vec![],
+            error: None,
+            disposition,
+            note: Some(note),
+        }
+    }
+
+    /// The decision's outcome, if a decision was taken.
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.decision.as_ref().map(|d| d.outcome)
+    }
+}
+
+fn session_view(result: Result<sandbox_core::session::Session, ApiError>) -> SessionView {
+    match result {
+        Ok(s) => SessionView::Found {
+            session: Box::new(s),
+        },
+        Err(e) if e.is_not_found() => SessionView::Deleted,
+        Err(e) => SessionView::Unavailable {
+            cause: e
+                .unavailable()
+                .unwrap_or(sandbox_core::observed::Unavailable::ServerError),
+        },
+    }
+}
+
+fn capped_delay(secs: u64) -> u32 {
+    secs.clamp(1, 900) as u32
+}
+
+impl<Q, R, C, S> Controller<Q, R, C, S>
+where
+    Q: Queue,
+    R: Registry,
+    C: Compute,
+    S: SessionsApi,
+{
+    /// A controller over its ports.
+    pub fn new(
+        events: Q,
+        timers: Q,
+        registry: R,
+        compute: C,
+        sessions: S,
+        clock: Arc<dyn Clock>,
+        config: ControllerConfig,
+    ) -> Self {
+        Self {
+            events,
+            timers,
+            registry,
+            compute,
+            sessions,
+            clock,
+            config,
+            nonce: AtomicU64::new(0),
+        }
+    }
+
+    /// Processes one job. See the module docs for the flow.
+    ///
+    /// # Errors
+    /// A [`PortError`] from the registry or queues that leaves the job unprocessed; the
+    /// caller retries the message (nothing is lost).
+    pub async fn process(&self, job: &Job) -> Result<Processed, PortError> {
+        let now = self.clock.now();
+        if let Some(id) = &job.webhook_id
+            && self.registry.seen_delivery(id, now).await?
+        {
+            tracing::debug!(webhook_id = %id, "duplicate delivery");
+            return Ok(Processed::skipped("duplicate delivery", Disposition::Done));
+        }
+        let session = session_view(self.sessions.retrieve_session(&job.session_id).await);
+        let env = match (&job.environment_id, &session) {
+            (Some(env), _) => Some(env.clone()),
+            (None, SessionView::Found { session }) => session.self_hosted().map(|e| e.id.clone()),
+            (None, _) => None,
+        };
+        let env = match env {
+            Some(env) => env,
+            None => match (
+                &session,
+                self.registry.find_by_session(&job.session_id).await?,
+            ) {
+                (_, Some(record)) => record.environment_id,
+                (SessionView::Unavailable { .. }, None) => {
+                    let retry = capped_delay(self.config.policy.uncertain_retry_secs);
+                    return Ok(Processed::skipped(
+                        "session unavailable, environment unknown",
+                        Disposition::RetryAfter(retry),
+                    ));
+                }
+                (_, None) => {
+                    self.remember(job, now).await?;
+                    return Ok(Processed::skipped(
+                        "no self-hosted environment and no record",
+                        Disposition::Done,
+                    ));
+                }
+            },
+        };
+        let key = env.effect_key();
+        let owner = format!(
+            "{}#{}",
+            self.config.worker_id,
+            self.nonce.fetch_add(1, Ordering::Relaxed)
+        );
+        if !self
+            .registry
+            .lock(&key, &owner, now + self.config.lock_ttl_secs, now)
+            .await?
+        {
+            return Ok(Processed::skipped(
+                "effect key locked by another worker",
+                Disposition::RetryAfter(self.config.lock_busy_retry_secs),
+            ));
+        }
+        crash_point("after-lock");
+        let result = self.decide_and_act(job, env, session).await;
+        if let Err(e) = self.registry.unlock(&key, &owner).await {
+            // The lock expires on its own; the next worker waits at most lock_ttl_secs.
+            tracing::warn!(effect_key = %key, error = %e, "unlock failed");
+        }
+        result
+    }
+
+    async fn decide_and_act(
+        &self,
+        job: &Job,
+        env: EnvironmentId,
+        session: SessionView,
+    ) -> Result<Processed, PortError> {
+        let now = self.clock.now();
+        let key = env.effect_key();
+        let record = self.registry.get(&key).await?;
+        let instances = instances_of(&self.compute, &self.config.deployment, &env).await;
+        let inventory = match &instances {
+            Ok(instances) => Inventory::Known {
+                instances: instances.clone(),
+            },
+            Err(e) => {
+                tracing::warn!(effect_key = %key, error = %e, "inventory unavailable");
+                Inventory::Unavailable
+            }
+        };
+        let (environment_status, latest_turn) =
+            self.evidence(job, &env, &session, &inventory).await;
+        let observed = Observed {
+            trigger: job.trigger.clone(),
+            environment_id: env.clone(),
+            session,
+            environment_status,
+            record: record.clone(),
+            inventory,
+            latest_turn,
+            filter: self.config.filter.clone(),
+            policy: self.config.policy.clone(),
+            now,
+        };
+        let decision = decide(&observed);
+        tracing::info!(
+            session_id = %job.session_id, environment_id = %env, outcome = %decision.outcome,
+            reason = %decision.reason, effects = decision.effects.len(), "decided"
+        );
+        let session_id = match &observed.session {
+            SessionView::Found { session } => session.id.clone(),
+            _ => record
+                .as_ref()
+                .map(|r| r.session_id.clone())
+                .unwrap_or_else(|| job.session_id.clone()),
+        };
+        let mut act = Act {
+            record: record.clone(),
+            fresh: record.unwrap_or_else(|| Record::new(env.clone(), session_id.clone())),
+            dirty: false,
+            applied: vec![],
+            error: None,
+            deferred_error: None,
+            retry_after: None,
+        };
+        self.apply(&decision, &mut act, now).await;
+        let error = act.error.clone().or(act.deferred_error.clone());
+        self.audit(job, &observed, &decision, &act, error.clone())
+            .await;
+
+        let disposition = if let Some(secs) = act.retry_after {
+            Disposition::RetryAfter(capped_delay(secs))
+        } else if error.is_some() {
+            Disposition::RetryAfter(capped_delay(self.config.policy.recheck_secs))
+        } else if decision.outcome == Outcome::Uncertain {
+            Disposition::RetryAfter(capped_delay(
+                decision
+                    .recheck_after_secs
+                    .unwrap_or(self.config.policy.uncertain_retry_secs),
+            ))
+        } else {
+            if let Some(secs) = decision.recheck_after_secs {
+                self.schedule_recheck(job, &env, &session_id, &decision, now, secs)
+                    .await?;
+            }
+            self.remember(job, now).await?;
+            Disposition::Done
+        };
+        Ok(Processed {
+            decision: Some(decision),
+            applied: act.applied,
+            error,
+            disposition,
+            note: None,
+        })
+    }
+
+    /// The environment status and the latest turn, fetched only when they can change the
+    /// decision: the status when a running compute might be connected (reuse vs replace)
+    /// or after idle (mid-turn disconnect evidence, row 20); the turn for row 20 and a
+    /// timed-out submission (row 21).
+    async fn evidence(
+        &self,
+        job: &Job,
+        env: &EnvironmentId,
+        session: &SessionView,
+        inventory: &Inventory,
+    ) -> (Option<EnvironmentStatus>, Option<TurnEvidence>) {
+        let SessionView::Found { session } = session else {
+            return (None, None);
+        };
+        let running = matches!(inventory, Inventory::Known { instances }
+            if instances.iter().any(|i| i.status == ComputeStatus::Running));
+        let wants_status =
+            running && (session.requires_connection_of(env) || job.trigger == Trigger::Idle);
+        let status = if wants_status {
+            self.sessions
+                .retrieve_environment(env)
+                .await
+                .ok()
+                .map(|e| e.status)
+        } else {
+            None
+        };
+        let wants_turn = job.trigger == Trigger::InputTimedOut
+            || (job.trigger == Trigger::Idle && status == Some(EnvironmentStatus::Disconnected));
+        let turn = if wants_turn {
+            self.latest_turn(&session.id).await
+        } else {
+            None
+        };
+        (status, turn)
+    }
+
+    async fn latest_turn(&self, session: &SessionId) -> Option<TurnEvidence> {
+        let page = self
+            .sessions
+            .list_turns(session, &PageParams::latest(1))
+            .await
+            .ok()?;
+        let turn = page.data.into_iter().next()?;
+        let items = self
+            .sessions
+            .list_turn_items(session, &turn.id, &PageParams::latest(100))
+            .await
+            .ok()?;
+        let broken_tools = items
+            .data
+            .iter()
+            .filter(|i| i.is_tool())
+            .filter_map(|i| {
+                let status = i.status?;
+                status
+                    .is_broken()
+                    .then(|| (i.id.clone().unwrap_or_default(), i.kind.clone(), status))
+            })
+            .collect();
+        Some(TurnEvidence {
+            turn_id: turn.id,
+            status: turn.status,
+            broken_tools,
+        })
+    }
+
+    async fn apply(&self, decision: &Decision, act: &mut Act, now: u64) {
+        for effect in &decision.effects {
+            let finalizing = matches!(effect, Effect::MarkClosed | Effect::MarkStopped);
+            if finalizing && act.deferred_error.is_some() {
+                break;
+            }
+            let result = match effect {
+                Effect::StartCompute(spec) => self.start(spec, act, now).await,
+                Effect::StopCompute(stop) => self.stop(stop, act).await,
+                Effect::DeleteSession { session_id: id } => {
+                    if let Err(e) = self.delete_session(id, act).await {
+                        // Independent of the stop (two resources, two receipts): record
+                        // the failure, still try the stop, never mark closed.
+                        act.deferred_error = Some(e);
+                        continue;
+                    }
+                    Ok(())
+                }
+                record_only => {
+                    act.change(record_only);
+                    Ok(())
+                }
+            };
+            match result {
+                Ok(()) => act.applied.push(effect.clone()),
+                Err(e) => {
+                    act.error = Some(e);
+                    break;
+                }
+            }
+        }
+        if act.error.is_none()
+            && let Err(e) = self.flush(act).await
+        {
+            act.error = Some(e);
+        }
+    }
+
+    async fn start(
+        &self,
+        spec: &sandbox_core::decision::StartSpec,
+        act: &mut Act,
+        now: u64,
+    ) -> Result<(), String> {
+        self.flush(act).await?;
+        match self.compute.start(spec, &self.config.deployment).await {
+            Ok(Started::Instance(instance)) => {
+                tracing::info!(
+                    environment_id = %spec.environment_id, instance_id = %instance.instance_id,
+                    generation = %spec.generation, "compute started"
+                );
+                crash_point("after-compute-start");
+                act.change(&Effect::AdoptCompute(instance.as_ref()));
+                act.fresh.generation = act.fresh.generation.max(spec.generation);
+                // Record before anything else (DESIGN.md principle 3).
+                self.flush(act).await?;
+                crash_point("after-record");
+                Ok(())
+            }
+            Ok(Started::Failed { reason }) => {
+                tracing::warn!(environment_id = %spec.environment_id, %reason, "compute start failed");
+                let attempts = act
+                    .fresh
+                    .start_failure
+                    .as_ref()
+                    .map_or(1, |f| f.attempts + 1);
+                act.fresh.generation = act.fresh.generation.max(spec.generation);
+                act.fresh.start_failure = Some(StartFailure {
+                    attempts,
+                    last_failed_at: now,
+                    reason: reason.clone(),
+                });
+                act.dirty = true;
+                self.flush(act).await?;
+                // Ack and recheck after the backoff: the next decision waits it out.
+                act.retry_after = Some(self.config.policy.start_backoff_secs(attempts));
+                Err(format!("start failed: {reason}"))
+            }
+            Err(e) => Err(format!("start outcome unknown: {e}")),
+        }
+    }
+
+    async fn stop(&self, stop: &StopSpec, act: &mut Act) -> Result<(), String> {
+        self.flush(act).await?;
+        let reason = serde_json::to_value(stop.reason)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        self.compute
+            .stop(&stop.target.instance_id, &reason)
+            .await
+            .map_err(|e| format!("stop failed: {e}"))?;
+        let deadline = tokio::time::Instant::now() + self.config.stop_readback_timeout;
+        loop {
+            let seen: Option<ComputeInstance> = self
+                .compute
+                .describe(&stop.target.instance_id)
+                .await
+                .map_err(|e| format!("stop read-back failed: {e}"))?;
+            if seen.is_none_or(|i| i.status == ComputeStatus::Stopped) {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err("stop not confirmed before the read-back deadline".into());
+            }
+            tokio::time::sleep(self.config.stop_readback_interval).await;
+        }
+        tracing::info!(instance_id = %stop.target.instance_id, generation = %stop.target.generation, %reason, "compute stopped");
+        let receipt = Receipt {
+            at: self.clock.now(),
+            effect_key: act.fresh.environment_id.effect_key(),
+            kind: ReceiptKind::ComputeStopped {
+                instance_id: stop.target.instance_id.clone(),
+                generation: stop.target.generation.0,
+                reason,
+            },
+        };
+        self.registry
+            .receipt(&receipt)
+            .await
+            .map_err(|e| format!("receipt write failed: {e}"))
+    }
+
+    async fn delete_session(&self, id: &SessionId, act: &Act) -> Result<(), String> {
+        let key = format!("close-{id}");
+        match self.sessions.delete_session(id, &key).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(format!("session delete outcome unknown: {e}")),
+        }
+        let receipt = Receipt {
+            at: self.clock.now(),
+            effect_key: act.fresh.environment_id.effect_key(),
+            kind: ReceiptKind::SessionDeleted {
+                session_id: id.clone(),
+            },
+        };
+        self.registry
+            .receipt(&receipt)
+            .await
+            .map_err(|e| format!("receipt write failed: {e}"))
+    }
+
+    /// Writes the record if changed, conditional on the version read under the lock.
+    async fn flush(&self, act: &mut Act) -> Result<(), String> {
+        if !act.dirty {
+            return Ok(());
+        }
+        let expected = act.record.as_ref().map(|r| r.version);
+        match self.registry.put(&act.fresh, expected).await {
+            Ok(Write::Written(version)) => {
+                act.fresh.version = version;
+                act.record = Some(act.fresh.clone());
+                act.dirty = false;
+                Ok(())
+            }
+            Ok(Write::Conflict) => Err("record changed concurrently (version conflict)".into()),
+            Err(e) => Err(format!("record write failed: {e}")),
+        }
+    }
+
+    async fn schedule_recheck(
+        &self,
+        job: &Job,
+        env: &EnvironmentId,
+        session: &SessionId,
+        decision: &Decision,
+        now: u64,
+        secs: u64,
+    ) -> Result<(), PortError> {
+        let leased = decision.effects.iter().find_map(|e| match e {
+            Effect::PutLease(l) => Some(l.clone()),
+            _ => None,
+        });
+        let trigger = match (leased, &job.trigger) {
+            (Some(lease), _) => Trigger::LeaseDue { lease },
+            (None, Trigger::LeaseDue { lease }) => Trigger::LeaseDue {
+                lease: lease.clone(),
+            },
+            _ => Trigger::Sweep,
+        };
+        // Standard queues delay at most 900 s; a longer wait re-enqueues when it fires.
+        let delay = capped_delay(secs);
+        let recheck = Job {
+            trigger,
+            session_id: session.clone(),
+            environment_id: Some(env.clone()),
+            webhook_id: None,
+            enqueued_at: now,
+        };
+        let dedup_id = format!("recheck:{}:{}", env.effect_key(), now + u64::from(delay));
+        self.timers
+            .send(Outgoing {
+                group: recheck.group().to_owned(),
+                job: recheck,
+                dedup_id,
+                delay_secs: delay,
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn remember(&self, job: &Job, now: u64) -> Result<(), PortError> {
+        if let Some(id) = &job.webhook_id {
+            self.registry
+                .remember_delivery(id, now + self.config.ledger_ttl_secs)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn audit(
+        &self,
+        job: &Job,
+        observed: &Observed,
+        decision: &Decision,
+        act: &Act,
+        error: Option<String>,
+    ) {
+        let session_status = match &observed.session {
+            SessionView::Found { session } => json!(session.status),
+            SessionView::Deleted => json!("deleted"),
+            SessionView::Unavailable { cause } => json!({"unavailable": cause}),
+        };
+        let instances = match &observed.inventory {
+            Inventory::Known { instances } => json!(instances
+                .iter()
+                .map(|i| json!({"instance_id": i.instance_id, "generation": i.generation, "status": i.status}))
+                .collect::<Vec<_>>()),
+            Inventory::Unavailable => json!("unavailable"),
+        };
+        let entry = AuditEntry {
+            at: observed.now,
+            effect_key: observed.environment_id.effect_key(),
+            session_id: job.session_id.clone(),
+            trigger: json!(job.trigger),
+            observed: json!({
+                "session": session_status,
+                "record": observed.record,
+                "instances": instances,
+                "environment_status": observed.environment_status,
+            }),
+            outcome: decision.outcome.to_string(),
+            reason: decision.reason.to_string(),
+            applied: act.applied.iter().map(|e| json!(e)).collect(),
+            error,
+        };
+        if let Err(e) = self.registry.audit(&entry).await {
+            tracing::warn!(error = %e, "audit write failed");
+        }
+    }
+}
+
+/// The record being changed by one decision, and what was applied.
+struct Act {
+    /// The record as last read or written (its version is the write condition).
+    record: Option<Record>,
+    /// The record with the changes so far.
+    fresh: Record,
+    dirty: bool,
+    applied: Vec<Effect>,
+    error: Option<String>,
+    /// A failure of an independent effect (session delete): keep going, never finalize.
+    deferred_error: Option<String>,
+    /// Retry the message after this many seconds instead of the default.
+    retry_after: Option<u64>,
+}
+
+impl Act {
+    /// Applies a record-only effect to `fresh`.
+    fn change(&mut self, effect: &Effect) {
+        let r = &mut self.fresh;
+        match effect {
+            Effect::AdoptCompute(i) => {
+                r.generation = r.generation.max(i.generation);
+                r.instance = Some(i.clone());
+                r.status = sandbox_core::record::RecordStatus::Active;
+                r.start_failure = None;
+            }
+            Effect::PutLease(l) => r.lease = Some(l.clone()),
+            Effect::DropLease => r.lease = None,
+            Effect::MarkStopped => {
+                r.status = sandbox_core::record::RecordStatus::Stopped;
+                r.lease = None;
+            }
+            Effect::MarkClosed => {
+                r.status = sandbox_core::record::RecordStatus::Closed;
+                r.cleanup_required = false;
+                r.lease = None;
+            }
+            Effect::RequireCleanup => r.cleanup_required = true,
+            Effect::StartCompute(_) | Effect::StopCompute(_) | Effect::DeleteSession { .. } => {
+                return;
+            }
+        }
+        self.dirty = true;
+    }
+}

@@ -1,0 +1,231 @@
+//! The webhook intake: what reaches the queue and what each bad input answers.
+//! The queue here is an in-memory double that can be told to fail; the SQLite and SQS
+//! queues are exercised by the end-to-end suites.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use sandbox_controller::ports::{Clock, Outgoing, PortError, Queue, Received, Sent};
+use sandbox_controller::{Intake, router};
+use sandbox_core::observed::Trigger;
+use sandbox_core::webhook::WebhookVerifier;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use tower::ServiceExt;
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const NOW: u64 = 1_800_000_000;
+
+struct FixedClock;
+impl Clock for FixedClock {
+    fn now(&self) -> u64 {
+        NOW
+    }
+}
+
+#[derive(Clone, Default)]
+struct MemoryQueue {
+    sent: Arc<Mutex<Vec<Outgoing>>>,
+    failing: Arc<AtomicBool>,
+}
+
+impl Queue for MemoryQueue {
+    async fn send(&self, msg: Outgoing) -> Result<Sent, PortError> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(PortError::transient("queue", "send", "injected failure"));
+        }
+        self.sent.lock().unwrap().push(msg);
+        Ok(Sent::Queued)
+    }
+    async fn receive(&self, _: usize, _: u32, _: u64) -> Result<Vec<Received>, PortError> {
+        Ok(vec![])
+    }
+    async fn ack(&self, _: &str) -> Result<(), PortError> {
+        Ok(())
+    }
+    async fn retry_after(&self, _: &str, _: u32) -> Result<(), PortError> {
+        Ok(())
+    }
+    async fn dead_letter_count(&self) -> Result<u64, PortError> {
+        Ok(0)
+    }
+}
+
+fn app() -> (axum::Router, MemoryQueue) {
+    let q = MemoryQueue::default();
+    let intake = Intake::new(
+        WebhookVerifier::new(SECRET).unwrap(),
+        q.clone(),
+        Arc::new(FixedClock),
+    );
+    (router(Arc::new(intake)), q)
+}
+
+fn event(kind: &str, data: serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "id": "evt_1", "object": "event", "type": kind, "created_at": NOW, "data": data
+    }))
+    .unwrap()
+}
+
+fn connection_required() -> Vec<u8> {
+    event(
+        "agent.session.action_required",
+        serde_json::json!({"id": "sess_1", "required_action": {"type": "environment_connection"}}),
+    )
+}
+
+fn signed(body: &[u8], id: &str) -> Request<Body> {
+    let sig = WebhookVerifier::new(SECRET).unwrap().sign(id, NOW, body);
+    Request::post("/webhook")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", NOW.to_string())
+        .header("webhook-signature", sig)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_vec()))
+        .unwrap()
+}
+
+async fn call(app: axum::Router, req: Request<Body>) -> (StatusCode, serde_json::Value) {
+    let res = app.oneshot(req).await.unwrap();
+    let status = res.status();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or_default())
+}
+
+#[tokio::test]
+async fn connection_request_is_queued_with_webhook_id_as_dedup_and_session_as_group() {
+    let (app, q) = app();
+    let (status, body) = call(app, signed(&connection_required(), "msg_1")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "queued");
+    let sent = q.sent.lock().unwrap();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].dedup_id, "msg_1");
+    assert_eq!(sent[0].group, "sess_1");
+    assert_eq!(sent[0].job.trigger, Trigger::ConnectionRequested);
+    assert_eq!(sent[0].job.webhook_id.as_deref(), Some("msg_1"));
+}
+
+#[tokio::test]
+async fn idle_failed_and_in_progress_of_self_hosted_sessions_are_queued() {
+    for (kind, trigger) in [
+        ("agent.session.idle", Trigger::Idle),
+        ("agent.session.failed", Trigger::Failed),
+        ("agent.session.in_progress", Trigger::TurnStarted),
+    ] {
+        let (app, q) = app();
+        let body = event(
+            kind,
+            serde_json::json!({"id": "sess_1", "environment_type": "self_hosted", "environment_id": "env_1"}),
+        );
+        let (status, _) = call(app, signed(&body, "msg_2")).await;
+        assert_eq!(status, StatusCode::OK);
+        let sent = q.sent.lock().unwrap();
+        assert_eq!(sent.len(), 1, "{kind}");
+        assert_eq!(sent[0].job.trigger, trigger);
+        assert_eq!(
+            sent[0].job.environment_id.as_ref().unwrap().as_str(),
+            "env_1"
+        );
+    }
+}
+
+#[tokio::test]
+async fn verified_events_that_do_not_concern_compute_answer_2xx_and_are_dropped() {
+    let bodies = [
+        event(
+            "agent.session.action_required",
+            serde_json::json!({"id": "sess_1", "required_action": {"type": "function_call"}}),
+        ),
+        event(
+            "agent.session.idle",
+            serde_json::json!({"id": "sess_1", "environment_type": "openai_hosted"}),
+        ),
+        event(
+            "agent.environment.ready",
+            serde_json::json!({"id": "env_1"}),
+        ),
+        event("batch.completed", serde_json::json!({"id": "batch_1"})),
+        event(
+            "agent.session.teleported",
+            serde_json::json!({"whatever": true}),
+        ),
+    ];
+    for body in bodies {
+        let (app, q) = app();
+        let (status, json) = call(app, signed(&body, "msg_3")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(json["status"], "ignored");
+        assert!(q.sent.lock().unwrap().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn bad_signature_answers_401_and_never_reaches_the_queue() {
+    let (app, q) = app();
+    let mut req = signed(&connection_required(), "msg_4");
+    req.headers_mut().insert(
+        "webhook-signature",
+        "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
+            .parse()
+            .unwrap(),
+    );
+    let (status, body) = call(app, req).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("no webhook-signature entry matches")
+    );
+    assert!(q.sent.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn missing_headers_answer_400_and_never_reach_the_queue() {
+    for header in ["webhook-id", "webhook-timestamp", "webhook-signature"] {
+        let (app, q) = app();
+        let mut req = signed(&connection_required(), "msg_5");
+        req.headers_mut().remove(header);
+        let (status, body) = call(app, req).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{header}");
+        assert!(body["error"].as_str().unwrap().contains(header));
+        assert!(q.sent.lock().unwrap().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn malformed_json_with_valid_signature_answers_400() {
+    for body in [
+        b"{not json".to_vec(),
+        b"[]".to_vec(),
+        event(
+            "agent.session.idle",
+            serde_json::json!({"environment_type": "self_hosted"}),
+        ),
+    ] {
+        let (app, q) = app();
+        let (status, _) = call(app, signed(&body, "msg_6")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(q.sent.lock().unwrap().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn oversize_body_answers_413() {
+    let (app, q) = app();
+    let big = vec![b' '; (1 << 20) + 1];
+    let (status, _) = call(app, signed(&big, "msg_7")).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(q.sent.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn failing_queue_answers_503_so_the_sender_retries() {
+    let (app, q) = app();
+    q.failing.store(true, Ordering::SeqCst);
+    let (status, body) = call(app, signed(&connection_required(), "msg_8")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body["error"].as_str().unwrap().contains("retry"));
+}
