@@ -1,0 +1,154 @@
+//! Shared SQLite plumbing: opening a database in WAL mode, running blocking calls off the
+//! async runtime, mapping errors to [`PortError`] and the clock helpers.
+
+use rusqlite::{Connection, ErrorCode};
+use sandbox_controller::ports::PortError;
+use std::hash::{BuildHasher, Hasher};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// How long a statement waits for another connection's write lock before failing with a
+/// (retryable) busy error.
+pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A failure inside a blocking database call.
+#[derive(Debug)]
+pub(crate) enum DbError {
+    /// SQLite reported an error.
+    Sql(rusqlite::Error),
+    /// A stored value could not be decoded, or the input is invalid: not retryable.
+    Invalid(String),
+}
+
+impl From<rusqlite::Error> for DbError {
+    fn from(e: rusqlite::Error) -> Self {
+        Self::Sql(e)
+    }
+}
+
+impl From<serde_json::Error> for DbError {
+    fn from(e: serde_json::Error) -> Self {
+        // serde_json's message holds positions and the expected shape, not the payload.
+        Self::Invalid(format!("stored JSON could not be decoded: {e}"))
+    }
+}
+
+impl DbError {
+    /// Maps to a [`PortError`]: busy, locked and I/O failures are retryable.
+    pub(crate) fn into_port(self, dependency: &'static str, operation: &'static str) -> PortError {
+        match self {
+            Self::Sql(e) => {
+                let retryable = matches!(
+                    e.sqlite_error_code(),
+                    Some(
+                        ErrorCode::DatabaseBusy
+                            | ErrorCode::DatabaseLocked
+                            | ErrorCode::SystemIoFailure
+                    )
+                );
+                let message = format!("sqlite: {e}");
+                if retryable {
+                    PortError::transient(dependency, operation, message)
+                } else {
+                    PortError::permanent(dependency, operation, message)
+                }
+            }
+            Self::Invalid(message) => PortError::permanent(dependency, operation, message),
+        }
+    }
+}
+
+/// Opens (creating if needed) a SQLite database for concurrent use by several connections
+/// and processes: WAL journal, `synchronous = FULL` (a committed write survives a crash),
+/// a busy timeout of [`BUSY_TIMEOUT`].
+pub(crate) fn open_connection(path: &Path) -> Result<Connection, rusqlite::Error> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // journal_mode returns a row; query it rather than execute.
+    let _mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    conn.execute_batch("PRAGMA synchronous = FULL;")?;
+    Ok(conn)
+}
+
+/// One connection shared by the clones of an adapter; every call runs on the blocking
+/// thread pool with the connection locked.
+#[derive(Clone)]
+pub(crate) struct Db {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db").finish_non_exhaustive()
+    }
+}
+
+impl Db {
+    /// Opens `path` and runs `schema` (idempotent `CREATE ... IF NOT EXISTS` statements).
+    pub(crate) fn open(path: &Path, schema: &str) -> Result<Self, rusqlite::Error> {
+        let conn = open_connection(path)?;
+        conn.execute_batch(schema)?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// Locks the connection (a poisoned lock is recovered: SQLite rolls back an unfinished
+    /// transaction when its `Transaction` guard is dropped by the panicking thread).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` with the connection on the blocking pool.
+    pub(crate) async fn call<T, F>(
+        &self,
+        dependency: &'static str,
+        operation: &'static str,
+        f: F,
+    ) -> Result<T, PortError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || {
+            let mut guard = conn.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut guard)
+        })
+        .await
+        .map_err(|e| {
+            PortError::transient(dependency, operation, format!("blocking task failed: {e}"))
+        })?
+        .map_err(|e| e.into_port(dependency, operation))
+    }
+}
+
+/// Now, Unix milliseconds.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// 64 random bits as 16 hex digits (std's randomly seeded SipHash; not for secrets).
+pub(crate) fn random_hex() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_i64(now_ms());
+    format!("{:016x}", h.finish())
+}
+
+/// A `u64` as SQLite's `i64` (values above `i64::MAX` saturate; Unix seconds and versions
+/// never get there).
+pub(crate) fn to_sql_int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// A stored `i64` as `u64` (negative values read as 0).
+pub(crate) fn from_sql_int(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}

@@ -1,0 +1,280 @@
+//! The embedded stack: the whole pipeline in one process on 127.0.0.1 — the webhook
+//! endpoint (the same handler code as the Lambda), worker loops over the SQLite events
+//! and timers queues, the sweeper timer, the SQLite registry and child-process executors.
+//!
+//! `sandboxctl serve` runs it against an Agents API base URL; `sandboxctl demo` and the
+//! end-to-end tests run it against the simulator.
+
+use crate::process_compute::{ExecutorCommand, KeySource, ProcessCompute, ProcessComputeConfig};
+use crate::sqlite_queue::{QueueOptions, SqliteQueue};
+use crate::sqlite_registry::SqliteRegistry;
+use sandbox_agents_api::{AgentsClient, ClientConfig};
+use sandbox_controller::ports::{Clock, PortError, SystemClock};
+use sandbox_controller::{Controller, ControllerConfig, Intake, SweepReport, router};
+use sandbox_core::webhook::WebhookVerifier;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The controller over the embedded adapters.
+pub type LocalController = Controller<SqliteQueue, SqliteRegistry, ProcessCompute, AgentsClient>;
+
+/// Name of the FIFO events queue inside the database.
+pub const EVENTS_QUEUE: &str = "events.fifo";
+/// Name of the standard timers queue inside the database.
+pub const TIMERS_QUEUE: &str = "timers";
+
+/// Settings of the embedded stack.
+#[derive(Clone, Debug)]
+pub struct EmbeddedConfig {
+    /// Holds `sandbox.db` (queues, registry, executor table) and `workspaces/`.
+    pub data_dir: PathBuf,
+    /// The Agents API client (base URL, API key, timeouts, retries).
+    pub agents_api: ClientConfig,
+    /// The webhook signing secret (`whsec_...`); never logged.
+    pub webhook_secret: String,
+    /// The executor command (`codex exec-server ...` in production).
+    pub executor: ExecutorCommand,
+    /// Where the executor key comes from; it only travels in the child's environment.
+    pub executor_key: KeySource,
+    /// Controller settings (deployment id, policy, ownership filter, ...).
+    pub controller: ControllerConfig,
+    /// Concurrent worker loops (default 2).
+    pub workers: usize,
+    /// Time between sweeps (default 30 s).
+    pub sweep_interval: Duration,
+    /// Where the webhook endpoint listens (default `127.0.0.1:0`: any free port).
+    pub listen: SocketAddr,
+    /// SIGTERM-to-SIGKILL grace of executors (default 10 s).
+    pub stop_grace: Duration,
+    /// Events-queue maximum receive count before dead-lettering (default 5).
+    pub max_receive_count: u32,
+}
+
+impl EmbeddedConfig {
+    /// Defaults around the required parts.
+    pub fn new(
+        data_dir: impl Into<PathBuf>,
+        agents_api: ClientConfig,
+        webhook_secret: impl Into<String>,
+        executor: ExecutorCommand,
+        executor_key: KeySource,
+        controller: ControllerConfig,
+    ) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            agents_api,
+            webhook_secret: webhook_secret.into(),
+            executor,
+            executor_key,
+            controller,
+            workers: 2,
+            sweep_interval: Duration::from_secs(30),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            stop_grace: Duration::from_secs(10),
+            max_receive_count: 5,
+        }
+    }
+}
+
+/// Why the stack could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbeddedError {
+    /// The webhook secret is unusable (names the check, never the secret).
+    #[error("webhook secret: {0}")]
+    Secret(#[from] sandbox_core::webhook::SecretError),
+    /// A local adapter could not open.
+    #[error(transparent)]
+    Port(#[from] PortError),
+    /// The Agents API client configuration is invalid.
+    #[error("agents api client: {0}")]
+    Client(#[from] sandbox_agents_api::ConfigError),
+    /// The data directory or the listener failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running embedded stack. Drop does not stop executors: call [`EmbeddedStack::shutdown`].
+pub struct EmbeddedStack {
+    controller: Arc<LocalController>,
+    webhook_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl EmbeddedStack {
+    /// Binds `cfg.listen`, then [`EmbeddedStack::start_on`] it.
+    ///
+    /// # Errors
+    /// As [`EmbeddedStack::start_on`], or the bind failing.
+    pub async fn start(cfg: EmbeddedConfig) -> Result<Self, EmbeddedError> {
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .map_err(|source| EmbeddedError::Io {
+                what: "bind webhook listener",
+                source,
+            })?;
+        Self::start_on(cfg, listener).await
+    }
+
+    /// Opens the adapters, serves the webhook endpoint on `listener` and starts the worker
+    /// loops and the sweeper timer. (Binding first lets a caller hand the webhook URL to
+    /// the Agents API — or the simulator — before the stack starts.)
+    ///
+    /// # Errors
+    /// [`EmbeddedError`] when the secret, a SQLite file, the client or the listener fail.
+    pub async fn start_on(
+        cfg: EmbeddedConfig,
+        listener: tokio::net::TcpListener,
+    ) -> Result<Self, EmbeddedError> {
+        let verifier = WebhookVerifier::new(&cfg.webhook_secret)?;
+        std::fs::create_dir_all(&cfg.data_dir).map_err(|source| EmbeddedError::Io {
+            what: "create data dir",
+            source,
+        })?;
+        let db = cfg.data_dir.join("sandbox.db");
+        let events = SqliteQueue::open(
+            &db,
+            EVENTS_QUEUE,
+            QueueOptions::fifo().with_max_receive_count(cfg.max_receive_count),
+        )?;
+        let timers = SqliteQueue::open(
+            &db,
+            TIMERS_QUEUE,
+            QueueOptions::standard().with_max_receive_count(cfg.max_receive_count),
+        )?;
+        let registry = SqliteRegistry::open(&db)?;
+        let mut compute_cfg = ProcessComputeConfig::new(
+            cfg.executor.clone(),
+            cfg.data_dir.join("workspaces"),
+            cfg.executor_key.clone(),
+            &db,
+        );
+        compute_cfg.stop_grace = cfg.stop_grace;
+        let compute = ProcessCompute::open(compute_cfg)?;
+        let sessions = AgentsClient::new(cfg.agents_api.clone())?;
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let intake = Arc::new(Intake::new(verifier, events.clone(), clock.clone()));
+        let controller = Arc::new(Controller::new(
+            events,
+            timers,
+            registry,
+            compute,
+            sessions,
+            clock,
+            cfg.controller.clone(),
+        ));
+
+        let webhook_addr = listener.local_addr().map_err(|source| EmbeddedError::Io {
+            what: "webhook listener address",
+            source,
+        })?;
+        let (stop, stopped) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let mut rx = stopped.clone();
+        tasks.push(tokio::spawn(async move {
+            let serve = axum::serve(listener, router(intake)).with_graceful_shutdown(async move {
+                let _ = rx.wait_for(|s| *s).await;
+            });
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "webhook server failed");
+            }
+        }));
+        for n in 0..cfg.workers.max(1) {
+            let c = controller.clone();
+            let rx = stopped.clone();
+            tasks.push(tokio::spawn(async move { worker_loop(n, c, rx).await }));
+        }
+        let c = controller.clone();
+        let interval = cfg.sweep_interval;
+        tasks.push(tokio::spawn(async move {
+            sweeper_loop(c, interval, stopped).await
+        }));
+        tracing::info!(%webhook_addr, workers = cfg.workers, "embedded stack started");
+        Ok(Self {
+            controller,
+            webhook_addr,
+            stop,
+            tasks,
+        })
+    }
+
+    /// The webhook endpoint, e.g. `http://127.0.0.1:PORT/webhook`.
+    pub fn webhook_url(&self) -> String {
+        format!("http://{}/webhook", self.webhook_addr)
+    }
+
+    /// The controller (for `close`, `sweep`, inspection).
+    pub fn controller(&self) -> &Arc<LocalController> {
+        &self.controller
+    }
+
+    /// Runs one sweep now.
+    ///
+    /// # Errors
+    /// As [`Controller::sweep`].
+    pub async fn sweep_now(&self) -> Result<SweepReport, PortError> {
+        self.controller.sweep().await
+    }
+
+    /// Stops the loops and the endpoint; with `stop_executors`, also stops every live
+    /// executor this stack's database knows (SIGTERM, then SIGKILL after the grace).
+    /// Returns how many executors were stopped.
+    ///
+    /// # Errors
+    /// A [`PortError`] from stopping executors.
+    pub async fn shutdown(self, stop_executors: bool) -> Result<usize, PortError> {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        if stop_executors {
+            self.controller.compute.shutdown_all().await
+        } else {
+            Ok(0)
+        }
+    }
+}
+
+async fn worker_loop(n: usize, c: Arc<LocalController>, stop: watch::Receiver<bool>) {
+    // A job in progress always finishes (its lock, record and receipts stay consistent);
+    // the stop flag is checked between batches.
+    while !*stop.borrow() {
+        let events = c.consume_once(&c.events, 10, 200).await;
+        let timers = c.consume_once(&c.timers, 10, 0).await;
+        match (events, timers) {
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(worker = n, error = %e, "receive failed");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            (Ok(0), Ok(0)) => tokio::time::sleep(Duration::from_millis(50)).await,
+            _ => {}
+        }
+    }
+}
+
+async fn sweeper_loop(c: Arc<LocalController>, every: Duration, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = tick.tick() => {}
+        }
+        // A sweep in progress finishes before the stop is honoured.
+        match c.sweep().await {
+            Ok(report) => tracing::info!(?report, "sweep"),
+            Err(e) => tracing::warn!(error = %e, "sweep skipped"),
+        }
+    }
+}

@@ -1,0 +1,1068 @@
+//! [`ProcessCompute`]: the compute provider as real child processes, one executor process
+//! per environment and generation (Unix only).
+//!
+//! - **Start** spawns the configured executor command (the real one is
+//!   `codex exec-server --remote "$REMOTE_URL" --environment-id "$ENVIRONMENT_ID"`; see
+//!   [`ExecutorCommand::codex_exec_server`]) in its own process group, with a cleared
+//!   environment plus: `REMOTE_URL` (unchanged), `ENVIRONMENT_ID`, `CODEX_API_KEY` (read
+//!   from the configured [`KeySource`] at each start, never logged, never in an error or
+//!   `Debug`), `HOME` = the workspace, the variables named in
+//!   [`ProcessComputeConfig::inherit_env`] and [`ProcessComputeConfig::extra_env`]. The
+//!   working directory is the environment's workspace `<workspace_root>/<environment_id>`;
+//!   stdout and stderr are appended to `executor-g<generation>.log` there; stdin is
+//!   `/dev/null`. Its tags (deployment, environment, session, generation, idempotency
+//!   token), pid, `/proc` start time, status and exit status are stored in SQLite table
+//!   `compute_instances`, in the same transaction as the spawn. A start whose
+//!   (deployment, idempotency token) already has an instance returns that instance and
+//!   spawns nothing.
+//! - **Read-back** (`describe`, `list`) refreshes liveness from the OS, never from memory
+//!   alone: a child this process spawned is reaped by a task awaiting `wait()` (exit status
+//!   recorded); a child adopted from a previous controller process is alive while
+//!   `/proc/<pid>/stat` exists, is not a zombie and shows the recorded start time (so a
+//!   reused pid reads as gone). A gone process reads `Stopped`.
+//! - **Stop** sends SIGTERM to the process group, then SIGKILL once
+//!   [`ProcessComputeConfig::stop_grace`] (default 10 s) has passed, then marks it stopped
+//!   when gone. The escalation runs in the background; if the controller exits meanwhile,
+//!   the next read-back after the grace sends the SIGKILL.
+//! - **Controller exit**: children survive a controller crash and are adopted by the next
+//!   `ProcessCompute` over the same database. [`ProcessCompute::shutdown_all`] stops every
+//!   live child the database knows (the demo calls it to leave no process behind);
+//!   [`ProcessComputeConfig::kill_on_drop`] kills them when the last handle drops.
+
+use crate::db::{Db, DbError, from_sql_int, now_ms, to_sql_int};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+use sandbox_controller::ports::{Compute, PortError, Started};
+use sandbox_core::compute::{ComputeInstance, ComputeStatus};
+use sandbox_core::decision::StartSpec;
+use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, InstanceId, SessionId};
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const DEP: &str = "compute";
+
+/// How often a stop or a shutdown looks whether a process is gone.
+const POLL: Duration = Duration::from_millis(50);
+/// How long to wait for a process to disappear after SIGKILL before giving up waiting.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS compute_instances (
+    instance_id TEXT PRIMARY KEY,
+    deployment TEXT NOT NULL,
+    environment_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    idempotency_token TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    proc_start_ticks INTEGER,
+    started_at_ms INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    exit_code INTEGER,
+    exit_signal INTEGER,
+    stop_reason TEXT,
+    stop_requested_at_ms INTEGER,
+    stopped_at_ms INTEGER,
+    workspace TEXT NOT NULL,
+    log_path TEXT NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS compute_instances_token
+    ON compute_instances (deployment, idempotency_token);
+CREATE INDEX IF NOT EXISTS compute_instances_deployment
+    ON compute_instances (deployment, started_at_ms);
+";
+
+/// The executor program and its arguments.
+///
+/// An argument that is exactly one of `$REMOTE_URL`, `$ENVIRONMENT_ID`, `$SESSION_ID`,
+/// `$GENERATION`, `$WORKSPACE_DIR` (or the `${NAME}` form) is replaced by that value at
+/// each start. Nothing else is substituted, so a `sh -c` script sees `"$REMOTE_URL"` as
+/// shell code and expands it from its environment (a URL is never spliced into shell
+/// code). The key is never substituted: it only travels in the environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecutorCommand {
+    /// The program (looked up on the child's `PATH` when it has no `/`).
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+}
+
+impl ExecutorCommand {
+    /// A program with arguments.
+    pub fn new(
+        program: impl Into<String>,
+        args: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        Self {
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    /// The production executor:
+    /// `codex exec-server --remote $REMOTE_URL --environment-id $ENVIRONMENT_ID`
+    /// (agents-api.md: the executor).
+    pub fn codex_exec_server() -> Self {
+        Self::new(
+            "codex",
+            [
+                "exec-server",
+                "--remote",
+                "$REMOTE_URL",
+                "--environment-id",
+                "$ENVIRONMENT_ID",
+            ],
+        )
+    }
+
+    fn substituted(&self, spec: &StartSpec, workspace: &Path) -> Vec<String> {
+        self.args
+            .iter()
+            .map(|a| {
+                let name = a
+                    .strip_prefix("${")
+                    .and_then(|s| s.strip_suffix('}'))
+                    .or_else(|| a.strip_prefix('$'));
+                match name {
+                    Some("REMOTE_URL") => spec.remote_url.clone(),
+                    Some("ENVIRONMENT_ID") => spec.environment_id.as_str().to_owned(),
+                    Some("SESSION_ID") => spec.session_id.as_str().to_owned(),
+                    Some("GENERATION") => spec.generation.0.to_string(),
+                    Some("WORKSPACE_DIR") => workspace.display().to_string(),
+                    _ => a.clone(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The executor's restricted environment key (`api.agents.environments.connect` only).
+/// Its `Debug` is redacted; it has no `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ExecutorKey(String);
+
+impl ExecutorKey {
+    /// Wraps a key value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+}
+
+impl fmt::Debug for ExecutorKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ExecutorKey(<redacted>)")
+    }
+}
+
+/// Where the executor key comes from. Read at every start (so a rotated key is picked up);
+/// surrounding whitespace is trimmed; an empty value is an error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeySource {
+    /// A file holding the key (e.g. a mounted secret).
+    File(PathBuf),
+    /// An environment variable of the controller holding the key.
+    EnvVar(String),
+    /// The key itself (tests, embedding).
+    Value(ExecutorKey),
+}
+
+impl KeySource {
+    /// The key. Errors name the source (path or variable), never the value.
+    fn read(&self) -> Result<String, PortError> {
+        let raw = match self {
+            Self::File(path) => std::fs::read_to_string(path).map_err(|e| {
+                PortError::permanent(
+                    DEP,
+                    "start",
+                    format!(
+                        "executor key file {} could not be read: {}",
+                        path.display(),
+                        e.kind()
+                    ),
+                )
+            })?,
+            Self::EnvVar(name) => std::env::var(name).map_err(|_| {
+                PortError::permanent(
+                    DEP,
+                    "start",
+                    format!("executor key variable {name} is not set (or not UTF-8)"),
+                )
+            })?,
+            Self::Value(k) => k.0.clone(),
+        };
+        let key = raw.trim();
+        if key.is_empty() || key.contains('\0') {
+            return Err(PortError::permanent(
+                DEP,
+                "start",
+                "executor key source is empty or holds a NUL byte",
+            ));
+        }
+        Ok(key.to_owned())
+    }
+}
+
+/// Configuration of [`ProcessCompute`].
+#[derive(Clone, Debug)]
+pub struct ProcessComputeConfig {
+    /// The executor command.
+    pub command: ExecutorCommand,
+    /// Parent of the per-environment workspaces `<workspace_root>/<environment_id>`
+    /// (created as needed; kept across generations).
+    pub workspace_root: PathBuf,
+    /// Where the executor key (`CODEX_API_KEY`) comes from.
+    pub key_source: KeySource,
+    /// SQLite file holding the instance table (may be the queue and registry file).
+    pub state_db: PathBuf,
+    /// Between SIGTERM and SIGKILL. Default: 10 s.
+    pub stop_grace: Duration,
+    /// Controller variables passed through to the executor when set. Default: `PATH`,
+    /// `LANG`, `LC_ALL`, `TZ`, `SSL_CERT_FILE`, `SSL_CERT_DIR`, `HTTPS_PROXY`,
+    /// `https_proxy`, `HTTP_PROXY`, `http_proxy`, `NO_PROXY`, `no_proxy`. Everything else
+    /// (the application's own API key in particular) is withheld.
+    pub inherit_env: Vec<String>,
+    /// Extra variables for the executor (e.g. `RUST_LOG`); `REMOTE_URL`, `ENVIRONMENT_ID`
+    /// and `CODEX_API_KEY` cannot be overridden. Default: none.
+    pub extra_env: Vec<(String, String)>,
+    /// How long `list` keeps returning a stopped instance. Default: 1 h (ECS keeps stopped
+    /// tasks visible for about that long). `describe` always finds it.
+    pub stopped_retention: Duration,
+    /// Kill (SIGKILL, whole process group) every live child in the database when the last
+    /// handle drops. Default: `false` (children outlive the controller and are adopted).
+    pub kill_on_drop: bool,
+}
+
+impl ProcessComputeConfig {
+    /// A configuration with the defaults above.
+    pub fn new(
+        command: ExecutorCommand,
+        workspace_root: impl Into<PathBuf>,
+        key_source: KeySource,
+        state_db: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            command,
+            workspace_root: workspace_root.into(),
+            key_source,
+            state_db: state_db.into(),
+            stop_grace: Duration::from_secs(10),
+            inherit_env: [
+                "PATH",
+                "LANG",
+                "LC_ALL",
+                "TZ",
+                "SSL_CERT_FILE",
+                "SSL_CERT_DIR",
+                "HTTPS_PROXY",
+                "https_proxy",
+                "HTTP_PROXY",
+                "http_proxy",
+                "NO_PROXY",
+                "no_proxy",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            extra_env: Vec::new(),
+            stopped_retention: Duration::from_secs(3600),
+            kill_on_drop: false,
+        }
+    }
+}
+
+/// How a process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitInfo {
+    /// Exit code, when it exited.
+    pub code: Option<i32>,
+    /// Signal number, when a signal ended it (15 SIGTERM, 9 SIGKILL).
+    pub signal: Option<i32>,
+}
+
+impl From<std::process::ExitStatus> for ExitInfo {
+    fn from(s: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        Self {
+            code: s.code(),
+            signal: s.signal(),
+        }
+    }
+}
+
+/// Everything recorded about one instance (for `sandboxctl status` and tests).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// The instance as `describe` reports it.
+    pub instance: ComputeInstance,
+    /// Its deployment tag.
+    pub deployment: String,
+    /// The idempotency token it was started with.
+    pub idempotency_token: String,
+    /// Process id (and process group id).
+    pub pid: u32,
+    /// Working directory.
+    pub workspace: PathBuf,
+    /// Where its stdout and stderr go.
+    pub log_path: PathBuf,
+    /// How it ended, when known (always for children of this process; never for adopted
+    /// ones, whose exit status only their parent sees).
+    pub exit: Option<ExitInfo>,
+    /// The reason given to `stop`, if stopped on request.
+    pub stop_reason: Option<String>,
+    /// When it was seen gone, Unix milliseconds.
+    pub stopped_at_ms: Option<i64>,
+}
+
+/// A row of `compute_instances`.
+#[derive(Clone, Debug)]
+struct InstanceRow {
+    instance_id: String,
+    deployment: String,
+    environment_id: String,
+    session_id: String,
+    generation: u64,
+    idempotency_token: String,
+    pid: i32,
+    proc_start_ticks: Option<u64>,
+    started_at_ms: i64,
+    status: String,
+    exit_code: Option<i32>,
+    exit_signal: Option<i32>,
+    stop_reason: Option<String>,
+    stop_requested_at_ms: Option<i64>,
+    stopped_at_ms: Option<i64>,
+    workspace: String,
+    log_path: String,
+}
+
+const COLUMNS: &str = "instance_id, deployment, environment_id, session_id, generation, \
+    idempotency_token, pid, proc_start_ticks, started_at_ms, status, exit_code, exit_signal, \
+    stop_reason, stop_requested_at_ms, stopped_at_ms, workspace, log_path";
+
+const RUNNING: &str = "running";
+const STOPPING: &str = "stopping";
+const STOPPED: &str = "stopped";
+
+impl InstanceRow {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            instance_id: r.get(0)?,
+            deployment: r.get(1)?,
+            environment_id: r.get(2)?,
+            session_id: r.get(3)?,
+            generation: from_sql_int(r.get(4)?),
+            idempotency_token: r.get(5)?,
+            pid: r.get(6)?,
+            proc_start_ticks: r.get::<_, Option<i64>>(7)?.map(from_sql_int),
+            started_at_ms: r.get(8)?,
+            status: r.get(9)?,
+            exit_code: r.get(10)?,
+            exit_signal: r.get(11)?,
+            stop_reason: r.get(12)?,
+            stop_requested_at_ms: r.get(13)?,
+            stopped_at_ms: r.get(14)?,
+            workspace: r.get(15)?,
+            log_path: r.get(16)?,
+        })
+    }
+
+    fn status(&self) -> ComputeStatus {
+        match self.status.as_str() {
+            RUNNING => ComputeStatus::Running,
+            STOPPING => ComputeStatus::Stopping,
+            STOPPED => ComputeStatus::Stopped,
+            _ => ComputeStatus::Pending,
+        }
+    }
+
+    fn instance(&self) -> ComputeInstance {
+        ComputeInstance {
+            instance_id: InstanceId::new(self.instance_id.clone()),
+            environment_id: EnvironmentId::new(self.environment_id.clone()),
+            session_id: Some(SessionId::new(self.session_id.clone())),
+            generation: Generation(self.generation),
+            status: self.status(),
+            started_at: Some(from_sql_int(self.started_at_ms) / 1000),
+        }
+    }
+
+    fn info(&self) -> ProcessInfo {
+        let exit = (self.exit_code.is_some() || self.exit_signal.is_some()).then_some(ExitInfo {
+            code: self.exit_code,
+            signal: self.exit_signal,
+        });
+        ProcessInfo {
+            instance: self.instance(),
+            deployment: self.deployment.clone(),
+            idempotency_token: self.idempotency_token.clone(),
+            pid: u32::try_from(self.pid).unwrap_or(0),
+            workspace: PathBuf::from(&self.workspace),
+            log_path: PathBuf::from(&self.log_path),
+            exit,
+            stop_reason: self.stop_reason.clone(),
+            stopped_at_ms: self.stopped_at_ms,
+        }
+    }
+}
+
+/// What this process knows about the children it spawned: pid and, once reaped, the exit.
+type Children = Arc<Mutex<HashMap<String, Option<ExitInfo>>>>;
+
+/// The `/proc/<pid>/stat` state letter and start time (clock ticks since boot).
+fn proc_stat(pid: i32) -> std::io::Result<(char, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "unparsable /proc stat");
+    let close = s.rfind(')').ok_or_else(bad)?;
+    let mut fields = s[close + 1..].split_whitespace();
+    let state = fields
+        .next()
+        .and_then(|f| f.chars().next())
+        .ok_or_else(bad)?;
+    // Field 3 is the state; field 22 is the start time.
+    let start = fields
+        .nth(18)
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(bad)?;
+    Ok((state, start))
+}
+
+fn proc_available() -> bool {
+    Path::new("/proc/self/stat").exists()
+}
+
+/// Whether the process `pid` that started at `start_ticks` still exists and is not a
+/// zombie. Without `/proc`, `kill(pid, 0)` decides (no pid-reuse check then).
+fn process_alive(pid: i32, start_ticks: Option<u64>) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    if proc_available() {
+        return match proc_stat(pid) {
+            Ok((state, start)) => {
+                !matches!(state, 'Z' | 'X' | 'x') && start_ticks.is_none_or(|t| t == start)
+            }
+            Err(_) => false,
+        };
+    }
+    matches!(
+        kill(Pid::from_raw(pid), None),
+        Ok(()) | Err(nix::errno::Errno::EPERM)
+    )
+}
+
+/// Liveness of a row: `None` while alive, `Some(exit if known)` when gone.
+fn gone(children: &Children, row: &InstanceRow) -> Option<Option<ExitInfo>> {
+    let own = children
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&row.instance_id)
+        .copied();
+    if let Some(Some(exit)) = own {
+        return Some(Some(exit));
+    }
+    if process_alive(row.pid, row.proc_start_ticks) {
+        None
+    } else {
+        Some(None)
+    }
+}
+
+fn signal_group(pid: i32, signal: Signal) {
+    if pid > 0 {
+        // ESRCH (already gone) is the expected race; nothing else can go wrong for a
+        // group we created.
+        let _ = killpg(Pid::from_raw(pid), signal);
+    }
+}
+
+fn load(conn: &Connection, instance_id: &str) -> rusqlite::Result<Option<InstanceRow>> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM compute_instances WHERE instance_id = ?1"),
+        params![instance_id],
+        InstanceRow::from_row,
+    )
+    .optional()
+}
+
+fn mark_stopped(conn: &Connection, id: &str, exit: Option<ExitInfo>) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE compute_instances
+         SET status = 'stopped',
+             exit_code = COALESCE(exit_code, ?2),
+             exit_signal = COALESCE(exit_signal, ?3),
+             stopped_at_ms = COALESCE(stopped_at_ms, ?4)
+         WHERE instance_id = ?1",
+        params![
+            id,
+            exit.and_then(|e| e.code),
+            exit.and_then(|e| e.signal),
+            now_ms()
+        ],
+    )?;
+    Ok(())
+}
+
+/// Brings a row up to date with the OS: a gone process becomes `stopped` (with its exit
+/// status when known); a `stopping` one past its grace gets SIGKILL.
+fn refresh(
+    conn: &Connection,
+    children: &Children,
+    grace: Duration,
+    row: InstanceRow,
+) -> rusqlite::Result<InstanceRow> {
+    if row.status == STOPPED {
+        return Ok(row);
+    }
+    match gone(children, &row) {
+        Some(exit) => {
+            mark_stopped(conn, &row.instance_id, exit)?;
+            if row.status == STOPPING {
+                signal_group(row.pid, Signal::SIGKILL); // stragglers of the group
+            }
+            Ok(load(conn, &row.instance_id)?.unwrap_or(row))
+        }
+        None => {
+            if row.status == STOPPING {
+                let due = row
+                    .stop_requested_at_ms
+                    .unwrap_or(0)
+                    .saturating_add(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
+                if now_ms() >= due {
+                    tracing::warn!(instance_id = %row.instance_id, pid = row.pid, "stop grace elapsed; sending SIGKILL");
+                    signal_group(row.pid, Signal::SIGKILL);
+                }
+            }
+            Ok(row)
+        }
+    }
+}
+
+/// A directory-safe environment id: 1 to 128 of `[A-Za-z0-9._-]`, not starting with `.`.
+fn workspace_name(env: &EnvironmentId) -> Result<&str, PortError> {
+    let s = env.as_str();
+    let ok = !s.is_empty()
+        && s.len() <= 128
+        && !s.starts_with('.')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(s)
+    } else {
+        Err(PortError::permanent(
+            DEP,
+            "start",
+            "environment id is not usable as a workspace directory name (1 to 128 of [A-Za-z0-9._-], not starting with '.')",
+        ))
+    }
+}
+
+struct Inner {
+    config: ProcessComputeConfig,
+    db: Db,
+    children: Children,
+    start_lock: tokio::sync::Mutex<()>,
+}
+
+impl Inner {
+    async fn load_refreshed(
+        &self,
+        operation: &'static str,
+        id: &str,
+    ) -> Result<Option<InstanceRow>, PortError> {
+        let children = Arc::clone(&self.children);
+        let grace = self.config.stop_grace;
+        let id = id.to_owned();
+        self.db
+            .call(DEP, operation, move |conn| {
+                Ok(match load(conn, &id)? {
+                    Some(row) => Some(refresh(conn, &children, grace, row)?),
+                    None => None,
+                })
+            })
+            .await
+    }
+
+    async fn live_rows(&self, operation: &'static str) -> Result<Vec<InstanceRow>, PortError> {
+        let children = Arc::clone(&self.children);
+        let grace = self.config.stop_grace;
+        self.db
+            .call(DEP, operation, move |conn| {
+                let rows: Vec<InstanceRow> = {
+                    let mut stmt = conn.prepare_cached(&format!(
+                        "SELECT {COLUMNS} FROM compute_instances WHERE status != 'stopped' ORDER BY started_at_ms"
+                    ))?;
+                    stmt.query_map([], InstanceRow::from_row)?.collect::<Result<_, _>>()?
+                };
+                let mut live = Vec::new();
+                for row in rows {
+                    let row = refresh(conn, &children, grace, row)?;
+                    if row.status != STOPPED {
+                        live.push(row);
+                    }
+                }
+                Ok(live)
+            })
+            .await
+    }
+
+    /// Marks `row` stopping (keeping the first reason and request time) and sends SIGTERM
+    /// to its process group.
+    async fn request_stop(&self, row: &InstanceRow, reason: &str) -> Result<(), PortError> {
+        let id = row.instance_id.clone();
+        let reason = reason.to_owned();
+        self.db
+            .call(DEP, "stop", move |conn| {
+                conn.execute(
+                    "UPDATE compute_instances
+                     SET status = 'stopping',
+                         stop_reason = COALESCE(stop_reason, ?2),
+                         stop_requested_at_ms = COALESCE(stop_requested_at_ms, ?3)
+                     WHERE instance_id = ?1 AND status != 'stopped'",
+                    params![id, reason, now_ms()],
+                )?;
+                Ok(())
+            })
+            .await?;
+        if gone(&self.children, row).is_none() {
+            signal_group(row.pid, Signal::SIGTERM);
+        }
+        Ok(())
+    }
+
+    /// Waits up to the grace for every row's process to go, SIGKILLs the rest, waits for
+    /// them (bounded), then records them stopped.
+    async fn finish_stops(&self, rows: Vec<InstanceRow>) -> Result<(), PortError> {
+        let deadline = Instant::now() + self.config.stop_grace;
+        let mut alive: Vec<InstanceRow> = rows;
+        while !alive.is_empty() && Instant::now() < deadline {
+            alive.retain(|r| gone(&self.children, r).is_none());
+            if !alive.is_empty() {
+                tokio::time::sleep(POLL).await;
+            }
+        }
+        for r in &alive {
+            tracing::warn!(instance_id = %r.instance_id, pid = r.pid, "stop grace elapsed; sending SIGKILL");
+            signal_group(r.pid, Signal::SIGKILL);
+        }
+        let kill_deadline = Instant::now() + KILL_WAIT;
+        while !alive.is_empty() && Instant::now() < kill_deadline {
+            tokio::time::sleep(POLL).await;
+            alive.retain(|r| gone(&self.children, r).is_none());
+        }
+        for r in &alive {
+            tracing::error!(instance_id = %r.instance_id, pid = r.pid, "process survived SIGKILL");
+        }
+        Ok(())
+    }
+}
+
+/// Kills every live child recorded in the database when the last handle drops, if
+/// configured.
+struct DropGuard {
+    inner: Arc<Inner>,
+}
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        if !self.inner.config.kill_on_drop {
+            return;
+        }
+        let conn = self.inner.db.lock();
+        let rows: Vec<InstanceRow> = match conn
+            .prepare(&format!(
+                "SELECT {COLUMNS} FROM compute_instances WHERE status != 'stopped'"
+            ))
+            .and_then(|mut s| s.query_map([], InstanceRow::from_row)?.collect())
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(error = %e, "kill_on_drop: instances could not be read");
+                return;
+            }
+        };
+        for row in rows {
+            if gone(&self.inner.children, &row).is_none() {
+                signal_group(row.pid, Signal::SIGKILL);
+                tracing::info!(instance_id = %row.instance_id, pid = row.pid, "killed on drop");
+            }
+            let _ = conn.execute(
+                "UPDATE compute_instances SET status = 'stopping',
+                     stop_reason = COALESCE(stop_reason, 'controller_dropped'),
+                     stop_requested_at_ms = COALESCE(stop_requested_at_ms, ?2)
+                 WHERE instance_id = ?1 AND status != 'stopped'",
+                params![row.instance_id, now_ms()],
+            );
+        }
+    }
+}
+
+/// Child-process compute: one executor process per environment and generation. Cheap to
+/// clone (clones share the state). See the module docs for the process model.
+#[derive(Clone)]
+pub struct ProcessCompute {
+    inner: Arc<Inner>,
+    _guard: Arc<DropGuard>,
+}
+
+impl fmt::Debug for ProcessCompute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessCompute")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Spawned {
+    Existing(InstanceRow),
+    New(InstanceRow, tokio::process::Child),
+    Failed(String),
+}
+
+impl ProcessCompute {
+    /// Opens the instance table in `config.state_db` (creating it if needed) and creates the
+    /// workspace root. Instances recorded by a previous controller process are adopted:
+    /// read-back reports them `Running` while their process lives, `Stopped` once it is gone.
+    /// Blocks briefly.
+    ///
+    /// # Errors
+    /// A permanent [`PortError`] when the database or the workspace root cannot be opened
+    /// or created.
+    pub fn open(config: ProcessComputeConfig) -> Result<Self, PortError> {
+        std::fs::create_dir_all(&config.workspace_root).map_err(|e| {
+            PortError::permanent(
+                DEP,
+                "open",
+                format!(
+                    "workspace root {} could not be created: {e}",
+                    config.workspace_root.display()
+                ),
+            )
+        })?;
+        let db = Db::open(&config.state_db, SCHEMA)
+            .map_err(|e| DbError::Sql(e).into_port(DEP, "open"))?;
+        let inner = Arc::new(Inner {
+            config,
+            db,
+            children: Arc::new(Mutex::new(HashMap::new())),
+            start_lock: tokio::sync::Mutex::new(()),
+        });
+        Ok(Self {
+            _guard: Arc::new(DropGuard {
+                inner: Arc::clone(&inner),
+            }),
+            inner,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ProcessComputeConfig {
+        &self.inner.config
+    }
+
+    /// Everything recorded about one instance, refreshed from the OS.
+    ///
+    /// # Errors
+    /// A [`PortError`] when the database fails.
+    pub async fn info(&self, id: &InstanceId) -> Result<Option<ProcessInfo>, PortError> {
+        Ok(self
+            .inner
+            .load_refreshed("info", id.as_str())
+            .await?
+            .map(|r| r.info()))
+    }
+
+    /// Stops every live child the database knows (spawned by this process or adopted):
+    /// SIGTERM to each process group, SIGKILL after the grace, then waits until they are
+    /// gone (at most the grace plus 10 s) and records them stopped. Returns how many were
+    /// live. Call it before the controller exits to leave no process behind.
+    ///
+    /// # Errors
+    /// A [`PortError`] when the database fails.
+    pub async fn shutdown_all(&self) -> Result<usize, PortError> {
+        let rows = self.inner.live_rows("shutdown_all").await?;
+        let n = rows.len();
+        for row in &rows {
+            self.inner.request_stop(row, "controller_shutdown").await?;
+        }
+        self.inner.finish_stops(rows).await?;
+        let _ = self.inner.live_rows("shutdown_all").await?;
+        tracing::info!(stopped = n, "process compute shut down");
+        Ok(n)
+    }
+
+    fn build_command(
+        &self,
+        spec: &StartSpec,
+        key: &str,
+        workspace: &Path,
+    ) -> tokio::process::Command {
+        let config = &self.inner.config;
+        let mut cmd = tokio::process::Command::new(&config.command.program);
+        cmd.args(config.command.substituted(spec, workspace));
+        cmd.env_clear();
+        for name in &config.inherit_env {
+            if let Some(v) = std::env::var_os(name) {
+                cmd.env(name, v);
+            }
+        }
+        cmd.env("HOME", workspace);
+        for (k, v) in &config.extra_env {
+            cmd.env(k, v);
+        }
+        cmd.env("REMOTE_URL", &spec.remote_url)
+            .env("ENVIRONMENT_ID", spec.environment_id.as_str())
+            .env("CODEX_API_KEY", key)
+            .current_dir(workspace)
+            .stdin(std::process::Stdio::null())
+            .process_group(0)
+            .kill_on_drop(false);
+        cmd
+    }
+}
+
+impl Compute for ProcessCompute {
+    async fn start(
+        &self,
+        spec: &StartSpec,
+        deployment: &DeploymentId,
+    ) -> Result<Started, PortError> {
+        let dir_name = workspace_name(&spec.environment_id)?;
+        let workspace = self.inner.config.workspace_root.join(dir_name);
+        let key = self.inner.config.key_source.read()?;
+        let _serial = self.inner.start_lock.lock().await;
+
+        tokio::fs::create_dir_all(&workspace).await.map_err(|e| {
+            PortError::permanent(
+                DEP,
+                "start",
+                format!(
+                    "workspace {} could not be created: {e}",
+                    workspace.display()
+                ),
+            )
+        })?;
+        let log_path = workspace.join(format!("executor-g{}.log", spec.generation.0));
+        let mut cmd = self.build_command(spec, &key, &workspace);
+        drop(key);
+
+        let spec_c = spec.clone();
+        let deployment_s = deployment.as_str().to_owned();
+        let workspace_s = workspace.display().to_string();
+        let log_s = log_path.display().to_string();
+        let spawned = self
+            .inner
+            .db
+            .call(DEP, "start", move |conn| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let existing = tx
+                    .query_row(
+                        &format!(
+                            "SELECT {COLUMNS} FROM compute_instances
+                             WHERE deployment = ?1 AND idempotency_token = ?2"
+                        ),
+                        params![deployment_s, spec_c.idempotency_token],
+                        InstanceRow::from_row,
+                    )
+                    .optional()?;
+                if let Some(row) = existing {
+                    return Ok(Spawned::Existing(row));
+                }
+                let log = match std::fs::OpenOptions::new().create(true).append(true).open(&log_s) {
+                    Ok(f) => f,
+                    Err(e) => return Ok(Spawned::Failed(format!("log file could not be opened: {e}"))),
+                };
+                let log_err = match log.try_clone() {
+                    Ok(f) => f,
+                    Err(e) => return Ok(Spawned::Failed(format!("log file could not be opened: {e}"))),
+                };
+                cmd.stdout(log).stderr(log_err);
+                let mut child = match cmd.spawn() {
+                    Ok(c) => c,
+                    Err(e) => return Ok(Spawned::Failed(format!("executor could not be spawned: {e}"))),
+                };
+                let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
+                    return Ok(Spawned::Failed("executor exited before it could be recorded".to_owned()));
+                };
+                let proc_start = proc_stat(pid).ok().map(|(_, s)| s);
+                let started_at_ms = now_ms();
+                let row = InstanceRow {
+                    instance_id: format!("local-{pid}-{started_at_ms}"),
+                    deployment: deployment_s,
+                    environment_id: spec_c.environment_id.as_str().to_owned(),
+                    session_id: spec_c.session_id.as_str().to_owned(),
+                    generation: spec_c.generation.0,
+                    idempotency_token: spec_c.idempotency_token.clone(),
+                    pid,
+                    proc_start_ticks: proc_start,
+                    started_at_ms,
+                    status: RUNNING.to_owned(),
+                    exit_code: None,
+                    exit_signal: None,
+                    stop_reason: None,
+                    stop_requested_at_ms: None,
+                    stopped_at_ms: None,
+                    workspace: workspace_s,
+                    log_path: log_s,
+                };
+                let inserted = tx
+                    .execute(
+                        &format!(
+                            "INSERT INTO compute_instances ({COLUMNS})
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL, NULL, NULL, NULL, ?11, ?12)"
+                        ),
+                        params![
+                            row.instance_id,
+                            row.deployment,
+                            row.environment_id,
+                            row.session_id,
+                            to_sql_int(row.generation),
+                            row.idempotency_token,
+                            row.pid,
+                            row.proc_start_ticks.map(to_sql_int),
+                            row.started_at_ms,
+                            row.status,
+                            row.workspace,
+                            row.log_path
+                        ],
+                    )
+                    .and_then(|_| tx.commit());
+                if let Err(e) = inserted {
+                    signal_group(pid, Signal::SIGKILL);
+                    let _ = child.start_kill();
+                    return Err(DbError::Sql(e));
+                }
+                Ok(Spawned::New(row, child))
+            })
+            .await?;
+
+        match spawned {
+            Spawned::Existing(row) => {
+                let children = Arc::clone(&self.inner.children);
+                let grace = self.inner.config.stop_grace;
+                let row = self
+                    .inner
+                    .db
+                    .call(DEP, "start", move |conn| {
+                        Ok(refresh(conn, &children, grace, row)?)
+                    })
+                    .await?;
+                tracing::info!(instance_id = %row.instance_id, environment_id = %row.environment_id, generation = row.generation, "start: instance with this idempotency token exists; returning it");
+                Ok(Started::Instance(row.instance()))
+            }
+            Spawned::Failed(reason) => {
+                tracing::warn!(environment_id = %spec.environment_id, generation = spec.generation.0, %reason, "executor start failed");
+                Ok(Started::Failed { reason })
+            }
+            Spawned::New(row, mut child) => {
+                tracing::info!(
+                    instance_id = %row.instance_id,
+                    environment_id = %row.environment_id,
+                    session_id = %row.session_id,
+                    generation = row.generation,
+                    pid = row.pid,
+                    "executor started"
+                );
+                self.inner
+                    .children
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(row.instance_id.clone(), None);
+                let children = Arc::clone(&self.inner.children);
+                let db = self.inner.db.clone();
+                let id = row.instance_id.clone();
+                tokio::spawn(async move {
+                    let exit = match child.wait().await {
+                        Ok(status) => ExitInfo::from(status),
+                        Err(e) => {
+                            tracing::error!(instance_id = %id, error = %e, "waiting for the executor failed");
+                            return;
+                        }
+                    };
+                    children
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(id.clone(), Some(exit));
+                    tracing::info!(instance_id = %id, code = ?exit.code, signal = ?exit.signal, "executor exited");
+                    let id2 = id.clone();
+                    if let Err(e) = db
+                        .call(DEP, "reap", move |conn| {
+                            Ok(mark_stopped(conn, &id2, Some(exit))?)
+                        })
+                        .await
+                    {
+                        tracing::error!(instance_id = %id, error = %e, "exit could not be recorded");
+                    }
+                });
+                Ok(Started::Instance(row.instance()))
+            }
+        }
+    }
+
+    async fn describe(&self, id: &InstanceId) -> Result<Option<ComputeInstance>, PortError> {
+        Ok(self
+            .inner
+            .load_refreshed("describe", id.as_str())
+            .await?
+            .map(|r| r.instance()))
+    }
+
+    async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
+        let children = Arc::clone(&self.inner.children);
+        let grace = self.inner.config.stop_grace;
+        let retention_ms =
+            i64::try_from(self.inner.config.stopped_retention.as_millis()).unwrap_or(i64::MAX);
+        let deployment = deployment.as_str().to_owned();
+        self.inner
+            .db
+            .call(DEP, "list", move |conn| {
+                let rows: Vec<InstanceRow> = {
+                    let mut stmt = conn.prepare_cached(&format!(
+                        "SELECT {COLUMNS} FROM compute_instances
+                         WHERE deployment = ?1
+                           AND (status != 'stopped' OR stopped_at_ms IS NULL OR stopped_at_ms >= ?2)
+                         ORDER BY started_at_ms, instance_id"
+                    ))?;
+                    stmt.query_map(
+                        params![deployment, now_ms().saturating_sub(retention_ms)],
+                        InstanceRow::from_row,
+                    )?
+                    .collect::<Result<_, _>>()?
+                };
+                let mut out = Vec::with_capacity(rows.len());
+                for row in rows {
+                    out.push(refresh(conn, &children, grace, row)?.instance());
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn stop(&self, id: &InstanceId, reason: &str) -> Result<(), PortError> {
+        let Some(row) = self.inner.load_refreshed("stop", id.as_str()).await? else {
+            return Err(PortError::permanent(
+                DEP,
+                "stop",
+                format!("unknown instance {id}"),
+            ));
+        };
+        if row.status == STOPPED {
+            return Ok(());
+        }
+        tracing::info!(instance_id = %row.instance_id, pid = row.pid, reason, "stopping executor (SIGTERM)");
+        self.inner.request_stop(&row, reason).await?;
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move {
+            let id = row.instance_id.clone();
+            if let Err(e) = inner.finish_stops(vec![row]).await {
+                tracing::error!(instance_id = %id, error = %e, "stop could not be finished");
+            }
+            if let Err(e) = inner.load_refreshed("stop", &id).await {
+                tracing::error!(instance_id = %id, error = %e, "stop could not be recorded");
+            }
+        });
+        Ok(())
+    }
+}

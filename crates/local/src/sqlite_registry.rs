@@ -1,0 +1,410 @@
+//! [`SqliteRegistry`]: the controller's registry on SQLite, with the conditional semantics
+//! the DynamoDB registry has.
+//!
+//! Tables (all in one database file, shareable with the queues and the compute state):
+//! - `registry_records`: effect key, environment, session (indexed), `version`, the record
+//!   as JSON, last write time. A create is `INSERT ... ON CONFLICT DO NOTHING` (DynamoDB:
+//!   `attribute_not_exists`); an update is `UPDATE ... WHERE version = ?expected`
+//!   (DynamoDB: `version = :expected`); zero changed rows is [`Write::Conflict`].
+//! - `registry_locks`: effect key, owner, `until` (Unix seconds). Taken with an upsert
+//!   whose update only applies when `until < now` (absent OR expired); released only by a
+//!   delete matching the owner.
+//! - `registry_ledger`: webhook id, `expires_at` (Unix seconds); an entry with
+//!   `expires_at <= now` reads as absent (DynamoDB TTL deletes late, so the same rule).
+//! - `registry_audit`: append-only, ordered by an autoincrement id.
+//! - `registry_receipts`: per effect key, ordered by an autoincrement id.
+
+use crate::db::{Db, DbError, from_sql_int, now_ms, to_sql_int};
+use rusqlite::{OptionalExtension, params};
+use sandbox_controller::ports::{AuditEntry, PortError, Receipt, Registry, Write};
+use sandbox_core::ids::{EffectKey, SessionId};
+use sandbox_core::record::Record;
+use std::path::Path;
+
+const DEP: &str = "registry";
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS registry_records (
+    effect_key TEXT PRIMARY KEY,
+    environment_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    record TEXT NOT NULL,
+    updated_at_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS registry_records_session ON registry_records (session_id);
+CREATE TABLE IF NOT EXISTS registry_locks (
+    effect_key TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    until INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS registry_ledger (
+    webhook_id TEXT PRIMARY KEY,
+    expires_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS registry_ledger_expiry ON registry_ledger (expires_at);
+CREATE TABLE IF NOT EXISTS registry_audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    effect_key TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    entry TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS registry_audit_key ON registry_audit (effect_key, id);
+CREATE INDEX IF NOT EXISTS registry_audit_session ON registry_audit (session_id, id);
+CREATE TABLE IF NOT EXISTS registry_receipts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    effect_key TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    receipt TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS registry_receipts_key ON registry_receipts (effect_key, id);
+";
+
+/// The registry on SQLite. Cheap to clone (clones share one connection); several handles
+/// or processes may share the database file.
+#[derive(Clone, Debug)]
+pub struct SqliteRegistry {
+    db: Db,
+}
+
+fn decode_record(json: &str, version: i64) -> Result<Record, DbError> {
+    let mut record: Record = serde_json::from_str(json)?;
+    record.version = from_sql_int(version);
+    Ok(record)
+}
+
+impl SqliteRegistry {
+    /// Opens (creating if needed) the registry tables in the database file `path`. Blocks
+    /// briefly.
+    ///
+    /// # Errors
+    /// A permanent [`PortError`] when the file cannot be opened or the schema not created.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, PortError> {
+        let db =
+            Db::open(path.as_ref(), SCHEMA).map_err(|e| DbError::Sql(e).into_port(DEP, "open"))?;
+        Ok(Self { db })
+    }
+
+    /// The audit entries of one effect key, oldest first (for `sandboxctl explain`).
+    ///
+    /// # Errors
+    /// A [`PortError`] when the database fails or an entry cannot be decoded.
+    pub async fn audit_entries(&self, key: &EffectKey) -> Result<Vec<AuditEntry>, PortError> {
+        let key = key.as_str().to_owned();
+        self.db
+            .call(DEP, "audit_entries", move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT entry FROM registry_audit WHERE effect_key = ?1 ORDER BY id",
+                )?;
+                let rows = stmt.query_map(params![key], |r| r.get::<_, String>(0))?;
+                let mut out = Vec::new();
+                for json in rows {
+                    out.push(serde_json::from_str(&json?)?);
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    /// Every audit entry, in the order they were written (the timeline of `sandboxctl
+    /// demo`).
+    ///
+    /// # Errors
+    /// A [`PortError`] when the database fails or an entry cannot be decoded.
+    pub async fn audit_log(&self) -> Result<Vec<AuditEntry>, PortError> {
+        self.db
+            .call(DEP, "audit_log", move |conn| {
+                let mut stmt =
+                    conn.prepare_cached("SELECT entry FROM registry_audit ORDER BY id")?;
+                let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+                let mut out = Vec::new();
+                for json in rows {
+                    out.push(serde_json::from_str(&json?)?);
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    /// Every receipt, in the order they were written.
+    ///
+    /// # Errors
+    /// A [`PortError`] when the database fails or a receipt cannot be decoded.
+    pub async fn receipt_log(&self) -> Result<Vec<Receipt>, PortError> {
+        self.db
+            .call(DEP, "receipt_log", move |conn| {
+                let mut stmt =
+                    conn.prepare_cached("SELECT receipt FROM registry_receipts ORDER BY id")?;
+                let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+                let mut out = Vec::new();
+                for json in rows {
+                    out.push(serde_json::from_str(&json?)?);
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    /// Deletes ledger entries that expired at `now` (Unix seconds); returns how many. Reads
+    /// already treat them as absent: this only reclaims space.
+    ///
+    /// # Errors
+    /// A [`PortError`] when the database fails.
+    pub async fn purge_expired_deliveries(&self, now: u64) -> Result<u64, PortError> {
+        self.db
+            .call(DEP, "purge_expired_deliveries", move |conn| {
+                let n = conn.execute(
+                    "DELETE FROM registry_ledger WHERE expires_at <= ?1",
+                    params![to_sql_int(now)],
+                )?;
+                Ok(n as u64)
+            })
+            .await
+    }
+
+    /// The current holder of the lock on `key` and its expiry (Unix seconds), expired or
+    /// not (for `sandboxctl status`).
+    ///
+    /// # Errors
+    /// A [`PortError`] when the database fails.
+    pub async fn lock_holder(&self, key: &EffectKey) -> Result<Option<(String, u64)>, PortError> {
+        let key = key.as_str().to_owned();
+        self.db
+            .call(DEP, "lock_holder", move |conn| {
+                Ok(conn
+                    .query_row(
+                        "SELECT owner, until FROM registry_locks WHERE effect_key = ?1",
+                        params![key],
+                        |r| Ok((r.get::<_, String>(0)?, from_sql_int(r.get(1)?))),
+                    )
+                    .optional()?)
+            })
+            .await
+    }
+}
+
+impl Registry for SqliteRegistry {
+    async fn get(&self, key: &EffectKey) -> Result<Option<Record>, PortError> {
+        let key = key.as_str().to_owned();
+        self.db
+            .call(DEP, "get", move |conn| {
+                let row: Option<(String, i64)> = conn
+                    .query_row(
+                        "SELECT record, version FROM registry_records WHERE effect_key = ?1",
+                        params![key],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()?;
+                row.map(|(json, v)| decode_record(&json, v)).transpose()
+            })
+            .await
+    }
+
+    async fn find_by_session(&self, session: &SessionId) -> Result<Option<Record>, PortError> {
+        let session = session.as_str().to_owned();
+        self.db
+            .call(DEP, "find_by_session", move |conn| {
+                let row: Option<(String, i64)> = conn
+                    .query_row(
+                        "SELECT record, version FROM registry_records WHERE session_id = ?1
+                         ORDER BY updated_at_ms DESC, effect_key LIMIT 1",
+                        params![session],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()?;
+                row.map(|(json, v)| decode_record(&json, v)).transpose()
+            })
+            .await
+    }
+
+    async fn put(
+        &self,
+        record: &Record,
+        expected_version: Option<u64>,
+    ) -> Result<Write, PortError> {
+        let new_version = match expected_version {
+            None => 1,
+            Some(v) => v
+                .checked_add(1)
+                .ok_or_else(|| PortError::permanent(DEP, "put", "record version overflow"))?,
+        };
+        let mut stored = record.clone();
+        stored.version = new_version;
+        let json = serde_json::to_string(&stored).map_err(|e| {
+            PortError::permanent(DEP, "put", format!("record could not be encoded: {e}"))
+        })?;
+        let key = record.environment_id.effect_key().as_str().to_owned();
+        let env = record.environment_id.as_str().to_owned();
+        let session = record.session_id.as_str().to_owned();
+        self.db
+            .call(DEP, "put", move |conn| {
+                let now = now_ms();
+                let changed = match expected_version {
+                    None => conn.execute(
+                        "INSERT INTO registry_records
+                           (effect_key, environment_id, session_id, version, record, updated_at_ms)
+                         VALUES (?1, ?2, ?3, 1, ?4, ?5)
+                         ON CONFLICT (effect_key) DO NOTHING",
+                        params![key, env, session, json, now],
+                    )?,
+                    Some(expected) => conn.execute(
+                        "UPDATE registry_records
+                         SET session_id = ?2, version = ?3, record = ?4, updated_at_ms = ?5
+                         WHERE effect_key = ?1 AND version = ?6",
+                        params![
+                            key,
+                            session,
+                            to_sql_int(new_version),
+                            json,
+                            now,
+                            to_sql_int(expected)
+                        ],
+                    )?,
+                };
+                Ok(if changed == 1 {
+                    Write::Written(new_version)
+                } else {
+                    Write::Conflict
+                })
+            })
+            .await
+    }
+
+    async fn list(&self) -> Result<Vec<Record>, PortError> {
+        self.db
+            .call(DEP, "list", move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT record, version FROM registry_records ORDER BY effect_key",
+                )?;
+                let rows =
+                    stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+                let mut out = Vec::new();
+                for row in rows {
+                    let (json, v) = row?;
+                    out.push(decode_record(&json, v)?);
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn lock(
+        &self,
+        key: &EffectKey,
+        owner: &str,
+        until: u64,
+        now: u64,
+    ) -> Result<bool, PortError> {
+        let key = key.as_str().to_owned();
+        let owner = owner.to_owned();
+        self.db
+            .call(DEP, "lock", move |conn| {
+                let changed = conn.execute(
+                    "INSERT INTO registry_locks (effect_key, owner, until) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (effect_key) DO UPDATE
+                       SET owner = excluded.owner, until = excluded.until
+                       WHERE registry_locks.until < ?4",
+                    params![key, owner, to_sql_int(until), to_sql_int(now)],
+                )?;
+                Ok(changed == 1)
+            })
+            .await
+    }
+
+    async fn unlock(&self, key: &EffectKey, owner: &str) -> Result<(), PortError> {
+        let key = key.as_str().to_owned();
+        let owner = owner.to_owned();
+        self.db
+            .call(DEP, "unlock", move |conn| {
+                conn.execute(
+                    "DELETE FROM registry_locks WHERE effect_key = ?1 AND owner = ?2",
+                    params![key, owner],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn seen_delivery(&self, webhook_id: &str, now: u64) -> Result<bool, PortError> {
+        let webhook_id = webhook_id.to_owned();
+        self.db
+            .call(DEP, "seen_delivery", move |conn| {
+                Ok(conn
+                    .query_row(
+                        "SELECT 1 FROM registry_ledger WHERE webhook_id = ?1 AND expires_at > ?2",
+                        params![webhook_id, to_sql_int(now)],
+                        |_| Ok(()),
+                    )
+                    .optional()?
+                    .is_some())
+            })
+            .await
+    }
+
+    async fn remember_delivery(&self, webhook_id: &str, expires_at: u64) -> Result<(), PortError> {
+        let webhook_id = webhook_id.to_owned();
+        self.db
+            .call(DEP, "remember_delivery", move |conn| {
+                conn.execute(
+                    "INSERT INTO registry_ledger (webhook_id, expires_at) VALUES (?1, ?2)
+                     ON CONFLICT (webhook_id) DO UPDATE SET expires_at = excluded.expires_at",
+                    params![webhook_id, to_sql_int(expires_at)],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn audit(&self, entry: &AuditEntry) -> Result<(), PortError> {
+        let json = serde_json::to_string(entry).map_err(|e| {
+            PortError::permanent(DEP, "audit", format!("entry could not be encoded: {e}"))
+        })?;
+        let key = entry.effect_key.as_str().to_owned();
+        let session = entry.session_id.as_str().to_owned();
+        let at = to_sql_int(entry.at);
+        self.db
+            .call(DEP, "audit", move |conn| {
+                conn.execute(
+                    "INSERT INTO registry_audit (effect_key, session_id, at, entry) VALUES (?1, ?2, ?3, ?4)",
+                    params![key, session, at, json],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn receipt(&self, receipt: &Receipt) -> Result<(), PortError> {
+        let json = serde_json::to_string(receipt).map_err(|e| {
+            PortError::permanent(DEP, "receipt", format!("receipt could not be encoded: {e}"))
+        })?;
+        let key = receipt.effect_key.as_str().to_owned();
+        let at = to_sql_int(receipt.at);
+        self.db
+            .call(DEP, "receipt", move |conn| {
+                conn.execute(
+                    "INSERT INTO registry_receipts (effect_key, at, receipt) VALUES (?1, ?2, ?3)",
+                    params![key, at, json],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn receipts(&self, key: &EffectKey) -> Result<Vec<Receipt>, PortError> {
+        let key = key.as_str().to_owned();
+        self.db
+            .call(DEP, "receipts", move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT receipt FROM registry_receipts WHERE effect_key = ?1 ORDER BY id",
+                )?;
+                let rows = stmt.query_map(params![key], |r| r.get::<_, String>(0))?;
+                let mut out = Vec::new();
+                for json in rows {
+                    out.push(serde_json::from_str(&json?)?);
+                }
+                Ok(out)
+            })
+            .await
+    }
+}

@@ -1,0 +1,124 @@
+//! SqliteRegistry: the shared registry contract plus local specifics.
+
+use sandbox_controller::contract::registry_contract;
+use sandbox_controller::ports::{AuditEntry, Registry, Write};
+use sandbox_core::ids::{EnvironmentId, SessionId};
+use sandbox_core::record::Record;
+use sandbox_local::SqliteRegistry;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_registry_passes_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = SqliteRegistry::open(dir.path().join("state.db")).unwrap();
+    registry_contract(&r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_contract_runs_concurrently_on_one_backend_and_two_handles() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = SqliteRegistry::open(dir.path().join("state.db")).unwrap();
+    let b = SqliteRegistry::open(dir.path().join("state.db")).unwrap();
+    tokio::join!(
+        registry_contract(&a),
+        registry_contract(&b),
+        registry_contract(&a)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_conditional_writes_from_two_handles_have_one_winner() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let a = SqliteRegistry::open(&path).unwrap();
+    let b = SqliteRegistry::open(&path).unwrap();
+    let record = Record::new(EnvironmentId::new("env_race"), SessionId::new("sess_race"));
+    assert_eq!(a.put(&record, None).await.unwrap(), Write::Written(1));
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let r = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let mut rec = record.clone();
+        rec.generation = sandbox_core::ids::Generation(i);
+        tasks.push(tokio::spawn(
+            async move { r.put(&rec, Some(1)).await.unwrap() },
+        ));
+    }
+    let mut written = 0;
+    for t in tasks {
+        if t.await.unwrap() == Write::Written(2) {
+            written += 1;
+        }
+    }
+    assert_eq!(
+        written, 1,
+        "exactly one conditional write at version 1 wins"
+    );
+    // Lock races: exactly one of many owners takes a free lock.
+    let key = record.environment_id.effect_key();
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let r = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            r.lock(&key, &format!("w{i}"), 200, 100).await.unwrap()
+        }));
+    }
+    let mut taken = 0;
+    for t in tasks {
+        taken += usize::from(t.await.unwrap());
+    }
+    assert_eq!(taken, 1);
+    assert!(
+        a.lock_holder(&key)
+            .await
+            .unwrap()
+            .is_some_and(|(_, until)| until == 200)
+    );
+}
+
+#[tokio::test]
+async fn audit_entries_list_per_key_in_order_and_everything_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let env = EnvironmentId::new("env_audit");
+    let key = env.effect_key();
+    {
+        let r = SqliteRegistry::open(&path).unwrap();
+        r.put(
+            &Record::new(env.clone(), SessionId::new("sess_audit")),
+            None,
+        )
+        .await
+        .unwrap();
+        for (i, outcome) in ["start", "wait", "schedule-stop"].iter().enumerate() {
+            r.audit(&AuditEntry {
+                at: 100 + i as u64,
+                effect_key: if i == 1 {
+                    EnvironmentId::new("env_other").effect_key()
+                } else {
+                    key.clone()
+                },
+                session_id: SessionId::new("sess_audit"),
+                trigger: serde_json::json!({"kind": "idle"}),
+                observed: serde_json::json!({}),
+                outcome: (*outcome).to_owned(),
+                reason: "test".to_owned(),
+                applied: vec![],
+                error: (i == 2).then(|| "boom".to_owned()),
+            })
+            .await
+            .unwrap();
+        }
+        r.remember_delivery("msg_1", 500).await.unwrap();
+        r.remember_delivery("msg_2", 50).await.unwrap();
+    }
+    let r = SqliteRegistry::open(&path).unwrap();
+    let entries = r.audit_entries(&key).await.unwrap();
+    let outcomes: Vec<&str> = entries.iter().map(|e| e.outcome.as_str()).collect();
+    assert_eq!(outcomes, ["start", "schedule-stop"]);
+    assert_eq!(entries[1].error.as_deref(), Some("boom"));
+    assert_eq!(r.get(&key).await.unwrap().unwrap().version, 1);
+    assert!(r.seen_delivery("msg_1", 100).await.unwrap());
+    assert_eq!(r.purge_expired_deliveries(100).await.unwrap(), 1);
+    assert!(r.seen_delivery("msg_1", 100).await.unwrap());
+    assert!(!r.seen_delivery("msg_2", 10).await.unwrap(), "purged");
+}
