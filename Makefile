@@ -17,12 +17,11 @@ help:
 	@echo "make run    run the pipeline locally (embedded default)"
 	@echo "make test   everything CI runs"
 
+# The whole pipeline on 127.0.0.1: simulator, webhook endpoint, workers, sweeper, SQLite,
+# child-process executors (the simulator's stand-in); prints the timeline and a summary.
 run:
-	@echo "make run will start, on 127.0.0.1: the Agents API simulator, the webhook endpoint"
-	@echo "(the Lambda's handler code), the worker loop, the sweeper timer, SQLite for queue"
-	@echo "and registry, and child-process executors, then drive a scripted scenario of signed"
-	@echo "deliveries and print the timeline. The local pipeline is not built yet (issue 3)."
-	@exit 1
+	cargo build --locked -p sandboxctl -p agents-sim --bins
+	$(TARGET_DIR)/debug/sandboxctl demo --executor $(TARGET_DIR)/debug/sim-executor
 
 test: fmt-check clippy rust-test doc-test crosscheck
 
@@ -48,6 +47,9 @@ $(VENV)/.installed: tests/crosscheck/requirements.txt
 crosscheck: venv
 	cargo build -p sandboxctl --locked
 	SANDBOXCTL=$(TARGET_DIR)/debug/sandboxctl $(PY) -m pytest tests/crosscheck -q
+	rm -rf $(TARGET_DIR)/sim-json
+	SIM_JSON_OUT=$(TARGET_DIR)/sim-json cargo test --locked -q -p agents-sim --test api produced_json
+	$(PY) crates/agents-sim/crosscheck/validate_sim_json.py $(TARGET_DIR)/sim-json
 
 clean:
 	cargo clean

@@ -3,7 +3,9 @@
 //! - `sign`: the `webhook-signature` value of a body read from stdin;
 //! - `verify`: checks a delivery (body on stdin) the way the webhook endpoint does;
 //! - `decode`: parses an Agents API object from stdin with the `sandbox-core` models and
-//!   prints it re-serialized.
+//!   prints it re-serialized;
+//! - `serve`: the embedded stack (local mode) against an Agents API base URL;
+//! - `demo`: the whole pipeline against the Agents API simulator (what `make run` runs).
 //!
 //! The webhook secret is read only from an environment variable (never a flag: flags show
 //! in process lists) and is never printed.
@@ -14,7 +16,9 @@
 #![warn(missing_docs)]
 
 mod decode_object;
+mod demo;
 mod secret_from_env;
+mod serve;
 mod sign_delivery;
 mod verify_delivery;
 
@@ -39,6 +43,10 @@ enum Command {
     Verify(verify_delivery::VerifyArgs),
     /// Parse an Agents API object from stdin and print it re-serialized (compact JSON).
     Decode(decode_object::DecodeArgs),
+    /// Run the embedded stack against an Agents API base URL until Ctrl-C.
+    Serve(Box<serve::ServeArgs>),
+    /// Run the whole pipeline against the simulator with a scripted scenario.
+    Demo(demo::DemoArgs),
 }
 
 /// Exit code for unusable input, arguments or configuration (as clap's usage errors).
@@ -56,6 +64,19 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Serve(args) => {
+            return runtime(true)?
+                .block_on(serve::run(*args))
+                .map(|()| ExitCode::SUCCESS);
+        }
+        Command::Demo(args) => {
+            return runtime(false)?
+                .block_on(demo::run(args))
+                .map(|()| ExitCode::SUCCESS);
+        }
+        _ => {}
+    }
     let stdin = io::stdin().lock();
     let mut stdout = io::stdout().lock();
     let code = match cli.command {
@@ -64,7 +85,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             verify_delivery::run(&args, stdin, &mut stdout).context("verify")?
         }
         Command::Decode(args) => decode_object::run(&args, stdin, &mut stdout).context("decode")?,
+        Command::Serve(_) | Command::Demo(_) => unreachable!("handled above"),
     };
     stdout.flush().context("writing stdout")?;
     Ok(code)
+}
+
+/// A tokio runtime with logs on stderr (`RUST_LOG` overrides; info for `serve`, warnings
+/// only for `demo`, whose timeline is the output).
+fn runtime(verbose: bool) -> anyhow::Result<tokio::runtime::Runtime> {
+    let default = if verbose { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr)
+        .try_init();
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }

@@ -359,7 +359,10 @@ pub enum Effect {
     /// Record: `cleanup_required` (reject new work; resume the close on every look).
     RequireCleanup,
     /// `DELETE /agents/sessions/{id}` (its own receipt, separate from the stop).
-    DeleteSession(SessionId),
+    DeleteSession {
+        /// The session to delete.
+        session_id: SessionId,
+    },
 }
 
 /// A decision: its named outcome, the evidence, the ordered side effects, and when to look
@@ -403,7 +406,7 @@ impl Decision {
         self.effects.iter().any(|e| {
             matches!(
                 e,
-                Effect::StartCompute(_) | Effect::StopCompute(_) | Effect::DeleteSession(_)
+                Effect::StartCompute(_) | Effect::StopCompute(_) | Effect::DeleteSession { .. }
             )
         })
     }
@@ -567,7 +570,9 @@ impl View<'_> {
         }
         effects.extend(self.drop_lease());
         if let Some(s) = self.session {
-            effects.push(Effect::DeleteSession(s.id.clone()));
+            effects.push(Effect::DeleteSession {
+                session_id: s.id.clone(),
+            });
         }
         effects.extend(self.stops(StopReason::Closed));
         if self.stopping {

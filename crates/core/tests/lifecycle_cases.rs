@@ -460,7 +460,9 @@ fn row25_operator_close_deletes_session_and_stops_compute_as_two_effects() {
         d.effects,
         vec![
             Effect::RequireCleanup,
-            Effect::DeleteSession(SessionId::new(SESS)),
+            Effect::DeleteSession {
+                session_id: SessionId::new(SESS)
+            },
             stop("task-1", 1, StopReason::Closed),
             Effect::MarkClosed
         ]
@@ -515,7 +517,9 @@ fn row25_close_with_session_already_deleted_retries_only_the_stop() {
     assert_eq!(
         decide(&o).effects,
         vec![
-            Effect::DeleteSession(SessionId::new(SESS)),
+            Effect::DeleteSession {
+                session_id: SessionId::new(SESS)
+            },
             Effect::MarkClosed
         ]
     );
@@ -631,4 +635,15 @@ fn unknown_event_types_are_ignored() {
         (d.outcome, d.reason),
         (Outcome::Ignore, Reason::UnrelatedEvent)
     );
+}
+
+#[test]
+fn every_effect_serializes_for_the_audit_trail() {
+    let o = observe(Trigger::Close, idle())
+        .with_record(active_record(1, "task-1"))
+        .with_instances(vec![running("task-1", 1)]);
+    let d = decide(&o);
+    let json = serde_json::to_value(&d).expect("decision serializes");
+    let back: sandbox_core::Decision = serde_json::from_value(json).expect("and parses back");
+    assert_eq!(back, d);
 }

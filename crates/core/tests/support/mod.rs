@@ -261,7 +261,7 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                 fresh(&mut next.record);
                 next.record.as_mut().unwrap().cleanup_required = true;
             }
-            Effect::DeleteSession(_) => next.session = SessionView::Deleted,
+            Effect::DeleteSession { .. } => next.session = SessionView::Deleted,
         }
     }
     next.inventory = match &o.inventory {

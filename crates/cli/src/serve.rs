@@ -1,0 +1,125 @@
+//! `sandboxctl serve`: the embedded stack (webhook endpoint, workers, sweeper, SQLite,
+//! child-process executors) against a real Agents API base URL, until Ctrl-C.
+//!
+//! Secrets come only from environment variables or files, never flags, and are never
+//! printed: the API key (`--api-key-env`, default `OPENAI_API_KEY`), the webhook secret
+//! (`--webhook-secret-env`, default `OPENAI_WEBHOOK_SECRET`) and the executor's restricted
+//! key (`--executor-key-file` or `--executor-key-env`, default `CODEX_API_KEY`).
+
+use anyhow::{Context as _, bail};
+use sandbox_agents_api::ClientConfig;
+use sandbox_controller::ControllerConfig;
+use sandbox_core::ids::DeploymentId;
+use sandbox_local::embedded::{EmbeddedConfig, EmbeddedStack};
+use sandbox_local::process_compute::{ExecutorCommand, KeySource};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Arguments of `sandboxctl serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Agents API base URL.
+    #[arg(long, default_value = "https://api.openai.com/v1")]
+    agents_api: String,
+    /// Environment variable holding the API key.
+    #[arg(long, default_value = "OPENAI_API_KEY")]
+    api_key_env: String,
+    /// Environment variable holding the webhook signing secret (`whsec_...`).
+    #[arg(long, default_value = "OPENAI_WEBHOOK_SECRET")]
+    webhook_secret_env: String,
+    /// File holding the executor's restricted key (takes precedence over the env var).
+    #[arg(long)]
+    executor_key_file: Option<PathBuf>,
+    /// Environment variable holding the executor's restricted key.
+    #[arg(long, default_value = "CODEX_API_KEY")]
+    executor_key_env: String,
+    /// Executor program; its arguments follow `--` (default: `codex exec-server --remote
+    /// $REMOTE_URL --environment-id $ENVIRONMENT_ID`).
+    #[arg(long)]
+    executor: Option<String>,
+    /// Arguments of `--executor`.
+    #[arg(last = true)]
+    executor_args: Vec<String>,
+    /// Database and workspaces directory.
+    #[arg(long, default_value = ".sandbox-lifecycle")]
+    data_dir: PathBuf,
+    /// Webhook listen address (loopback by default; put a TLS proxy in front).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Deployment id (tags every executor; 1–36 of [A-Za-z0-9_-]).
+    #[arg(long, default_value = "local")]
+    deployment: String,
+    /// Only handle sessions of these agent ids (repeatable; default: any).
+    #[arg(long = "agent-id")]
+    agent_ids: Vec<String>,
+    /// Only handle sessions with this workspace directory.
+    #[arg(long)]
+    workspace_directory: Option<String>,
+    /// Grace between an idle session and the stop, seconds.
+    #[arg(long, default_value_t = 300)]
+    grace_secs: u64,
+    /// Worker loops.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Seconds between sweeps.
+    #[arg(long, default_value_t = 30)]
+    sweep_secs: u64,
+    /// Visibility timeout of received jobs, seconds: a job whose worker died reappears
+    /// after this long.
+    #[arg(long, default_value_t = 60)]
+    visibility_secs: u32,
+    /// Stop every executor on exit (default: leave them; a restart adopts them).
+    #[arg(long)]
+    stop_executors_on_exit: bool,
+}
+
+fn secret_env(name: &str) -> anyhow::Result<String> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => Ok(v),
+        _ => bail!("environment variable {name} is not set"),
+    }
+}
+
+/// Runs the stack until Ctrl-C.
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let api_key = secret_env(&args.api_key_env)?;
+    let webhook_secret = secret_env(&args.webhook_secret_env)?;
+    let key = match args.executor_key_file {
+        Some(path) => KeySource::File(path),
+        None => {
+            secret_env(&args.executor_key_env)?;
+            KeySource::EnvVar(args.executor_key_env)
+        }
+    };
+    let executor = match args.executor {
+        Some(program) => ExecutorCommand::new(program, args.executor_args),
+        None => ExecutorCommand::codex_exec_server(),
+    };
+    let mut controller = ControllerConfig::new(DeploymentId::new(args.deployment)?);
+    controller.policy.shutdown_grace_secs = args.grace_secs;
+    controller.filter.agent_ids = args.agent_ids;
+    controller.filter.workspace_directory = args.workspace_directory;
+    controller.visibility_secs = args.visibility_secs.max(1);
+    let mut api = ClientConfig::new(api_key);
+    api.base_url = args.agents_api;
+    let mut cfg = EmbeddedConfig::new(
+        &args.data_dir,
+        api,
+        webhook_secret,
+        executor,
+        key,
+        controller,
+    );
+    cfg.listen = args.listen;
+    cfg.workers = args.workers;
+    cfg.sweep_interval = Duration::from_secs(args.sweep_secs.max(1));
+    let stack = EmbeddedStack::start(cfg)
+        .await
+        .context("starting the stack")?;
+    println!("listening for webhooks on {}", stack.webhook_url());
+    tokio::signal::ctrl_c().await?;
+    let stopped = stack.shutdown(args.stop_executors_on_exit).await?;
+    println!("stopped ({stopped} executor(s) stopped)");
+    Ok(())
+}
