@@ -69,6 +69,10 @@ pub struct ServeArgs {
     /// after this long.
     #[arg(long, default_value_t = 60)]
     visibility_secs: u32,
+    /// Effect-key lock lease, seconds: after a crash, the next worker waits at most this
+    /// long for the dead worker's lock to expire.
+    #[arg(long, default_value_t = 120)]
+    lock_ttl_secs: u64,
     /// Stop every executor on exit (default: leave them; a restart adopts them).
     #[arg(long)]
     stop_executors_on_exit: bool,
@@ -101,6 +105,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     controller.filter.agent_ids = args.agent_ids;
     controller.filter.workspace_directory = args.workspace_directory;
     controller.visibility_secs = args.visibility_secs.max(1);
+    controller.lock_ttl_secs = args.lock_ttl_secs.max(1);
     let mut api = ClientConfig::new(api_key);
     api.base_url = args.agents_api;
     let mut cfg = EmbeddedConfig::new(

@@ -42,7 +42,7 @@ pub struct EmbeddedConfig {
     pub executor_key: KeySource,
     /// Controller settings (deployment id, policy, ownership filter, ...).
     pub controller: ControllerConfig,
-    /// Concurrent worker loops (default 2).
+    /// Concurrent worker loops (default 2; 0 runs the intake only).
     pub workers: usize,
     /// Time between sweeps (default 30 s).
     pub sweep_interval: Duration,
@@ -189,7 +189,7 @@ impl EmbeddedStack {
                 tracing::error!(error = %e, "webhook server failed");
             }
         }));
-        for n in 0..cfg.workers.max(1) {
+        for n in 0..cfg.workers {
             let c = controller.clone();
             let rx = stopped.clone();
             tasks.push(tokio::spawn(async move { worker_loop(n, c, rx).await }));
