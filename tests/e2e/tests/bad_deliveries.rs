@@ -17,11 +17,7 @@ fn action_required() -> Vec<u8> {
     .unwrap()
 }
 
-async fn post(
-    url: &str,
-    headers: &[(&str, String)],
-    body: Vec<u8>,
-) -> (u16, serde_json::Value) {
+async fn post(url: &str, headers: &[(&str, String)], body: Vec<u8>) -> (u16, serde_json::Value) {
     let mut req = reqwest::Client::new().post(url).body(body);
     for (k, v) in headers {
         req = req.header(*k, v);
@@ -64,10 +60,16 @@ async fn bad_deliveries_get_4xx_and_never_reach_the_queue() {
     assert_eq!(post(&url, &signed("msg_b", &body), tampered).await.0, 401);
 
     let malformed = b"{\"id\": \"evt\", ".to_vec();
-    assert_eq!(post(&url, &signed("msg_c", &malformed), malformed).await.0, 400);
+    assert_eq!(
+        post(&url, &signed("msg_c", &malformed), malformed).await.0,
+        400
+    );
 
     let oversize = vec![b' '; (1 << 20) + 1];
-    assert_eq!(post(&url, &signed("msg_d", &oversize), oversize).await.0, 413);
+    assert_eq!(
+        post(&url, &signed("msg_d", &oversize), oversize).await.0,
+        413
+    );
 
     for missing in 0..3 {
         let mut hs = signed("msg_e", &body);

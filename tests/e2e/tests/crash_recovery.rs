@@ -17,7 +17,10 @@ fn serve(dir: &Path, sim_base: &str, port: u16, crash: bool) -> Child {
     cmd.arg("serve")
         .args(["--agents-api", sim_base])
         .args(["--executor-key-file", key_file.to_str().unwrap()])
-        .args(["--executor", workspace_binary("sim-executor").unwrap().to_str().unwrap()])
+        .args([
+            "--executor",
+            workspace_binary("sim-executor").unwrap().to_str().unwrap(),
+        ])
         .args(["--data-dir", dir.join("data").to_str().unwrap()])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--deployment", "e2e-crash", "--grace-secs", "600"])
@@ -58,7 +61,10 @@ impl Drop for Reaper {
 
 async fn wait_port(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
         assert!(Instant::now() < deadline, "serve never listened");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -67,7 +73,11 @@ async fn wait_port(port: u16) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_between_start_and_record_then_restarted_adopts_the_executor() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("executor.key"), agents_sim::DEFAULT_EXECUTOR_KEY).unwrap();
+    std::fs::write(
+        dir.path().join("executor.key"),
+        agents_sim::DEFAULT_EXECUTOR_KEY,
+    )
+    .unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -97,9 +107,16 @@ async fn killed_between_start_and_record_then_restarted_adopts_the_executor() {
     client.submit_message(s.id.as_str(), "go").await.unwrap();
 
     // The controller dies right after starting the executor.
-    let status = tokio::task::spawn_blocking(move || first.wait()).await.unwrap().unwrap();
+    let status = tokio::task::spawn_blocking(move || first.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(!status.success(), "the crash point aborts: {status:?}");
-    assert_eq!(os_executors(Some(&env)).len(), 1, "the executor outlives the controller");
+    assert_eq!(
+        os_executors(Some(&env)).len(),
+        1,
+        "the executor outlives the controller"
+    );
     let db = dir.path().join("data").join("sandbox.db");
     let registry = SqliteRegistry::open(&db).unwrap();
     let key = EnvironmentId::new(env.as_str()).effect_key();
@@ -131,7 +148,9 @@ async fn killed_between_start_and_record_then_restarted_adopts_the_executor() {
         audit.iter().map(|e| &e.outcome).collect::<Vec<_>>()
     );
     assert!(
-        audit.iter().all(|e| e.applied.iter().all(|a| a["effect"] != "start_compute")),
+        audit
+            .iter()
+            .all(|e| e.applied.iter().all(|a| a["effect"] != "start_compute")),
         "no second start"
     );
     assert_eq!(record.generation.0, 1);
@@ -143,7 +162,10 @@ async fn killed_between_start_and_record_then_restarted_adopts_the_executor() {
         .args(["-INT", &second.id().to_string()])
         .status()
         .unwrap();
-    let status = tokio::task::spawn_blocking(move || second.wait()).await.unwrap().unwrap();
+    let status = tokio::task::spawn_blocking(move || second.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(status.success(), "{status:?}");
     assert!(os_executors(Some(&env)).is_empty());
     sim.shutdown().await;

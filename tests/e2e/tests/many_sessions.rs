@@ -37,26 +37,34 @@ async fn fifty_sessions_five_deliveries_each_start_exactly_fifty_executors_and_s
             .await
             .unwrap();
     }
-    h.wait_until("all executors connected", Duration::from_secs(90), || async {
-        let state = h.client.state().await?;
-        Ok(envs
-            .iter()
-            .all(|e| state.environment(e).is_some_and(|e| e.connected)))
-    })
+    h.wait_until(
+        "all executors connected",
+        Duration::from_secs(90),
+        || async {
+            let state = h.client.state().await?;
+            Ok(envs
+                .iter()
+                .all(|e| state.environment(e).is_some_and(|e| e.connected)))
+        },
+    )
     .await
     .unwrap();
     // The OS process table: exactly one executor per environment.
     let per_env: Vec<usize> = envs.iter().map(|e| os_executors(Some(e)).len()).collect();
     assert!(per_env.iter().all(|n| *n == 1), "{per_env:?}");
 
-    h.wait_until("every executor stopped", Duration::from_secs(120), || async {
-        for e in &envs {
-            if !h.live(e).await?.is_empty() {
-                return Ok(false);
+    h.wait_until(
+        "every executor stopped",
+        Duration::from_secs(120),
+        || async {
+            for e in &envs {
+                if !h.live(e).await?.is_empty() {
+                    return Ok(false);
+                }
             }
-        }
-        Ok(true)
-    })
+            Ok(true)
+        },
+    )
     .await
     .unwrap();
     assert!(envs.iter().all(|e| os_executors(Some(e)).is_empty()));
@@ -67,7 +75,9 @@ async fn fifty_sessions_five_deliveries_each_start_exactly_fifty_executors_and_s
     for entry in &audit {
         for v in &entry.applied {
             if let Ok(Effect::StartCompute(s)) = serde_json::from_value::<Effect>(v.clone()) {
-                *starts.entry(s.environment_id.as_str().to_owned()).or_default() += 1;
+                *starts
+                    .entry(s.environment_id.as_str().to_owned())
+                    .or_default() += 1;
             }
         }
     }
@@ -87,9 +97,10 @@ async fn fifty_sessions_five_deliveries_each_start_exactly_fifty_executors_and_s
         assert_eq!(r.status, RecordStatus::Stopped, "{e}");
     }
     let state = h.client.state().await.unwrap();
-    assert!(envs
-        .iter()
-        .all(|e| state.environment(e).unwrap().connect_count == 1));
+    assert!(
+        envs.iter()
+            .all(|e| state.environment(e).unwrap().connect_count == 1)
+    );
     assert!(h.sim.delivery_stats().copies >= (SESSIONS as u64) * 5);
     h.shutdown().await.unwrap();
 }
