@@ -155,8 +155,11 @@ async fn row07_failed_session_with_running_executor_is_released() {
         .fail_session(s.id.as_str(), Some("boom"))
         .await
         .unwrap();
-    h.wait_until("release", T, || async {
-        Ok(h.live(&env).await?.is_empty())
+    h.wait_until("release recorded", T, || async {
+        Ok(h.live(&env).await?.is_empty()
+            && h.record(&env)
+                .await?
+                .is_some_and(|r| r.status == RecordStatus::Stopped))
     })
     .await
     .unwrap();
@@ -186,8 +189,11 @@ async fn row14_15_idle_schedules_a_lease_then_the_due_lease_stops_that_generatio
     let lease = h.record(&env).await.unwrap().unwrap().lease.unwrap();
     assert_eq!(lease.due_at - lease.requested_at, 3);
     assert_eq!(h.live(&env).await.unwrap().len(), 1, "no stop yet");
-    h.wait_until("the lease stop", T, || async {
-        Ok(h.live(&env).await?.is_empty())
+    h.wait_until("the lease stop recorded", T, || async {
+        Ok(h.live(&env).await?.is_empty()
+            && h.record(&env)
+                .await?
+                .is_some_and(|r| r.status == RecordStatus::Stopped))
     })
     .await
     .unwrap();
@@ -203,6 +209,7 @@ async fn row14_15_idle_schedules_a_lease_then_the_due_lease_stops_that_generatio
 async fn row16_new_input_during_the_grace_cancels_the_stop_and_keeps_the_executor() {
     let h = Harness::start(Options {
         grace_secs: 4,
+        turn_secs: 600.0,
         ..Options::default()
     })
     .await
@@ -213,6 +220,7 @@ async fn row16_new_input_during_the_grace_cancels_the_stop_and_keeps_the_executo
     })
     .await
     .unwrap();
+    let due = h.record(&env).await.unwrap().unwrap().lease.unwrap().due_at;
     let first = h.live(&env).await.unwrap()[0].instance_id.clone();
     h.client
         .submit_message(s.id.as_str(), "more")
@@ -223,8 +231,11 @@ async fn row16_new_input_during_the_grace_cancels_the_stop_and_keeps_the_executo
     })
     .await
     .unwrap();
-    // Past the original due time the same executor is still running.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Past the original due time the same executor is still running (the new turn takes
+    // 10 real seconds, so no new lease can have expired yet).
+    while agents_sim::real_unix_secs() <= due + 1 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let live = h.live(&env).await.unwrap();
     assert!(live.iter().any(|i| i.instance_id == first), "{live:?}");
     assert_eq!(
