@@ -8,6 +8,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+# Absolute: cargo runs tests from the package directory.
+SIM_JSON := $(abspath $(TARGET_DIR))/sim-json
 # cargo-nextest ships with the machine image; plain cargo test is the fallback.
 RUST_TEST := $(if $(shell command -v cargo-nextest 2>/dev/null),cargo nextest run --no-fail-fast,cargo test --no-fail-fast)
 
@@ -47,9 +49,9 @@ $(VENV)/.installed: tests/crosscheck/requirements.txt
 crosscheck: venv
 	cargo build -p sandboxctl --locked
 	SANDBOXCTL=$(TARGET_DIR)/debug/sandboxctl $(PY) -m pytest tests/crosscheck -q
-	rm -rf $(TARGET_DIR)/sim-json
-	SIM_JSON_OUT=$(TARGET_DIR)/sim-json cargo test --locked -q -p agents-sim --test api produced_json
-	$(PY) crates/agents-sim/crosscheck/validate_sim_json.py $(TARGET_DIR)/sim-json
+	rm -rf $(SIM_JSON)
+	SIM_JSON_OUT=$(SIM_JSON) cargo test --locked -q -p agents-sim --test api produced_json
+	$(PY) crates/agents-sim/crosscheck/validate_sim_json.py $(SIM_JSON)
 
 clean:
 	cargo clean

@@ -5,7 +5,7 @@
 //! Each function drives one adapter through the semantics the controller relies on and
 //! panics with a message naming the violated rule. Call them from an async test:
 //!
-//! ```ignore
+//! ```text
 //! #[tokio::test]
 //! async fn sqlite_fifo_queue_passes_the_contract() {
 //!     let q = SqliteQueue::open(dir.join("q.db"), "events", QueueOptions::fifo()).unwrap();
