@@ -91,20 +91,12 @@ impl SqliteRegistry {
     /// # Errors
     /// A [`PortError`] when the database fails or an entry cannot be decoded.
     pub async fn audit_entries(&self, key: &EffectKey) -> Result<Vec<AuditEntry>, PortError> {
-        let key = key.as_str().to_owned();
-        self.db
-            .call(DEP, "audit_entries", move |conn| {
-                let mut stmt = conn.prepare_cached(
-                    "SELECT entry FROM registry_audit WHERE effect_key = ?1 ORDER BY id",
-                )?;
-                let rows = stmt.query_map(params![key], |r| r.get::<_, String>(0))?;
-                let mut out = Vec::new();
-                for json in rows {
-                    out.push(serde_json::from_str(&json?)?);
-                }
-                Ok(out)
-            })
-            .await
+        self.json_rows(
+            "audit_entries",
+            "SELECT entry FROM registry_audit WHERE effect_key = ?1 ORDER BY id",
+            Some(key),
+        )
+        .await
     }
 
     /// Every audit entry, in the order they were written (the timeline of `sandboxctl
@@ -113,18 +105,12 @@ impl SqliteRegistry {
     /// # Errors
     /// A [`PortError`] when the database fails or an entry cannot be decoded.
     pub async fn audit_log(&self) -> Result<Vec<AuditEntry>, PortError> {
-        self.db
-            .call(DEP, "audit_log", move |conn| {
-                let mut stmt =
-                    conn.prepare_cached("SELECT entry FROM registry_audit ORDER BY id")?;
-                let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
-                let mut out = Vec::new();
-                for json in rows {
-                    out.push(serde_json::from_str(&json?)?);
-                }
-                Ok(out)
-            })
-            .await
+        self.json_rows(
+            "audit_log",
+            "SELECT entry FROM registry_audit ORDER BY id",
+            None,
+        )
+        .await
     }
 
     /// Every receipt, in the order they were written.
@@ -132,14 +118,39 @@ impl SqliteRegistry {
     /// # Errors
     /// A [`PortError`] when the database fails or a receipt cannot be decoded.
     pub async fn receipt_log(&self) -> Result<Vec<Receipt>, PortError> {
+        self.json_rows(
+            "receipt_log",
+            "SELECT receipt FROM registry_receipts ORDER BY id",
+            None,
+        )
+        .await
+    }
+
+    /// Runs `sql` (one JSON text column, optionally bound to an effect key as `?1`) and
+    /// decodes every row.
+    async fn json_rows<T>(
+        &self,
+        operation: &'static str,
+        sql: &'static str,
+        key: Option<&EffectKey>,
+    ) -> Result<Vec<T>, PortError>
+    where
+        T: serde::de::DeserializeOwned + Send + 'static,
+    {
+        let key = key.map(|k| k.as_str().to_owned());
         self.db
-            .call(DEP, "receipt_log", move |conn| {
-                let mut stmt =
-                    conn.prepare_cached("SELECT receipt FROM registry_receipts ORDER BY id")?;
-                let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+            .call(DEP, operation, move |conn| {
+                let mut stmt = conn.prepare_cached(sql)?;
+                let column = |r: &rusqlite::Row<'_>| r.get::<_, String>(0);
+                let rows: Vec<String> = match &key {
+                    Some(k) => stmt
+                        .query_map(params![k], column)?
+                        .collect::<Result<_, _>>()?,
+                    None => stmt.query_map([], column)?.collect::<Result<_, _>>()?,
+                };
                 let mut out = Vec::new();
                 for json in rows {
-                    out.push(serde_json::from_str(&json?)?);
+                    out.push(serde_json::from_str(&json)?);
                 }
                 Ok(out)
             })
@@ -392,19 +403,11 @@ impl Registry for SqliteRegistry {
     }
 
     async fn receipts(&self, key: &EffectKey) -> Result<Vec<Receipt>, PortError> {
-        let key = key.as_str().to_owned();
-        self.db
-            .call(DEP, "receipts", move |conn| {
-                let mut stmt = conn.prepare_cached(
-                    "SELECT receipt FROM registry_receipts WHERE effect_key = ?1 ORDER BY id",
-                )?;
-                let rows = stmt.query_map(params![key], |r| r.get::<_, String>(0))?;
-                let mut out = Vec::new();
-                for json in rows {
-                    out.push(serde_json::from_str(&json?)?);
-                }
-                Ok(out)
-            })
-            .await
+        self.json_rows(
+            "receipts",
+            "SELECT receipt FROM registry_receipts WHERE effect_key = ?1 ORDER BY id",
+            Some(key),
+        )
+        .await
     }
 }
