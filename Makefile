@@ -12,6 +12,9 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 SIM_JSON := $(abspath $(TARGET_DIR))/sim-json
 # cargo-nextest ships with the machine image; plain cargo test is the fallback.
 RUST_TEST := $(if $(shell command -v cargo-nextest 2>/dev/null),cargo nextest run --no-fail-fast,cargo test --no-fail-fast)
+# The simulator's JSON-producing test, selected the same way under either runner (and
+# built with the workspace's feature set, so nothing is rebuilt).
+SIM_JSON_FILTER := $(if $(shell command -v cargo-nextest 2>/dev/null),-E 'package(agents-sim) & binary(api) & test(produced_json)',--test api produced_json)
 
 .PHONY: help run test fmt-check clippy rust-test doc-test crosscheck venv clean
 
@@ -50,7 +53,7 @@ crosscheck: venv
 	cargo build -p sandboxctl --locked
 	SANDBOXCTL=$(TARGET_DIR)/debug/sandboxctl $(PY) -m pytest tests/crosscheck -q
 	rm -rf $(SIM_JSON)
-	SIM_JSON_OUT=$(SIM_JSON) cargo test --locked -q -p agents-sim --test api produced_json
+	SIM_JSON_OUT=$(SIM_JSON) $(RUST_TEST) --workspace --locked $(SIM_JSON_FILTER)
 	$(PY) crates/agents-sim/crosscheck/validate_sim_json.py $(SIM_JSON)
 
 clean:
