@@ -5,7 +5,8 @@
 //! - `decode`: parses an Agents API object from stdin with the `sandbox-core` models and
 //!   prints it re-serialized;
 //! - `serve`: the embedded stack (local mode) against an Agents API base URL;
-//! - `demo`: the whole pipeline against the Agents API simulator (what `make run` runs).
+//! - `demo`: the whole pipeline against the Agents API simulator (what `make run` runs);
+//! - `status`, `explain`: read-only views of a local data directory.
 //!
 //! The webhook secret is read only from an environment variable (never a flag: flags show
 //! in process lists) and is never printed.
@@ -17,6 +18,7 @@
 
 mod decode_object;
 mod demo;
+mod inspect;
 mod secret_from_env;
 mod serve;
 mod sign_delivery;
@@ -47,6 +49,10 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Run the whole pipeline against the simulator with a scripted scenario.
     Demo(demo::DemoArgs),
+    /// List the environment records of a local data directory.
+    Status(inspect::StatusArgs),
+    /// Show the decisions, effects and receipts of one environment (or session).
+    Explain(inspect::ExplainArgs),
 }
 
 /// Exit code for unusable input, arguments or configuration (as clap's usage errors).
@@ -65,15 +71,13 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Serve(args) => {
-            return runtime(true)?
-                .block_on(serve::run(*args))
-                .map(|()| ExitCode::SUCCESS);
+        Command::Serve(args) => return block_on(true, serve::run(*args)),
+        Command::Demo(args) => return block_on(false, demo::run(args)),
+        Command::Status(args) => {
+            return block_on(false, inspect::status(args, &mut io::stdout().lock()));
         }
-        Command::Demo(args) => {
-            return runtime(false)?
-                .block_on(demo::run(args))
-                .map(|()| ExitCode::SUCCESS);
+        Command::Explain(args) => {
+            return block_on(false, inspect::explain(args, &mut io::stdout().lock()));
         }
         _ => {}
     }
@@ -85,7 +89,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             verify_delivery::run(&args, stdin, &mut stdout).context("verify")?
         }
         Command::Decode(args) => decode_object::run(&args, stdin, &mut stdout).context("decode")?,
-        Command::Serve(_) | Command::Demo(_) => unreachable!("handled above"),
+        Command::Serve(_) | Command::Demo(_) | Command::Status(_) | Command::Explain(_) => {
+            unreachable!("async commands are handled above")
+        }
     };
     stdout.flush().context("writing stdout")?;
     Ok(code)
@@ -104,4 +110,12 @@ fn runtime(verbose: bool) -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?)
+}
+
+/// Runs an async command to completion on a fresh runtime.
+fn block_on(
+    verbose: bool,
+    fut: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<ExitCode> {
+    runtime(verbose)?.block_on(fut).map(|()| ExitCode::SUCCESS)
 }
