@@ -36,17 +36,19 @@ fmt-check:
 clippy:
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 
-rust-test:
-	$(RUST_TEST) --workspace --locked
+# The AWS adapter suites run against a moto server that tests/moto/run.sh starts on
+# 127.0.0.1 (a free port) for the duration of the command.
+rust-test: venv
+	tests/moto/run.sh $(RUST_TEST) --workspace --locked
 
 doc-test:
 	cargo test --workspace --doc --locked
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: tests/crosscheck/requirements.txt
+$(VENV)/.installed: tests/crosscheck/requirements.txt tests/moto/requirements.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r tests/crosscheck/requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r tests/crosscheck/requirements.txt -r tests/moto/requirements.txt
 	touch $@
 
 crosscheck: venv

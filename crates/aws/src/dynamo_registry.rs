@@ -1,0 +1,646 @@
+//! [`DynamoRegistry`]: the controller's [`Registry`] port on one Amazon DynamoDB table.
+//!
+//! # Table schema
+//!
+//! One table (what [`create_table`] creates and what the SAM/CDK templates declare):
+//!
+//! | setting | value |
+//! |---|---|
+//! | partition key | `pk` (S) |
+//! | sort key | `sk` (S) |
+//! | billing | on-demand (`PAY_PER_REQUEST`) |
+//! | global secondary index | `by_session`: partition key `session_id` (S), projection `KEYS_ONLY` |
+//! | time to live | attribute `expires_at` (N, Unix seconds) |
+//!
+//! Items (all numbers are DynamoDB `N`; times in Unix seconds unless named `_ms`):
+//!
+//! | item | `pk` | `sk` | other attributes |
+//! |---|---|---|---|
+//! | record | effect key `agents-api:environment:{id}:compute` | `record` | `record` (S: the [`Record`] as JSON), `version`, `session_id` (S), `environment_id` (S), `updated_at_ms` |
+//! | lock | effect key | `lock` | `owner` (S), `lock_until`, `expires_at` = `lock_until` + 1 day (TTL clean-up) |
+//! | delivery ledger | `webhook#{webhook-id}` | `ledger` | `expires_at` |
+//! | audit entry | effect key | `audit#{epoch ms, 15 digits}#{seq, 6 digits}#{16 hex}` | `entry` (S: [`AuditEntry`] JSON), `at` |
+//! | receipt | effect key | `receipt#{epoch ms, 15 digits}#{seq, 6 digits}#{16 hex}` | `receipt` (S: [`Receipt`] JSON), `at` |
+//!
+//! Only record items carry `session_id`, so the `by_session` index is sparse: it holds
+//! the records and nothing else.
+//!
+//! # Rules
+//!
+//! - Every write is conditional. Record create: `attribute_not_exists(pk)`; record update:
+//!   `version = :expected` (a missing item fails it too); a failed condition is
+//!   [`Write::Conflict`]. Lock: `attribute_not_exists(lock_until) OR lock_until < :now`
+//!   (absent or expired; held at `now == lock_until`); unlock: delete on `owner = :owner`,
+//!   a failed condition is a no-op. Audit and receipt appends: `attribute_not_exists(pk)`,
+//!   so a sort-key collision never overwrites (it is retried with a new suffix). The ledger
+//!   put is the only unconditional write: remembering again extends an entry.
+//! - DynamoDB TTL deletes expired items late (typically within days) and moto never
+//!   deletes them, so reads compare `expires_at` with `now` themselves: a ledger entry with
+//!   `expires_at <= now` reads as absent.
+//! - Reads of the table are strongly consistent (`ConsistentRead`); the `by_session`
+//!   index is eventually consistent (DynamoDB GSIs are), so [`Registry::find_by_session`]
+//!   re-reads each candidate with a consistent `GetItem` and keeps only records whose
+//!   stored session is the one asked for. A record created a moment ago may not be found
+//!   by session yet on AWS.
+//! - Sort keys of audit entries and receipts start with the write time in milliseconds and
+//!   a per-handle sequence number that never goes backwards, so entries written through one
+//!   handle list in write order even within one millisecond.
+//!
+//! Sources: the Amazon DynamoDB Developer Guide (condition expressions, reserved words —
+//! every attribute name here goes through an `#name` placeholder —, TTL, GSI
+//! consistency) and the API Reference (PutItem, DeleteItem, Query, Scan).
+
+use crate::sdk_error::port_error;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement,
+    KeyType, Projection, ProjectionType, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
+};
+use sandbox_controller::ports::{AuditEntry, PortError, Receipt, Registry, Write};
+use sandbox_core::ids::{EffectKey, SessionId};
+use sandbox_core::record::Record;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const DEP: &str = "registry";
+
+/// Partition key attribute.
+pub const PK: &str = "pk";
+/// Sort key attribute.
+pub const SK: &str = "sk";
+/// The global secondary index on `session_id`.
+pub const SESSION_INDEX: &str = "by_session";
+/// The GSI partition key attribute (records only).
+pub const SESSION_ATTR: &str = "session_id";
+/// The TTL attribute (Unix seconds).
+pub const TTL_ATTR: &str = "expires_at";
+
+const SK_RECORD: &str = "record";
+const SK_LOCK: &str = "lock";
+const SK_LEDGER: &str = "ledger";
+const AUDIT_PREFIX: &str = "audit#";
+const RECEIPT_PREFIX: &str = "receipt#";
+/// How long after its expiry a lock item is left for TTL to delete, seconds (1 day).
+const LOCK_TTL_MARGIN_SECS: u64 = 86_400;
+/// How long [`create_table`] waits for the table to become `ACTIVE`.
+const CREATE_WAIT: Duration = Duration::from_secs(120);
+
+type Item = HashMap<String, AttributeValue>;
+
+/// The registry on DynamoDB. Cheap to clone (clones share the client and the sort-key
+/// sequence).
+#[derive(Clone, Debug)]
+pub struct DynamoRegistry {
+    client: Client,
+    table: Arc<str>,
+    sort_keys: Arc<SortKeys>,
+}
+
+/// Monotonic `(epoch ms, sequence)` pairs for append-only sort keys.
+#[derive(Debug, Default)]
+struct SortKeys {
+    last: Mutex<(u64, u64)>,
+}
+
+impl SortKeys {
+    /// `{prefix}{ms:015}#{seq:06}#{random:016x}`: ms never goes backwards on this handle,
+    /// seq increments within one ms.
+    fn next(&self, prefix: &str) -> String {
+        let now = now_ms();
+        let (ms, seq) = {
+            let mut last = self
+                .last
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *last = if now > last.0 {
+                (now, 0)
+            } else {
+                (last.0, last.1 + 1)
+            };
+            *last
+        };
+        let random = std::hash::RandomState::new().hash_one((ms, seq, std::process::id()));
+        format!("{prefix}{ms:015}#{seq:06}#{random:016x}")
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+fn n(v: u64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn corrupt(operation: &'static str, message: impl Into<String>) -> PortError {
+    PortError::permanent(DEP, operation, message)
+}
+
+fn get_s<'a>(item: &'a Item, name: &str, operation: &'static str) -> Result<&'a str, PortError> {
+    match item.get(name) {
+        Some(AttributeValue::S(v)) => Ok(v),
+        _ => Err(corrupt(
+            operation,
+            format!("item attribute {name} is missing or not a string"),
+        )),
+    }
+}
+
+fn get_n(item: &Item, name: &str, operation: &'static str) -> Result<u64, PortError> {
+    match item.get(name) {
+        Some(AttributeValue::N(v)) => v.parse::<u64>().map_err(|_| {
+            corrupt(
+                operation,
+                format!("item attribute {name} is not an unsigned integer: {v:?}"),
+            )
+        }),
+        _ => Err(corrupt(
+            operation,
+            format!("item attribute {name} is missing or not a number"),
+        )),
+    }
+}
+
+fn decode_record(item: &Item, operation: &'static str) -> Result<Record, PortError> {
+    let json = get_s(item, "record", operation)?;
+    let version = get_n(item, "version", operation)?;
+    let mut record: Record = serde_json::from_str(json).map_err(|e| {
+        corrupt(
+            operation,
+            format!("stored record could not be decoded: {e}"),
+        )
+    })?;
+    record.version = version;
+    Ok(record)
+}
+
+fn is_condition_failed<E>(err: &SdkError<E>) -> bool
+where
+    E: aws_sdk_dynamodb::error::ProvideErrorMetadata,
+{
+    crate::sdk_error::code(err) == Some("ConditionalCheckFailedException")
+}
+
+/// Creates the registry table `table` with the schema in the module docs (for tests and
+/// local bootstrap; production tables come from the SAM/CDK templates), waits until it is
+/// `ACTIVE` (at most 120 s) and enables TTL on `expires_at`.
+///
+/// # Errors
+/// A [`PortError`] when a call fails (including `ResourceInUseException` when the table
+/// exists) or the table does not become active in time.
+pub async fn create_table(client: &Client, table: &str) -> Result<(), PortError> {
+    let op = "create_table";
+    let build = |e: aws_sdk_dynamodb::error::BuildError| {
+        PortError::permanent(DEP, op, format!("request not built: {e}"))
+    };
+    let attr = |name: &str| {
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(ScalarAttributeType::S)
+            .build()
+            .map_err(build)
+    };
+    let key = |name: &str, kind: KeyType| {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(kind)
+            .build()
+            .map_err(build)
+    };
+    let index = GlobalSecondaryIndex::builder()
+        .index_name(SESSION_INDEX)
+        .key_schema(key(SESSION_ATTR, KeyType::Hash)?)
+        .projection(
+            Projection::builder()
+                .projection_type(ProjectionType::KeysOnly)
+                .build(),
+        )
+        .build()
+        .map_err(build)?;
+    client
+        .create_table()
+        .table_name(table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(attr(PK)?)
+        .attribute_definitions(attr(SK)?)
+        .attribute_definitions(attr(SESSION_ATTR)?)
+        .key_schema(key(PK, KeyType::Hash)?)
+        .key_schema(key(SK, KeyType::Range)?)
+        .global_secondary_indexes(index)
+        .send()
+        .await
+        .map_err(|e| port_error(DEP, op, &e))?;
+    let deadline = tokio::time::Instant::now() + CREATE_WAIT;
+    loop {
+        let out = client
+            .describe_table()
+            .table_name(table)
+            .send()
+            .await
+            .map_err(|e| port_error(DEP, op, &e))?;
+        if out.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(PortError::transient(
+                DEP,
+                op,
+                format!("table {table} not ACTIVE after {CREATE_WAIT:?}"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    client
+        .update_time_to_live()
+        .table_name(table)
+        .time_to_live_specification(
+            TimeToLiveSpecification::builder()
+                .attribute_name(TTL_ATTR)
+                .enabled(true)
+                .build()
+                .map_err(build)?,
+        )
+        .send()
+        .await
+        .map_err(|e| port_error(DEP, op, &e))?;
+    Ok(())
+}
+
+impl DynamoRegistry {
+    /// A registry on the existing table `table` (see [`create_table`] for its schema).
+    /// Makes no call.
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        let table: String = table.into();
+        Self {
+            client,
+            table: table.into(),
+            sort_keys: Arc::new(SortKeys::default()),
+        }
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The audit entries of one effect key, oldest first (for `sandboxctl explain`).
+    ///
+    /// # Errors
+    /// A [`PortError`] when a call fails or an entry cannot be decoded.
+    pub async fn audit_entries(&self, key: &EffectKey) -> Result<Vec<AuditEntry>, PortError> {
+        let op = "audit_entries";
+        self.query_prefix(key, AUDIT_PREFIX, op)
+            .await?
+            .iter()
+            .map(|item| {
+                serde_json::from_str(get_s(item, "entry", op)?)
+                    .map_err(|e| corrupt(op, format!("audit entry could not be decoded: {e}")))
+            })
+            .collect()
+    }
+
+    /// Every item under `key` whose sort key starts with `prefix`, in sort-key order
+    /// (consistent Query, every page).
+    async fn query_prefix(
+        &self,
+        key: &EffectKey,
+        prefix: &str,
+        op: &'static str,
+    ) -> Result<Vec<Item>, PortError> {
+        let mut pages = self
+            .client
+            .query()
+            .table_name(self.table.as_ref())
+            .consistent_read(true)
+            .key_condition_expression("#pk = :pk AND begins_with(#sk, :prefix)")
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_names("#sk", SK)
+            .expression_attribute_values(":pk", s(key.as_str()))
+            .expression_attribute_values(":prefix", s(prefix))
+            .scan_index_forward(true)
+            .into_paginator()
+            .send();
+        let mut items = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| port_error(DEP, op, &e))?;
+            items.extend(page.items().iter().cloned());
+        }
+        Ok(items)
+    }
+
+    /// Appends an item under `key` with a fresh `prefix` sort key, never overwriting.
+    async fn append(
+        &self,
+        key: &EffectKey,
+        prefix: &str,
+        attrs: Vec<(&'static str, AttributeValue)>,
+        op: &'static str,
+    ) -> Result<(), PortError> {
+        // A collision needs the same ms, sequence and 64 random bits: one retry suffices.
+        for _ in 0..2 {
+            let mut req = self
+                .client
+                .put_item()
+                .table_name(self.table.as_ref())
+                .item(PK, s(key.as_str()))
+                .item(SK, s(self.sort_keys.next(prefix)))
+                .condition_expression("attribute_not_exists(#pk)")
+                .expression_attribute_names("#pk", PK);
+            for (name, value) in &attrs {
+                req = req.item(*name, value.clone());
+            }
+            match req.send().await {
+                Ok(_) => return Ok(()),
+                Err(e) if is_condition_failed(&e) => continue,
+                Err(e) => return Err(port_error(DEP, op, &e)),
+            }
+        }
+        Err(PortError::transient(
+            DEP,
+            op,
+            "sort key collided twice; try again",
+        ))
+    }
+
+    /// The record item of `key`, read consistently, with its `updated_at_ms`.
+    async fn get_record_item(
+        &self,
+        key: &str,
+        op: &'static str,
+    ) -> Result<Option<(Record, u64)>, PortError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(self.table.as_ref())
+            .key(PK, s(key))
+            .key(SK, s(SK_RECORD))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| port_error(DEP, op, &e))?;
+        match out.item() {
+            None => Ok(None),
+            Some(item) => {
+                let updated = get_n(item, "updated_at_ms", op).unwrap_or(0);
+                Ok(Some((decode_record(item, op)?, updated)))
+            }
+        }
+    }
+}
+
+impl Registry for DynamoRegistry {
+    async fn get(&self, key: &EffectKey) -> Result<Option<Record>, PortError> {
+        Ok(self
+            .get_record_item(key.as_str(), "get")
+            .await?
+            .map(|(r, _)| r))
+    }
+
+    async fn find_by_session(&self, session: &SessionId) -> Result<Option<Record>, PortError> {
+        let op = "find_by_session";
+        let mut pages = self
+            .client
+            .query()
+            .table_name(self.table.as_ref())
+            .index_name(SESSION_INDEX)
+            .key_condition_expression("#s = :s")
+            .expression_attribute_names("#s", SESSION_ATTR)
+            .expression_attribute_values(":s", s(session.as_str()))
+            .into_paginator()
+            .send();
+        let mut keys = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| port_error(DEP, op, &e))?;
+            for item in page.items() {
+                if get_s(item, SK, op)? == SK_RECORD {
+                    keys.push(get_s(item, PK, op)?.to_owned());
+                }
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        // The index is eventually consistent: re-read each record and keep the ones that
+        // still belong to the session; the most recently written wins (as in SQLite).
+        let mut best: Option<(Record, u64)> = None;
+        for key in keys {
+            if let Some((record, updated)) = self.get_record_item(&key, op).await?
+                && &record.session_id == session
+                && best.as_ref().is_none_or(|(_, u)| updated > *u)
+            {
+                best = Some((record, updated));
+            }
+        }
+        Ok(best.map(|(r, _)| r))
+    }
+
+    async fn put(
+        &self,
+        record: &Record,
+        expected_version: Option<u64>,
+    ) -> Result<Write, PortError> {
+        let op = "put";
+        let new_version = match expected_version {
+            None => 1,
+            Some(v) => v
+                .checked_add(1)
+                .ok_or_else(|| PortError::permanent(DEP, op, "record version overflow"))?,
+        };
+        let mut stored = record.clone();
+        stored.version = new_version;
+        let json = serde_json::to_string(&stored).map_err(|e| {
+            PortError::permanent(DEP, op, format!("record could not be encoded: {e}"))
+        })?;
+        let mut req = self
+            .client
+            .put_item()
+            .table_name(self.table.as_ref())
+            .item(PK, s(record.environment_id.effect_key().as_str()))
+            .item(SK, s(SK_RECORD))
+            .item("record", s(json))
+            .item("version", n(new_version))
+            .item(SESSION_ATTR, s(record.session_id.as_str()))
+            .item("environment_id", s(record.environment_id.as_str()))
+            .item("updated_at_ms", n(now_ms()));
+        req = match expected_version {
+            None => req
+                .condition_expression("attribute_not_exists(#pk)")
+                .expression_attribute_names("#pk", PK),
+            Some(expected) => req
+                .condition_expression("#v = :expected")
+                .expression_attribute_names("#v", "version")
+                .expression_attribute_values(":expected", n(expected)),
+        };
+        match req.send().await {
+            Ok(_) => Ok(Write::Written(new_version)),
+            Err(e) if is_condition_failed(&e) => Ok(Write::Conflict),
+            Err(e) => Err(port_error(DEP, op, &e)),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<Record>, PortError> {
+        let op = "list";
+        let mut pages = self
+            .client
+            .scan()
+            .table_name(self.table.as_ref())
+            .consistent_read(true)
+            .filter_expression("#sk = :record")
+            .expression_attribute_names("#sk", SK)
+            .expression_attribute_values(":record", s(SK_RECORD))
+            .into_paginator()
+            .send();
+        let mut out = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| port_error(DEP, op, &e))?;
+            for item in page.items() {
+                out.push(decode_record(item, op)?);
+            }
+        }
+        out.sort_by(|a, b| a.environment_id.cmp(&b.environment_id));
+        Ok(out)
+    }
+
+    async fn lock(
+        &self,
+        key: &EffectKey,
+        owner: &str,
+        until: u64,
+        now: u64,
+    ) -> Result<bool, PortError> {
+        let res = self
+            .client
+            .put_item()
+            .table_name(self.table.as_ref())
+            .item(PK, s(key.as_str()))
+            .item(SK, s(SK_LOCK))
+            .item("owner", s(owner))
+            .item("lock_until", n(until))
+            .item(TTL_ATTR, n(until.saturating_add(LOCK_TTL_MARGIN_SECS)))
+            .condition_expression("attribute_not_exists(#until) OR #until < :now")
+            .expression_attribute_names("#until", "lock_until")
+            .expression_attribute_values(":now", n(now))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failed(&e) => Ok(false),
+            Err(e) => Err(port_error(DEP, "lock", &e)),
+        }
+    }
+
+    async fn unlock(&self, key: &EffectKey, owner: &str) -> Result<(), PortError> {
+        let res = self
+            .client
+            .delete_item()
+            .table_name(self.table.as_ref())
+            .key(PK, s(key.as_str()))
+            .key(SK, s(SK_LOCK))
+            .condition_expression("#owner = :owner")
+            .expression_attribute_names("#owner", "owner")
+            .expression_attribute_values(":owner", s(owner))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            // Held by someone else, or not held at all: nothing to release.
+            Err(e) if is_condition_failed(&e) => Ok(()),
+            Err(e) => Err(port_error(DEP, "unlock", &e)),
+        }
+    }
+
+    async fn seen_delivery(&self, webhook_id: &str, now: u64) -> Result<bool, PortError> {
+        let op = "seen_delivery";
+        let out = self
+            .client
+            .get_item()
+            .table_name(self.table.as_ref())
+            .key(PK, s(format!("webhook#{webhook_id}")))
+            .key(SK, s(SK_LEDGER))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| port_error(DEP, op, &e))?;
+        match out.item() {
+            None => Ok(false),
+            // Expired but not yet deleted by TTL reads as absent.
+            Some(item) => Ok(get_n(item, TTL_ATTR, op)? > now),
+        }
+    }
+
+    async fn remember_delivery(&self, webhook_id: &str, expires_at: u64) -> Result<(), PortError> {
+        self.client
+            .put_item()
+            .table_name(self.table.as_ref())
+            .item(PK, s(format!("webhook#{webhook_id}")))
+            .item(SK, s(SK_LEDGER))
+            .item(TTL_ATTR, n(expires_at))
+            .send()
+            .await
+            .map_err(|e| port_error(DEP, "remember_delivery", &e))?;
+        Ok(())
+    }
+
+    async fn audit(&self, entry: &AuditEntry) -> Result<(), PortError> {
+        let json = serde_json::to_string(entry).map_err(|e| {
+            PortError::permanent(DEP, "audit", format!("entry could not be encoded: {e}"))
+        })?;
+        self.append(
+            &entry.effect_key,
+            AUDIT_PREFIX,
+            vec![("entry", s(json)), ("at", n(entry.at))],
+            "audit",
+        )
+        .await
+    }
+
+    async fn receipt(&self, receipt: &Receipt) -> Result<(), PortError> {
+        let json = serde_json::to_string(receipt).map_err(|e| {
+            PortError::permanent(DEP, "receipt", format!("receipt could not be encoded: {e}"))
+        })?;
+        self.append(
+            &receipt.effect_key,
+            RECEIPT_PREFIX,
+            vec![("receipt", s(json)), ("at", n(receipt.at))],
+            "receipt",
+        )
+        .await
+    }
+
+    async fn receipts(&self, key: &EffectKey) -> Result<Vec<Receipt>, PortError> {
+        let op = "receipts";
+        self.query_prefix(key, RECEIPT_PREFIX, op)
+            .await?
+            .iter()
+            .map(|item| {
+                serde_json::from_str(get_s(item, "receipt", op)?)
+                    .map_err(|e| corrupt(op, format!("receipt could not be decoded: {e}")))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sort_keys_increase_within_one_millisecond() {
+        let keys = SortKeys::default();
+        let all: Vec<String> = (0..1000).map(|_| keys.next(RECEIPT_PREFIX)).collect();
+        let mut sorted = all.clone();
+        sorted.sort();
+        assert_eq!(all, sorted);
+        assert!(all[0].starts_with(RECEIPT_PREFIX));
+        assert_eq!(all[0].len(), RECEIPT_PREFIX.len() + 15 + 1 + 6 + 1 + 16);
+    }
+}

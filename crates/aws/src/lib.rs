@@ -1,0 +1,33 @@
+//! The AWS backend of the controller: the port traits of
+//! [`sandbox_controller::ports`] on AWS services.
+//!
+//! - [`sqs_queue`] — [`SqsQueue`]: the [`Queue`](sandbox_controller::ports::Queue) port on
+//!   SQS (the FIFO events queue and the standard delay queue);
+//! - [`dynamo_registry`] — [`DynamoRegistry`]: the
+//!   [`Registry`](sandbox_controller::ports::Registry) port on one DynamoDB table (schema
+//!   in the module docs; [`create_table`] creates it);
+//! - [`ecs_compute`] — [`EcsCompute`]: the [`Compute`](sandbox_controller::ports::Compute)
+//!   port on ECS Fargate tasks, with adoption by tags;
+//! - [`secrets`] — [`read_secret`]: one Secrets Manager value behind a redacted type;
+//! - [`sdk_config`] — [`load_sdk_config`]: the shared SDK configuration (region, optional
+//!   endpoint override for moto).
+//!
+//! Every adapter passes the shared contract suite in
+//! [`sandbox_controller::contract`] against moto (`tests/moto/run.sh cargo nextest run -p
+//! sandbox-aws`); where moto differs from AWS the module docs say so.
+#![deny(clippy::all)]
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod dynamo_registry;
+pub mod ecs_compute;
+pub mod sdk_config;
+mod sdk_error;
+pub mod secrets;
+pub mod sqs_queue;
+
+pub use dynamo_registry::{DynamoRegistry, create_table};
+pub use ecs_compute::{EcsCompute, EcsConfig};
+pub use sdk_config::load_sdk_config;
+pub use secrets::{SecretError, SecretString, read_secret};
+pub use sqs_queue::{SqsQueue, SqsQueueOptions, sqs_fifo_id};

@@ -1,0 +1,247 @@
+//! DynamoRegistry on moto: the registry contract, the table schema, TTL-expired ledger
+//! items, lock expiry, ordering of appends, and session lookups.
+
+use crate::support::{now, sdk, unique};
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, BillingMode, KeyType, ProjectionType, TimeToLiveStatus,
+};
+use sandbox_aws::{DynamoRegistry, create_table};
+use sandbox_controller::contract::registry_contract;
+use sandbox_controller::ports::{AuditEntry, Receipt, ReceiptKind, Registry, Write};
+use sandbox_core::ids::{EnvironmentId, InstanceId, SessionId};
+use sandbox_core::record::Record;
+
+async fn registry() -> (DynamoRegistry, Client, String) {
+    let ddb = Client::new(&sdk().await);
+    let table = format!("registry-{}", unique());
+    create_table(&ddb, &table).await.expect("create_table");
+    (DynamoRegistry::new(ddb.clone(), &table), ddb, table)
+}
+
+async fn raw_item(
+    ddb: &Client,
+    table: &str,
+    pk: &str,
+    sk: &str,
+) -> Option<std::collections::HashMap<String, AttributeValue>> {
+    ddb.get_item()
+        .table_name(table)
+        .key("pk", AttributeValue::S(pk.to_owned()))
+        .key("sk", AttributeValue::S(sk.to_owned()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item()
+        .cloned()
+}
+
+#[tokio::test]
+async fn dynamo_registry_passes_the_contract() {
+    let (r, _, _) = registry().await;
+    registry_contract(&r).await;
+}
+
+/// The table has exactly the schema the module docs (and the SAM/CDK templates) declare.
+#[tokio::test]
+async fn create_table_makes_the_documented_schema() {
+    let (_, ddb, table) = registry().await;
+    let out = ddb
+        .describe_table()
+        .table_name(&table)
+        .send()
+        .await
+        .unwrap();
+    let t = out.table().unwrap();
+    let keys: Vec<(String, KeyType)> = t
+        .key_schema()
+        .iter()
+        .map(|k| (k.attribute_name().to_owned(), k.key_type().clone()))
+        .collect();
+    assert_eq!(
+        keys,
+        vec![
+            ("pk".to_owned(), KeyType::Hash),
+            ("sk".to_owned(), KeyType::Range)
+        ]
+    );
+    assert_eq!(
+        t.billing_mode_summary().and_then(|b| b.billing_mode()),
+        Some(&BillingMode::PayPerRequest)
+    );
+    let gsis = t.global_secondary_indexes();
+    assert_eq!(gsis.len(), 1);
+    assert_eq!(gsis[0].index_name(), Some("by_session"));
+    let gsi_keys: Vec<&str> = gsis[0]
+        .key_schema()
+        .iter()
+        .map(|k| k.attribute_name())
+        .collect();
+    assert_eq!(gsi_keys, ["session_id"]);
+    assert_eq!(
+        gsis[0].projection().and_then(|p| p.projection_type()),
+        Some(&ProjectionType::KeysOnly)
+    );
+    let ttl = ddb
+        .describe_time_to_live()
+        .table_name(&table)
+        .send()
+        .await
+        .unwrap();
+    let ttl = ttl.time_to_live_description().unwrap();
+    assert_eq!(ttl.attribute_name(), Some("expires_at"));
+    assert_eq!(ttl.time_to_live_status(), Some(&TimeToLiveStatus::Enabled));
+}
+
+/// moto never deletes TTL-expired items (AWS deletes them late): an expired ledger item
+/// that is still stored reads as absent.
+#[tokio::test]
+async fn an_expired_ledger_item_still_stored_reads_absent() {
+    let (r, ddb, table) = registry().await;
+    let wh = format!("msg_{}", unique());
+    let t = now();
+    r.remember_delivery(&wh, t - 10).await.unwrap();
+    let item = raw_item(&ddb, &table, &format!("webhook#{wh}"), "ledger").await;
+    assert!(item.is_some(), "the expired item is still stored");
+    assert!(!r.seen_delivery(&wh, t).await.unwrap());
+    r.remember_delivery(&wh, t + 60).await.unwrap();
+    assert!(r.seen_delivery(&wh, t).await.unwrap());
+    assert!(
+        !r.seen_delivery(&wh, t + 60).await.unwrap(),
+        "expires_at <= now is absent"
+    );
+}
+
+/// A lock is a lease on `lock_until` (epoch seconds): held through `until`, free after,
+/// and released only by its owner.
+#[tokio::test]
+async fn locks_expire_and_only_the_owner_unlocks() {
+    let (r, ddb, table) = registry().await;
+    let key = EnvironmentId::new(format!("env_{}", unique())).effect_key();
+    let t = now();
+    assert!(r.lock(&key, "a", t + 5, t).await.unwrap());
+    assert!(
+        !r.lock(&key, "b", t + 10, t + 5).await.unwrap(),
+        "held at now == until"
+    );
+    assert!(
+        !r.lock(&key, "a", t + 10, t + 1).await.unwrap(),
+        "not re-entrant"
+    );
+    assert!(
+        r.lock(&key, "b", t + 10, t + 6).await.unwrap(),
+        "free once until < now"
+    );
+    r.unlock(&key, "a").await.unwrap();
+    let item = raw_item(&ddb, &table, key.as_str(), "lock")
+        .await
+        .expect("lock item");
+    assert_eq!(item.get("owner"), Some(&AttributeValue::S("b".to_owned())));
+    assert_eq!(
+        item.get("lock_until"),
+        Some(&AttributeValue::N((t + 10).to_string()))
+    );
+    r.unlock(&key, "b").await.unwrap();
+    assert!(raw_item(&ddb, &table, key.as_str(), "lock").await.is_none());
+    assert!(r.lock(&key, "c", t + 1, t).await.unwrap());
+}
+
+/// Receipts and audit entries written back to back (many within one millisecond) read
+/// back in write order, every page (60 receipts of about 20 KB: more than DynamoDB's 1 MB
+/// page, which moto enforces too); `list` scans past them to the records.
+#[tokio::test]
+async fn appends_read_back_in_write_order() {
+    let (r, _, _) = registry().await;
+    let env = EnvironmentId::new(format!("env_{}", unique()));
+    let key = env.effect_key();
+    let session = SessionId::new("sess_order");
+    let other = EnvironmentId::new(format!("env_{}_rec", unique()));
+    let mut receipts = Vec::new();
+    for i in 0..60u64 {
+        let receipt = Receipt {
+            at: i,
+            effect_key: key.clone(),
+            kind: ReceiptKind::ComputeStopped {
+                instance_id: InstanceId::new(format!("inst_{i}")),
+                generation: i,
+                reason: "x".repeat(20_000),
+            },
+        };
+        r.receipt(&receipt).await.unwrap();
+        receipts.push(receipt);
+        let entry = AuditEntry {
+            at: i,
+            effect_key: key.clone(),
+            session_id: session.clone(),
+            trigger: serde_json::json!({"kind": "sweep"}),
+            observed: serde_json::json!({"i": i}),
+            outcome: "noop".to_owned(),
+            reason: format!("entry {i}"),
+            applied: vec![],
+            error: None,
+        };
+        r.audit(&entry).await.unwrap();
+    }
+    // Written after 1.2 MB of other items: moto scans in insertion order.
+    r.put(&Record::new(other.clone(), session.clone()), None)
+        .await
+        .unwrap();
+    assert_eq!(r.receipts(&key).await.unwrap(), receipts);
+    let audit = r.audit_entries(&key).await.unwrap();
+    assert_eq!(
+        audit.iter().map(|e| e.at).collect::<Vec<_>>(),
+        (0..60).collect::<Vec<_>>()
+    );
+    // Audit items and receipts never show up as records; the record behind them does.
+    let all = r.list().await.unwrap();
+    assert!(all.iter().all(|rec| rec.environment_id != env));
+    assert_eq!(
+        all.iter().filter(|rec| rec.environment_id == other).count(),
+        1
+    );
+}
+
+/// `find_by_session` reads the index, then the record itself: a record moved to another
+/// session is found under the new one only.
+#[tokio::test]
+async fn find_by_session_follows_the_stored_record() {
+    let (r, _, _) = registry().await;
+    let u = unique();
+    let env = EnvironmentId::new(format!("env_{u}"));
+    let (s1, s2) = (
+        SessionId::new(format!("sess_{u}_1")),
+        SessionId::new(format!("sess_{u}_2")),
+    );
+    let mut record = Record::new(env.clone(), s1.clone());
+    assert_eq!(r.put(&record, None).await.unwrap(), Write::Written(1));
+    assert_eq!(
+        r.find_by_session(&s1).await.unwrap().map(|x| x.version),
+        Some(1)
+    );
+    record.session_id = s2.clone();
+    assert_eq!(r.put(&record, Some(1)).await.unwrap(), Write::Written(2));
+    assert_eq!(r.find_by_session(&s1).await.unwrap(), None);
+    let found = r.find_by_session(&s2).await.unwrap().unwrap();
+    assert_eq!((found.environment_id, found.version), (env, 2));
+}
+
+/// A record with a corrupt JSON attribute is a permanent error, not a panic or a silent
+/// skip.
+#[tokio::test]
+async fn a_corrupt_record_is_a_permanent_error() {
+    let (r, ddb, table) = registry().await;
+    let key = EnvironmentId::new(format!("env_{}", unique())).effect_key();
+    ddb.put_item()
+        .table_name(&table)
+        .item("pk", AttributeValue::S(key.as_str().to_owned()))
+        .item("sk", AttributeValue::S("record".to_owned()))
+        .item("record", AttributeValue::S("{oops".to_owned()))
+        .item("version", AttributeValue::N("1".to_owned()))
+        .send()
+        .await
+        .unwrap();
+    let err = r.get(&key).await.unwrap_err();
+    assert!(!err.retryable, "{err}");
+    assert!(err.to_string().contains("decoded"), "{err}");
+}
