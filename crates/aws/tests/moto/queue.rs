@@ -5,7 +5,9 @@ use crate::support::{sdk, unique};
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::QueueAttributeName;
 use sandbox_aws::{SqsQueue, SqsQueueOptions, sqs_fifo_id};
-use sandbox_controller::contract::{DuplicateSends, queue_delay_contract, queue_fifo_contract_with};
+use sandbox_controller::contract::{
+    DuplicateSends, queue_delay_contract, queue_fifo_contract_with,
+};
 use sandbox_controller::job::Job;
 use sandbox_controller::ports::{Outgoing, Queue, Sent};
 use sandbox_core::ids::SessionId;
