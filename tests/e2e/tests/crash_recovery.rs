@@ -131,8 +131,10 @@ async fn killed_between_start_and_record_then_restarted_adopts_the_executor() {
     reaper.pids.push(second.id());
     let deadline = Instant::now() + Duration::from_secs(60);
     let record = loop {
+        // The record is written before the decision's audit entry: wait for both.
         if let Some(r) = registry.get(&key).await.unwrap()
             && r.instance.is_some()
+            && !registry.audit_entries(&key).await.unwrap().is_empty()
         {
             break r;
         }
