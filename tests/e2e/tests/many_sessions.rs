@@ -57,8 +57,14 @@ async fn fifty_sessions_five_deliveries_each_start_exactly_fifty_executors_and_s
         "every executor stopped",
         Duration::from_secs(120),
         || async {
+            // Stopped per the provider AND recorded (the record is written after the
+            // stop's read-back and receipt).
             for e in &envs {
-                if !h.live(e).await?.is_empty() {
+                let recorded = h
+                    .record(e)
+                    .await?
+                    .is_some_and(|r| r.status == RecordStatus::Stopped);
+                if !recorded || !h.live(e).await?.is_empty() {
                     return Ok(false);
                 }
             }
