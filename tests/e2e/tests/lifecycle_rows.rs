@@ -31,6 +31,15 @@ async fn running_session(h: &Harness) -> (Session, String) {
     (s, env)
 }
 
+/// Waits until the simulator reports the session idle (its turn finished).
+async fn wait_idle(h: &Harness, s: &Session) {
+    h.wait_until("idle", T, || async {
+        Ok(h.client.get_session(s.id.as_str()).await?.status == SessionStatus::Idle)
+    })
+    .await
+    .unwrap();
+}
+
 /// Sweeps (as the periodic sweeper would) until `check` holds: a sweep defers an
 /// environment whose lock a worker holds at that moment.
 async fn sweep_until<F, Fut>(h: &Harness, what: &str, mut check: F)
@@ -128,11 +137,7 @@ async fn row06_deleted_session_with_running_executor_is_released_by_the_sweeper(
     .await
     .unwrap();
     let (s, env) = running_session(&h).await;
-    h.wait_until("idle", T, || async {
-        Ok(h.client.get_session(s.id.as_str()).await?.status == SessionStatus::Idle)
-    })
-    .await
-    .unwrap();
+    wait_idle(&h, &s).await;
     h.client.delete_session(s.id.as_str(), None).await.unwrap();
     sweep_until(&h, "release", || async {
         Ok(h.live(&env).await?.is_empty())
@@ -329,11 +334,7 @@ async fn row27_record_says_running_but_executor_gone_marks_stopped_and_starts_no
     .await
     .unwrap();
     let (s, env) = running_session(&h).await;
-    h.wait_until("idle", T, || async {
-        Ok(h.client.get_session(s.id.as_str()).await?.status == SessionStatus::Idle)
-    })
-    .await
-    .unwrap();
+    wait_idle(&h, &s).await;
     // The executor dies behind the controller's back.
     let id = h.live(&env).await.unwrap()[0].instance_id.clone();
     h.controller().compute.stop(&id, "test").await.unwrap();
