@@ -1,6 +1,7 @@
 # sandbox-lifecycle: one entry point for people and CI.
 #   make run    the whole pipeline on the embedded default (local mode)
 #   make test   fmt check, clippy -D warnings, every Rust test, the Python cross-checks
+#   make build  the three Lambda functions as arm64 bootstrap zips (cargo-lambda)
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -10,17 +11,22 @@ PY := $(VENV)/bin/python
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 # Absolute: cargo runs tests from the package directory.
 SIM_JSON := $(abspath $(TARGET_DIR))/sim-json
+# `make build` output: one directory per function with `bootstrap.zip` in it.
+LAMBDA_DIR := $(abspath $(TARGET_DIR))/lambda
+# The Lambda build profile (Cargo.toml) and its cargo-lambda flags.
+LAMBDA_BUILD := cargo lambda build --release --arm64 --locked -p sandbox-lambda --output-format zip --lambda-dir $(LAMBDA_DIR)
 # cargo-nextest ships with the machine image; plain cargo test is the fallback.
 RUST_TEST := $(if $(shell command -v cargo-nextest 2>/dev/null),cargo nextest run --no-fail-fast,cargo test --no-fail-fast)
 # The simulator's JSON-producing test, selected the same way under either runner (and
 # built with the workspace's feature set, so nothing is rebuilt).
 SIM_JSON_FILTER := $(if $(shell command -v cargo-nextest 2>/dev/null),-E 'package(agents-sim) & binary(api) & test(produced_json)',--test api produced_json)
 
-.PHONY: help run test fmt-check clippy rust-test doc-test crosscheck venv clean
+.PHONY: help run test build fmt-check clippy rust-test doc-test crosscheck venv build-venv clean
 
 help:
 	@echo "make run    run the pipeline locally (embedded default)"
 	@echo "make test   everything CI runs"
+	@echo "make build  the Lambda functions as arm64 zips under $(LAMBDA_DIR)"
 
 # The whole pipeline on 127.0.0.1: simulator, webhook endpoint, workers, sweeper, SQLite,
 # child-process executors (the simulator's stand-in); prints the timeline and a summary.
@@ -43,6 +49,23 @@ rust-test: venv
 
 doc-test:
 	cargo test --workspace --doc --locked
+
+# The three functions for AWS Lambda (provided.al2023, arm64). The webhook is built on
+# its own without default features, so it links only the SQS and Secrets Manager clients.
+build: build-venv
+	rustup target add aarch64-unknown-linux-gnu
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(LAMBDA_BUILD) --no-default-features --features webhook --bin webhook
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(LAMBDA_BUILD) --no-default-features --features worker,sweeper --bin worker --bin sweeper
+	@for f in webhook worker sweeper; do \
+	  printf '%-8s %10d bytes  %s\n' $$f $$(stat -c %s $(LAMBDA_DIR)/$$f/bootstrap.zip) $(LAMBDA_DIR)/$$f/bootstrap.zip; \
+	done
+
+build-venv: $(VENV)/.build-installed
+
+$(VENV)/.build-installed: crates/lambda/requirements-build.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r crates/lambda/requirements-build.txt
+	touch $@
 
 venv: $(VENV)/.installed
 

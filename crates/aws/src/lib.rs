@@ -9,8 +9,14 @@
 //! - [`ecs_compute`] — [`EcsCompute`]: the [`Compute`](sandbox_controller::ports::Compute)
 //!   port on ECS Fargate tasks, with adoption by tags;
 //! - [`secrets`] — [`read_secret`]: one Secrets Manager value behind a redacted type;
+//! - `bootstrap` (feature `bootstrap`) — creating the queues, the ECS cluster and task definition (and, on
+//!   moto only, pinning task states) for tests and a local stack on moto;
 //! - [`sdk_config`] — [`load_sdk_config`]: the shared SDK configuration (region, optional
 //!   endpoint override for moto).
+//!
+//! Features: `dynamodb` and `ecs` (default) bring the registry and the compute adapters;
+//! the queue and the secrets reader are always in (the webhook function needs only
+//! those: build it with `default-features = false`). `bootstrap` is test support.
 //!
 //! Every adapter passes the shared contract suite in
 //! [`sandbox_controller::contract`] against moto (`tests/moto/run.sh cargo nextest run -p
@@ -19,14 +25,20 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "bootstrap")]
+pub mod bootstrap;
+#[cfg(feature = "dynamodb")]
 pub mod dynamo_registry;
+#[cfg(feature = "ecs")]
 pub mod ecs_compute;
 pub mod sdk_config;
 mod sdk_error;
 pub mod secrets;
 pub mod sqs_queue;
 
+#[cfg(feature = "dynamodb")]
 pub use dynamo_registry::{DynamoRegistry, create_table};
+#[cfg(feature = "ecs")]
 pub use ecs_compute::{EcsCompute, EcsConfig};
 pub use sdk_config::load_sdk_config;
 pub use secrets::{SecretError, SecretString, read_secret};

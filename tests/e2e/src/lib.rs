@@ -5,6 +5,8 @@
 #![deny(clippy::all)]
 #![warn(missing_docs)]
 
+pub mod aws_stack;
+
 use agents_sim::{SimClient, SimConfig, SimHandle, Url};
 use anyhow::{Context as _, bail};
 use sandbox_agents_api::ClientConfig;

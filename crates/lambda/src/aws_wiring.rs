@@ -1,0 +1,132 @@
+//! The cold start: SDK clients, adapters and the controller, built once per execution
+//! environment from the [`settings`](crate::settings) and reused by every invocation.
+
+use crate::secrets_at_init::SecretInitError;
+use crate::settings::SettingsError;
+#[cfg(feature = "webhook")]
+use crate::settings::WebhookSettings;
+
+/// Why a cold start failed. One line, naming the variable (and ARN), never a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// A setting is missing or invalid.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// A secret is unreadable or unusable.
+    #[error(transparent)]
+    Secret(#[from] SecretInitError),
+    /// The Agents API client refused its configuration (`AGENTS_API_BASE_URL`).
+    #[error("AGENTS_API_BASE_URL: {0}")]
+    AgentsClient(#[from] sandbox_agents_api::ConfigError),
+}
+
+/// A queue adapter for `url`.
+#[cfg(any(feature = "webhook", feature = "controller"))]
+fn sqs_queue(
+    client: &aws_sdk_sqs::Client,
+    url: &str,
+    fifo: bool,
+    dead_letter_queue_url: Option<String>,
+) -> sandbox_aws::SqsQueue {
+    sandbox_aws::SqsQueue::new(
+        client.clone(),
+        url,
+        sandbox_aws::SqsQueueOptions {
+            fifo,
+            dead_letter_queue_url,
+        },
+    )
+}
+
+/// The webhook intake: the signing secret from Secrets Manager, the events queue, the
+/// system clock.
+///
+/// # Errors
+/// [`InitError::Secret`] when the secret is unreadable or unusable.
+#[cfg(feature = "webhook")]
+pub async fn webhook_intake(
+    settings: &WebhookSettings,
+) -> Result<sandbox_controller::Intake<sandbox_aws::SqsQueue>, InitError> {
+    let sdk = sandbox_aws::load_sdk_config(settings.aws_endpoint_url.as_deref()).await;
+    let secrets = aws_sdk_secretsmanager::Client::new(&sdk);
+    let verifier =
+        crate::secrets_at_init::read_webhook_verifier(&secrets, &settings.webhook_secret).await?;
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let events = sqs_queue(
+        &sqs,
+        &settings.events_queue_url,
+        settings.events_queue_fifo,
+        None,
+    );
+    Ok(sandbox_controller::Intake::new(
+        verifier,
+        events,
+        std::sync::Arc::new(sandbox_controller::ports::SystemClock),
+    ))
+}
+
+#[cfg(feature = "controller")]
+pub use controller_stack::{AwsController, controller};
+
+#[cfg(feature = "controller")]
+mod controller_stack {
+    use super::{InitError, sqs_queue};
+    use crate::settings::ControllerSettings;
+    use sandbox_agents_api::{AgentsClient, ClientConfig};
+    use sandbox_aws::{DynamoRegistry, EcsCompute, EcsConfig, SqsQueue};
+    use sandbox_controller::Controller;
+    use sandbox_controller::ports::SystemClock;
+    use std::sync::Arc;
+
+    /// The controller over the AWS adapters.
+    pub type AwsController = Controller<SqsQueue, DynamoRegistry, EcsCompute, AgentsClient>;
+
+    /// The controller of the worker and sweeper: the API key from Secrets Manager, both
+    /// queues, the registry table, ECS, the Agents API client.
+    ///
+    /// # Errors
+    /// [`InitError`] when the API key is unreadable or unusable, or the Agents API client
+    /// refuses its configuration.
+    pub async fn controller(settings: &ControllerSettings) -> Result<AwsController, InitError> {
+        let sdk = sandbox_aws::load_sdk_config(settings.aws_endpoint_url.as_deref()).await;
+        let secrets = aws_sdk_secretsmanager::Client::new(&sdk);
+        let api_key =
+            crate::secrets_at_init::read_api_key(&secrets, &settings.api_key_secret).await?;
+        let sessions = AgentsClient::new(ClientConfig {
+            base_url: settings.agents_api_base_url.clone(),
+            api_key,
+            ..ClientConfig::new(String::new())
+        })?;
+        let sqs = aws_sdk_sqs::Client::new(&sdk);
+        let events = sqs_queue(
+            &sqs,
+            &settings.events_queue_url,
+            settings.events_queue_fifo,
+            settings.events_dlq_url.clone(),
+        );
+        let timers = sqs_queue(&sqs, &settings.timers_queue_url, false, None);
+        let registry =
+            DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&sdk), &settings.table_name);
+        let ecs = &settings.ecs;
+        let compute = EcsCompute::new(
+            aws_sdk_ecs::Client::new(&sdk),
+            EcsConfig {
+                cluster: ecs.cluster.clone(),
+                task_definition: ecs.task_definition.clone(),
+                container_name: ecs.container_name.clone(),
+                subnets: ecs.subnets.clone(),
+                security_groups: ecs.security_groups.clone(),
+                assign_public_ip: ecs.assign_public_ip,
+            },
+        );
+        Ok(Controller::new(
+            events,
+            timers,
+            registry,
+            compute,
+            sessions,
+            Arc::new(SystemClock),
+            settings.controller.clone(),
+        ))
+    }
+}

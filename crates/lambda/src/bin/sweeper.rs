@@ -1,0 +1,16 @@
+//! The sweeper function (EventBridge schedule): reconcile everything once.
+use sandbox_lambda::json_logs::{fatal, init};
+use sandbox_lambda::settings::ControllerSettings;
+use sandbox_lambda::{aws_wiring, sweeper_handler};
+
+#[tokio::main]
+async fn main() {
+    init();
+    let settings = ControllerSettings::from_env().unwrap_or_else(|e| fatal("cold start", &e));
+    let controller = aws_wiring::controller(&settings)
+        .await
+        .unwrap_or_else(|e| fatal("cold start", &e));
+    if let Err(e) = sweeper_handler::run(controller).await {
+        fatal("runtime", &e);
+    }
+}

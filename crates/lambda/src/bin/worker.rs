@@ -1,0 +1,18 @@
+//! The worker function (SQS events and timers queues): process each job, report failures.
+use sandbox_lambda::aws_wiring;
+use sandbox_lambda::json_logs::{fatal, init};
+use sandbox_lambda::settings::ControllerSettings;
+use sandbox_lambda::worker_handler::{self, QueueRoutes};
+
+#[tokio::main]
+async fn main() {
+    init();
+    let settings = ControllerSettings::from_env().unwrap_or_else(|e| fatal("cold start", &e));
+    let controller = aws_wiring::controller(&settings)
+        .await
+        .unwrap_or_else(|e| fatal("cold start", &e));
+    let routes = QueueRoutes::new(&settings.timers_queue_url);
+    if let Err(e) = worker_handler::run(controller, routes).await {
+        fatal("runtime", &e);
+    }
+}

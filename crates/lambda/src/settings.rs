@@ -1,0 +1,332 @@
+//! The functions' configuration, read from environment variables once per cold start.
+//!
+//! | variable | function | required | meaning |
+//! |---|---|---|---|
+//! | `EVENTS_QUEUE_URL` | all | yes | URL of the events queue (FIFO, `.fifo`): webhook jobs |
+//! | `EVENTS_DLQ_URL` | worker, sweeper | no | URL of the events queue's dead-letter queue (for the dead-letter count) |
+//! | `TIMERS_QUEUE_URL` | worker, sweeper | yes | URL of the timers queue (standard, never `.fifo`: it delays messages) |
+//! | `TABLE_NAME` | worker, sweeper | yes | DynamoDB registry table name |
+//! | `ECS_CLUSTER` | worker, sweeper | yes | ECS cluster name or ARN |
+//! | `TASK_DEFINITION` | worker, sweeper | yes | executor task definition (`family`, `family:revision` or ARN) |
+//! | `CONTAINER_NAME` | worker, sweeper | yes | the executor's container in that task definition |
+//! | `SUBNETS` | worker, sweeper | yes | comma-separated subnet ids (at least one) |
+//! | `SECURITY_GROUPS` | worker, sweeper | no | comma-separated security group ids (default: none, the VPC default group) |
+//! | `ASSIGN_PUBLIC_IP` | worker, sweeper | no | `true`/`false` (also `ENABLED`/`DISABLED`, `1`/`0`); default `false` |
+//! | `DEPLOYMENT_ID` | worker, sweeper | yes | this deployment: 1–36 characters of `[A-Za-z0-9_-]`; tags every task |
+//! | `AGENT_IDS` | worker, sweeper | no | comma-separated `agent.id`s this deployment owns (default: any) |
+//! | `WORKSPACE_DIRECTORY` | worker, sweeper | no | required `environment.workspace_directory` (default: any) |
+//! | `SHUTDOWN_GRACE_SECS` | worker, sweeper | no | seconds between an idle session and the stop (default 300) |
+//! | `CONNECT_DEADLINE_SECS` | worker, sweeper | no | seconds a started executor has to connect before it is replaced (default 180; ≥ 1) |
+//! | `AGENTS_API_BASE_URL` | worker, sweeper | no | Agents API root (default `https://api.openai.com/v1`) |
+//! | `OPENAI_API_KEY_SECRET_ARN` | worker, sweeper | yes | Secrets Manager ARN (or name) of the OpenAI API key |
+//! | `WEBHOOK_SECRET_ARN` | webhook | yes | Secrets Manager ARN (or name) of the webhook signing secret (`whsec_...`) |
+//! | `AWS_ENDPOINT_URL` | all | no | one endpoint for every AWS service: tests only (moto) |
+//!
+//! An empty or blank value counts as unset. Every failure is one [`SettingsError`] naming
+//! the variable; no message ever repeats a value (a secret pasted into the wrong variable
+//! must not reach the logs).
+
+use sandbox_agents_api::DEFAULT_BASE_URL;
+use sandbox_controller::ControllerConfig;
+use sandbox_core::ids::DeploymentId;
+use sandbox_core::observed::Policy;
+
+/// A variable that is missing or unusable. The message names the variable, never its value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SettingsError {
+    /// The variable is unset or blank.
+    #[error("environment variable {var} is not set")]
+    Missing {
+        /// The variable's name.
+        var: &'static str,
+    },
+    /// The variable is set but unusable.
+    #[error("environment variable {var} is invalid: {reason}")]
+    Invalid {
+        /// The variable's name.
+        var: &'static str,
+        /// What was expected (never the value).
+        reason: &'static str,
+    },
+}
+
+/// Where a secret lives: the variable that named it and its Secrets Manager id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretRef {
+    /// The environment variable holding the ARN, e.g. `WEBHOOK_SECRET_ARN`.
+    pub var: &'static str,
+    /// The secret's ARN or name (not the secret).
+    pub arn: String,
+}
+
+/// Settings of the webhook function.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookSettings {
+    /// `EVENTS_QUEUE_URL`.
+    pub events_queue_url: String,
+    /// Whether the events queue is FIFO (its URL ends in `.fifo`).
+    pub events_queue_fifo: bool,
+    /// `WEBHOOK_SECRET_ARN`.
+    pub webhook_secret: SecretRef,
+    /// `AWS_ENDPOINT_URL` (tests only).
+    pub aws_endpoint_url: Option<String>,
+}
+
+/// ECS settings of the worker and sweeper functions (turned into `sandbox_aws::EcsConfig`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EcsSettings {
+    /// `ECS_CLUSTER`.
+    pub cluster: String,
+    /// `TASK_DEFINITION`.
+    pub task_definition: String,
+    /// `CONTAINER_NAME`.
+    pub container_name: String,
+    /// `SUBNETS`, at least one.
+    pub subnets: Vec<String>,
+    /// `SECURITY_GROUPS`, possibly empty.
+    pub security_groups: Vec<String>,
+    /// `ASSIGN_PUBLIC_IP`.
+    pub assign_public_ip: bool,
+}
+
+/// Settings of the worker and sweeper functions.
+#[derive(Clone, Debug)]
+pub struct ControllerSettings {
+    /// `EVENTS_QUEUE_URL`.
+    pub events_queue_url: String,
+    /// Whether the events queue is FIFO (its URL ends in `.fifo`).
+    pub events_queue_fifo: bool,
+    /// `EVENTS_DLQ_URL`.
+    pub events_dlq_url: Option<String>,
+    /// `TIMERS_QUEUE_URL` (standard queue).
+    pub timers_queue_url: String,
+    /// `TABLE_NAME`.
+    pub table_name: String,
+    /// ECS settings.
+    pub ecs: EcsSettings,
+    /// `AGENTS_API_BASE_URL`, or the default.
+    pub agents_api_base_url: String,
+    /// `OPENAI_API_KEY_SECRET_ARN`.
+    pub api_key_secret: SecretRef,
+    /// Controller settings: `DEPLOYMENT_ID`, `AGENT_IDS`, `WORKSPACE_DIRECTORY`,
+    /// `SHUTDOWN_GRACE_SECS`, `CONNECT_DEADLINE_SECS`, and a worker id unique to this
+    /// execution environment (`AWS_LAMBDA_LOG_STREAM_NAME`), so lock owners of concurrent
+    /// instances never collide.
+    pub controller: ControllerConfig,
+    /// `AWS_ENDPOINT_URL` (tests only).
+    pub aws_endpoint_url: Option<String>,
+}
+
+/// Reads variables through a lookup, so tests never touch the process environment.
+struct Vars<F>(F);
+
+impl<F: Fn(&str) -> Option<String>> Vars<F> {
+    fn optional(&self, var: &'static str) -> Option<String> {
+        (self.0)(var)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn required(&self, var: &'static str) -> Result<String, SettingsError> {
+        self.optional(var).ok_or(SettingsError::Missing { var })
+    }
+
+    fn list(&self, var: &'static str) -> Result<Vec<String>, SettingsError> {
+        let Some(raw) = self.optional(var) else {
+            return Ok(Vec::new());
+        };
+        let items: Vec<String> = raw.split(',').map(|s| s.trim().to_owned()).collect();
+        if items.iter().any(String::is_empty) {
+            return Err(SettingsError::Invalid {
+                var,
+                reason: "a comma-separated list without empty entries",
+            });
+        }
+        Ok(items)
+    }
+
+    /// Whole seconds, `default` when unset; `positive` refuses 0.
+    fn secs(&self, var: &'static str, default: u64, positive: bool) -> Result<u64, SettingsError> {
+        let Some(raw) = self.optional(var) else {
+            return Ok(default);
+        };
+        let reason = if positive {
+            "whole seconds of at least 1"
+        } else {
+            "whole seconds (a non-negative integer)"
+        };
+        match raw.parse::<u64>() {
+            Ok(v) if v > 0 || !positive => Ok(v),
+            _ => Err(SettingsError::Invalid { var, reason }),
+        }
+    }
+
+    fn flag(&self, var: &'static str) -> Result<bool, SettingsError> {
+        match self
+            .optional(var)
+            .map(|v| v.to_ascii_lowercase())
+            .as_deref()
+        {
+            None | Some("false" | "disabled" | "0") => Ok(false),
+            Some("true" | "enabled" | "1") => Ok(true),
+            Some(_) => Err(SettingsError::Invalid {
+                var,
+                reason: "true or false",
+            }),
+        }
+    }
+
+    fn queue_url(&self, var: &'static str) -> Result<String, SettingsError> {
+        let url = self.required(var)?;
+        if !(url.starts_with("https://") || url.starts_with("http://")) {
+            return Err(SettingsError::Invalid {
+                var,
+                reason: "an SQS queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME)",
+            });
+        }
+        Ok(url)
+    }
+
+    fn secret_ref(&self, var: &'static str) -> Result<SecretRef, SettingsError> {
+        let arn = self.required(var)?;
+        // A value that looks like the secret itself would be logged as an id later.
+        if arn.starts_with("whsec_") || arn.starts_with("sk-") {
+            return Err(SettingsError::Invalid {
+                var,
+                reason: "the secret's ARN or name, not the secret itself",
+            });
+        }
+        Ok(SecretRef { var, arn })
+    }
+}
+
+/// The worker id of this execution environment: its log stream name is unique among the
+/// function's concurrent instances; off Lambda, the process id and start time.
+fn worker_id(lookup: &impl Fn(&str) -> Option<String>) -> String {
+    let function = lookup("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|| "lambda".into());
+    match lookup("AWS_LAMBDA_LOG_STREAM_NAME").filter(|s| !s.is_empty()) {
+        Some(stream) => format!("{function}/{stream}"),
+        None => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            format!("{function}/{}-{nanos:x}", std::process::id())
+        }
+    }
+}
+
+impl WebhookSettings {
+    /// Reads the process environment.
+    ///
+    /// # Errors
+    /// [`SettingsError`] naming the first missing or invalid variable.
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads variables through `lookup` (tests).
+    ///
+    /// # Errors
+    /// As [`WebhookSettings::from_env`].
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, SettingsError> {
+        let vars = Vars(lookup);
+        let events_queue_url = vars.queue_url("EVENTS_QUEUE_URL")?;
+        Ok(Self {
+            events_queue_fifo: events_queue_url.ends_with(".fifo"),
+            events_queue_url,
+            webhook_secret: vars.secret_ref("WEBHOOK_SECRET_ARN")?,
+            aws_endpoint_url: vars.optional("AWS_ENDPOINT_URL"),
+        })
+    }
+}
+
+impl ControllerSettings {
+    /// Reads the process environment.
+    ///
+    /// # Errors
+    /// [`SettingsError`] naming the first missing or invalid variable.
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads variables through `lookup` (tests).
+    ///
+    /// # Errors
+    /// As [`ControllerSettings::from_env`].
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, SettingsError> {
+        let vars = Vars(lookup);
+        let events_queue_url = vars.queue_url("EVENTS_QUEUE_URL")?;
+        let events_dlq_url = match vars.optional("EVENTS_DLQ_URL") {
+            Some(_) => Some(vars.queue_url("EVENTS_DLQ_URL")?),
+            None => None,
+        };
+        let timers_queue_url = vars.queue_url("TIMERS_QUEUE_URL")?;
+        if timers_queue_url.ends_with(".fifo") {
+            return Err(SettingsError::Invalid {
+                var: "TIMERS_QUEUE_URL",
+                reason: "a standard queue (FIFO queues reject per-message delays)",
+            });
+        }
+        let table_name = vars.required("TABLE_NAME")?;
+        let subnets = vars.list("SUBNETS")?;
+        if subnets.is_empty() {
+            return Err(SettingsError::Missing { var: "SUBNETS" });
+        }
+        let ecs = EcsSettings {
+            cluster: vars.required("ECS_CLUSTER")?,
+            task_definition: vars.required("TASK_DEFINITION")?,
+            container_name: vars.required("CONTAINER_NAME")?,
+            subnets,
+            security_groups: vars.list("SECURITY_GROUPS")?,
+            assign_public_ip: vars.flag("ASSIGN_PUBLIC_IP")?,
+        };
+        let deployment = DeploymentId::new(vars.required("DEPLOYMENT_ID")?).map_err(|_| {
+            SettingsError::Invalid {
+                var: "DEPLOYMENT_ID",
+                reason: "1 to 36 characters of [A-Za-z0-9_-]",
+            }
+        })?;
+        let defaults = Policy::default();
+        let mut controller = ControllerConfig::new(deployment);
+        controller.policy.shutdown_grace_secs =
+            vars.secs("SHUTDOWN_GRACE_SECS", defaults.shutdown_grace_secs, false)?;
+        controller.policy.connect_deadline_secs = vars.secs(
+            "CONNECT_DEADLINE_SECS",
+            defaults.connect_deadline_secs,
+            true,
+        )?;
+        controller.filter.agent_ids = vars.list("AGENT_IDS")?;
+        controller.filter.workspace_directory = vars.optional("WORKSPACE_DIRECTORY");
+        controller.worker_id = worker_id(&vars.0);
+        let agents_api_base_url = vars
+            .optional("AGENTS_API_BASE_URL")
+            .unwrap_or_else(|| DEFAULT_BASE_URL.to_owned());
+        if !(agents_api_base_url.starts_with("https://")
+            || agents_api_base_url.starts_with("http://"))
+        {
+            return Err(SettingsError::Invalid {
+                var: "AGENTS_API_BASE_URL",
+                reason: "an absolute http:// or https:// URL",
+            });
+        }
+        Ok(Self {
+            events_queue_fifo: events_queue_url.ends_with(".fifo"),
+            events_queue_url,
+            events_dlq_url,
+            timers_queue_url,
+            table_name,
+            ecs,
+            agents_api_base_url,
+            api_key_secret: vars.secret_ref("OPENAI_API_KEY_SECRET_ARN")?,
+            controller,
+            aws_endpoint_url: vars.optional("AWS_ENDPOINT_URL"),
+        })
+    }
+}
+
+/// The queue name at the end of a queue URL (`.../123456789012/NAME` → `NAME`), which is
+/// also the last part of the queue's ARN (`arn:aws:sqs:REGION:ACCOUNT:NAME`).
+pub fn queue_name_of_url(url: &str) -> &str {
+    url.trim_end_matches('/').rsplit('/').next().unwrap_or(url)
+}

@@ -1,0 +1,264 @@
+//! The worker function: one SQS batch (events queue or timers queue) through
+//! [`Controller::process`], answered with a partial batch response.
+//!
+//! Per record, in batch order:
+//! - the body is decoded as a [`Job`]. An **undecodable body is reported as a failure**
+//!   (and logged with its message id, not its body): it returns after the queue's
+//!   visibility timeout and the redrive policy moves it to the dead-letter queue after
+//!   `maxReceiveCount` receives, where an operator can see it. Reporting it as a success
+//!   would delete it silently; a job is a hint, but a lost hint is only repaired by the
+//!   next sweep;
+//! - [`Disposition::Done`] → success (Lambda deletes the message);
+//! - [`Disposition::RetryAfter`]`(secs)` (busy lock, missing evidence, a failed effect)
+//!   on an **events** record → the same job is **handed off** to the timers queue with
+//!   `DelaySeconds` = `secs` (≤ 900; [`Controller::hand_off`]), then success. A retry
+//!   through the FIFO queue itself would count toward its `maxReceiveCount` — and on a
+//!   FIFO batch so would every later record reported with it — so a contended message
+//!   would be dead-lettered without ever failing (`sandbox_controller::consume` docs).
+//!   When the hand-off send fails, the record falls back to the visibility change below;
+//! - [`Disposition::RetryAfter`]`(secs)` on a **timers** record (or a failed hand-off) →
+//!   `ChangeMessageVisibility` to `secs` on the record's own queue, then failure, so the
+//!   message returns after `secs` rather than after the queue's default visibility
+//!   timeout (the timers queue is a standard queue: one retry holds up nothing else);
+//! - `Err` (a port failed) → `ChangeMessageVisibility` to
+//!   [`failure_backoff_secs`]`(ApproximateReceiveCount)` (2^n s, ≤ 300, as local mode's
+//!   queue loop), then failure; the redrive policy bounds the retries.
+//!
+//! A failed `ChangeMessageVisibility` is logged and the message is still reported: it then
+//! returns after the queue's visibility timeout.
+//!
+//! FIFO batches stop at the first record that does not succeed (see
+//! [`crate::batch_response`]). A record is also not attempted when fewer than
+//! [`RECORD_RESERVE`] remain before the invocation's deadline (the first record is always
+//! attempted, so a short function timeout still makes progress): a timeout mid-record
+//! would kill an effect half-way and return the whole batch.
+
+use crate::batch_response::{ItemOutcome, is_fifo_batch, is_fifo_record, partial_batch_response};
+use crate::settings::queue_name_of_url;
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use lambda_runtime::{LambdaEvent, service_fn};
+use sandbox_agents_api::SessionsApi;
+use sandbox_controller::consume::failure_backoff_secs;
+use sandbox_controller::ports::{Compute, Queue, Registry};
+use sandbox_controller::{Controller, Disposition, Job};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tracing::Instrument;
+
+/// Time kept in hand before starting another record: the longest plausible record (a
+/// stop's read-back of up to 60 s, API retries, registry writes), seconds.
+pub const RECORD_RESERVE: Duration = Duration::from_secs(90);
+
+/// Which of the controller's two queues a record came from, by queue name (the last part
+/// of both the queue URL and the record's `eventSourceARN`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueRoutes {
+    timers_name: String,
+}
+
+/// The controller queue a record belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceQueue {
+    /// The events queue (FIFO): webhook jobs.
+    Events,
+    /// The timers queue (standard): delayed rechecks.
+    Timers,
+}
+
+impl QueueRoutes {
+    /// Routes for the timers queue at `timers_queue_url`; every other record is an events
+    /// record.
+    pub fn new(timers_queue_url: &str) -> Self {
+        Self {
+            timers_name: queue_name_of_url(timers_queue_url).to_owned(),
+        }
+    }
+
+    /// The queue `record` came from: the timers queue when its ARN names it (or, without
+    /// an ARN, when it is not a FIFO record), else the events queue.
+    pub fn source_of(&self, record: &SqsMessage) -> SourceQueue {
+        let timers = match record.event_source_arn.as_deref() {
+            Some(arn) => arn.rsplit(':').next() == Some(self.timers_name.as_str()),
+            None => !is_fifo_record(record),
+        };
+        if timers {
+            SourceQueue::Timers
+        } else {
+            SourceQueue::Events
+        }
+    }
+}
+
+/// Processes one SQS batch and returns the partial batch response.
+///
+/// `deadline` is the invocation's deadline (`None`: no limit); see the module docs.
+pub async fn handle_batch<Q, R, C, S>(
+    controller: &Controller<Q, R, C, S>,
+    routes: &QueueRoutes,
+    event: &SqsEvent,
+    deadline: Option<SystemTime>,
+) -> SqsBatchResponse
+where
+    Q: Queue,
+    R: Registry,
+    C: Compute,
+    S: SessionsApi,
+{
+    let fifo = is_fifo_batch(event);
+    let mut outcomes = Vec::with_capacity(event.records.len());
+    let mut stop = false;
+    for (n, record) in event.records.iter().enumerate() {
+        let id = record.message_id.as_deref().unwrap_or_default();
+        let out_of_time = n > 0 && deadline.is_some_and(|d| SystemTime::now() + RECORD_RESERVE > d);
+        let outcome = if stop || out_of_time {
+            ItemOutcome::NotAttempted
+        } else {
+            handle_record(controller, routes, record).await
+        };
+        stop |= out_of_time || (fifo && outcome != ItemOutcome::Succeeded);
+        outcomes.push((id, outcome));
+    }
+    let response = partial_batch_response(outcomes.iter().map(|(id, o)| (*id, *o)), fifo);
+    let not_attempted = outcomes
+        .iter()
+        .filter(|(_, o)| *o == ItemOutcome::NotAttempted)
+        .count();
+    tracing::info!(
+        records = event.records.len(),
+        failures = response.batch_item_failures.len(),
+        not_attempted,
+        fifo,
+        "batch done"
+    );
+    response
+}
+
+/// Processes one record; see the module docs.
+pub async fn handle_record<Q, R, C, S>(
+    controller: &Controller<Q, R, C, S>,
+    routes: &QueueRoutes,
+    record: &SqsMessage,
+) -> ItemOutcome
+where
+    Q: Queue,
+    R: Registry,
+    C: Compute,
+    S: SessionsApi,
+{
+    let message_id = record.message_id.as_deref().unwrap_or_default();
+    let job: Job = match record.body.as_deref().map(serde_json::from_str) {
+        Some(Ok(job)) => job,
+        Some(Err(e)) => {
+            tracing::error!(
+                message_id, line = e.line(), column = e.column(), category = ?e.classify(),
+                "undecodable job body; reported failed so the redrive policy dead-letters it"
+            );
+            return ItemOutcome::Failed;
+        }
+        None => {
+            tracing::error!(message_id, "record without a body; reported failed");
+            return ItemOutcome::Failed;
+        }
+    };
+    let source = routes.source_of(record);
+    let queue = match source {
+        SourceQueue::Events => &controller.events,
+        SourceQueue::Timers => &controller.timers,
+    };
+    let receive_count = record
+        .attributes
+        .get("ApproximateReceiveCount")
+        .and_then(|c| c.parse::<u32>().ok())
+        .unwrap_or(1);
+    let span = tracing::info_span!(
+        "job",
+        message_id,
+        session_id = %job.session_id,
+        environment_id = job.environment_id.as_ref().map(|e| e.as_str()),
+        webhook_id = job.webhook_id.as_deref(),
+        trigger = trigger_kind(&job),
+        receive_count,
+    );
+    async {
+        let delay = match controller.process(&job).await {
+            Ok(p) => {
+                let outcome = p.outcome().map(|o| o.to_string());
+                match p.disposition {
+                    Disposition::Done => {
+                        tracing::info!(outcome, note = p.note, applied = p.applied.len(), "job done");
+                        return ItemOutcome::Succeeded;
+                    }
+                    Disposition::RetryAfter(secs) if source == SourceQueue::Events => {
+                        match controller.hand_off(&job, message_id, receive_count, secs).await {
+                            Ok(()) => {
+                                tracing::info!(outcome, note = p.note, error = p.error, retry_after_secs = secs, "job handed off to the timers queue");
+                                return ItemOutcome::Succeeded;
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, retry_after_secs = secs, "hand-off to the timers queue failed; retrying on the events queue");
+                                secs
+                            }
+                        }
+                    }
+                    Disposition::RetryAfter(secs) => {
+                        tracing::info!(outcome, note = p.note, error = p.error, retry_after_secs = secs, "job retried later");
+                        secs
+                    }
+                }
+            }
+            Err(e) => {
+                let secs = failure_backoff_secs(receive_count);
+                tracing::warn!(error = %e, retry_after_secs = secs, "job failed");
+                secs
+            }
+        };
+        match record.receipt_handle.as_deref() {
+            Some(receipt) => {
+                if let Err(e) = queue.retry_after(receipt, delay).await {
+                    tracing::warn!(error = %e, "visibility change failed; the queue's timeout applies");
+                }
+            }
+            None => tracing::warn!("record without a receipt handle; the queue's timeout applies"),
+        }
+        ItemOutcome::Failed
+    }
+    .instrument(span)
+    .await
+}
+
+/// The trigger's `kind` (`connection_requested`, `lease_due`, ...) for logs.
+fn trigger_kind(job: &Job) -> String {
+    serde_json::to_value(&job.trigger)
+        .ok()
+        .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Serves SQS batches with `controller` until the Lambda runtime stops the process.
+///
+/// # Errors
+/// The runtime's error when the Lambda Runtime API is unreachable.
+pub async fn run<Q, R, C, S>(
+    controller: Controller<Q, R, C, S>,
+    routes: QueueRoutes,
+) -> Result<(), lambda_runtime::Error>
+where
+    Q: Queue,
+    R: Registry,
+    C: Compute,
+    S: SessionsApi + 'static,
+{
+    let shared = Arc::new((controller, routes));
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| {
+        let shared = Arc::clone(&shared);
+        async move {
+            let deadline = UNIX_EPOCH + Duration::from_millis(event.context.deadline);
+            let (controller, routes) = &*shared;
+            Ok::<_, Infallible>(
+                handle_batch(controller, routes, &event.payload, Some(deadline)).await,
+            )
+        }
+    }))
+    .await
+}

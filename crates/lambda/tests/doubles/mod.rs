@@ -1,0 +1,243 @@
+//! In-memory doubles of the controller's ports and of the Agents API, shared by the tests.
+//! Each records what it was asked, and can be told to fail or to answer "busy".
+
+use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
+use sandbox_controller::ports::{
+    AuditEntry, Clock, Compute, Outgoing, PortError, Queue, Receipt, Received, Registry, Sent,
+    Started, Write,
+};
+use sandbox_core::compute::{ComputeInstance, ComputeStatus};
+use sandbox_core::decision::StartSpec;
+use sandbox_core::environment::EnvironmentInfo;
+use sandbox_core::ids::{DeploymentId, EffectKey, EnvironmentId, InstanceId, SessionId};
+use sandbox_core::record::Record;
+use sandbox_core::session::Session;
+use sandbox_core::turn::{Item, Page, Turn};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The fixtures' fixed time: `webhook-timestamp` 1764400000 (events/README.md).
+pub const FIXTURE_NOW: u64 = 1_764_400_000;
+
+/// A clock stopped at one instant, Unix seconds.
+pub struct FixedClock(pub u64);
+
+impl Clock for FixedClock {
+    fn now(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A queue that keeps what was sent and every visibility change.
+#[derive(Clone, Default)]
+pub struct MemoryQueue {
+    pub sent: Arc<Mutex<Vec<Outgoing>>>,
+    /// `send` fails (a queue outage).
+    pub down: Arc<AtomicBool>,
+    /// `(receipt handle, delay seconds)` of every `retry_after`.
+    pub retries: Arc<Mutex<Vec<(String, u32)>>>,
+}
+
+impl Queue for MemoryQueue {
+    async fn send(&self, msg: Outgoing) -> Result<Sent, PortError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(PortError::transient("sqs", "send", "queue down"));
+        }
+        self.sent.lock().unwrap().push(msg);
+        Ok(Sent::Queued)
+    }
+    async fn receive(&self, _: usize, _: u32, _: u64) -> Result<Vec<Received>, PortError> {
+        Ok(vec![])
+    }
+    async fn ack(&self, _: &str) -> Result<(), PortError> {
+        Ok(())
+    }
+    async fn retry_after(&self, receipt: &str, delay_secs: u32) -> Result<(), PortError> {
+        self.retries
+            .lock()
+            .unwrap()
+            .push((receipt.to_owned(), delay_secs));
+        Ok(())
+    }
+    async fn dead_letter_count(&self) -> Result<u64, PortError> {
+        Ok(0)
+    }
+}
+
+/// A registry in memory: records by effect key, locks, the delivery ledger.
+#[derive(Clone, Default)]
+pub struct MemoryRegistry {
+    pub records: Arc<Mutex<HashMap<EffectKey, Record>>>,
+    pub ledger: Arc<Mutex<Vec<String>>>,
+    /// `lock` answers "taken by someone else".
+    pub busy: Arc<AtomicBool>,
+    /// Every call fails (a registry outage).
+    pub down: Arc<AtomicBool>,
+}
+
+impl MemoryRegistry {
+    fn up(&self) -> Result<(), PortError> {
+        if self.down.load(Ordering::SeqCst) {
+            Err(PortError::transient("registry", "call", "injected outage"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Registry for MemoryRegistry {
+    async fn get(&self, key: &EffectKey) -> Result<Option<Record>, PortError> {
+        self.up()?;
+        Ok(self.records.lock().unwrap().get(key).cloned())
+    }
+    async fn find_by_session(&self, session: &SessionId) -> Result<Option<Record>, PortError> {
+        self.up()?;
+        Ok(self
+            .records
+            .lock()
+            .unwrap()
+            .values()
+            .find(|r| &r.session_id == session)
+            .cloned())
+    }
+    async fn put(&self, record: &Record, expected: Option<u64>) -> Result<Write, PortError> {
+        self.up()?;
+        let mut records = self.records.lock().unwrap();
+        let key = record.environment_id.effect_key();
+        if records.get(&key).map(|r| r.version) != expected {
+            return Ok(Write::Conflict);
+        }
+        let version = expected.map_or(1, |v| v + 1);
+        let mut stored = record.clone();
+        stored.version = version;
+        records.insert(key, stored);
+        Ok(Write::Written(version))
+    }
+    async fn list(&self) -> Result<Vec<Record>, PortError> {
+        self.up()?;
+        Ok(self.records.lock().unwrap().values().cloned().collect())
+    }
+    async fn lock(&self, _: &EffectKey, _: &str, _: u64, _: u64) -> Result<bool, PortError> {
+        self.up()?;
+        Ok(!self.busy.load(Ordering::SeqCst))
+    }
+    async fn unlock(&self, _: &EffectKey, _: &str) -> Result<(), PortError> {
+        self.up()
+    }
+    async fn seen_delivery(&self, webhook_id: &str, _: u64) -> Result<bool, PortError> {
+        self.up()?;
+        Ok(self.ledger.lock().unwrap().iter().any(|w| w == webhook_id))
+    }
+    async fn remember_delivery(&self, webhook_id: &str, _: u64) -> Result<(), PortError> {
+        self.up()?;
+        self.ledger.lock().unwrap().push(webhook_id.to_owned());
+        Ok(())
+    }
+    async fn audit(&self, _: &AuditEntry) -> Result<(), PortError> {
+        self.up()
+    }
+    async fn receipt(&self, _: &Receipt) -> Result<(), PortError> {
+        self.up()
+    }
+    async fn receipts(&self, _: &EffectKey) -> Result<Vec<Receipt>, PortError> {
+        self.up()?;
+        Ok(vec![])
+    }
+}
+
+/// A provider that starts instances (running at once) and lists them.
+#[derive(Clone, Default)]
+pub struct MemoryCompute {
+    pub instances: Arc<Mutex<Vec<ComputeInstance>>>,
+}
+
+impl Compute for MemoryCompute {
+    async fn start(&self, spec: &StartSpec, _: &DeploymentId) -> Result<Started, PortError> {
+        let mut instances = self.instances.lock().unwrap();
+        let instance = ComputeInstance {
+            instance_id: InstanceId::new(format!("task-{}", instances.len() + 1)),
+            environment_id: spec.environment_id.clone(),
+            session_id: Some(spec.session_id.clone()),
+            generation: spec.generation,
+            status: ComputeStatus::Running,
+            started_at: Some(FIXTURE_NOW),
+        };
+        instances.push(instance.clone());
+        Ok(Started::Instance(instance))
+    }
+    async fn describe(&self, id: &InstanceId) -> Result<Option<ComputeInstance>, PortError> {
+        Ok(self
+            .instances
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|i| &i.instance_id == id)
+            .cloned())
+    }
+    async fn list(&self, _: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
+        Ok(self.instances.lock().unwrap().clone())
+    }
+    async fn stop(&self, id: &InstanceId, _: &str) -> Result<(), PortError> {
+        for i in self.instances.lock().unwrap().iter_mut() {
+            if &i.instance_id == id {
+                i.status = ComputeStatus::Stopped;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The Agents API: the sessions it knows, 404 for everything else. Counts session reads.
+#[derive(Clone, Default)]
+pub struct FakeSessions {
+    pub sessions: Arc<Mutex<HashMap<SessionId, Session>>>,
+    pub reads: Arc<AtomicUsize>,
+}
+
+fn not_found(request: String) -> ApiError {
+    ApiError::NotFound { request }
+}
+
+impl SessionsApi for FakeSessions {
+    async fn retrieve_session(&self, id: &SessionId) -> Result<Session, ApiError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.sessions
+            .lock()
+            .unwrap()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| not_found(format!("GET /agents/sessions/{id}")))
+    }
+    async fn delete_session(&self, id: &SessionId, _: &str) -> Result<SessionDeleted, ApiError> {
+        Err(not_found(format!("DELETE /agents/sessions/{id}")))
+    }
+    async fn retrieve_environment(&self, id: &EnvironmentId) -> Result<EnvironmentInfo, ApiError> {
+        Err(not_found(format!("GET /agents/environments/{id}")))
+    }
+    async fn list_turns(&self, id: &SessionId, _: &PageParams) -> Result<Page<Turn>, ApiError> {
+        Err(not_found(format!("GET /agents/sessions/{id}/turns")))
+    }
+    async fn list_turn_items(
+        &self,
+        id: &SessionId,
+        turn: &str,
+        _: &PageParams,
+    ) -> Result<Page<Item>, ApiError> {
+        Err(not_found(format!(
+            "GET /agents/sessions/{id}/turns/{turn}/items"
+        )))
+    }
+}
+
+/// A file under the workspace's `events/` folder.
+pub fn workspace_event(path: &str) -> String {
+    let full = format!("{}/../../events/{path}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{full}: {e}"))
+}
+
+/// A file under this crate's `tests/fixtures/` folder.
+pub fn crate_fixture(name: &str) -> String {
+    let full = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{full}: {e}"))
+}

@@ -1,0 +1,201 @@
+//! Settings from environment variables: every missing or invalid variable is named, no
+//! value is ever repeated.
+
+use sandbox_lambda::settings::{
+    ControllerSettings, SettingsError, WebhookSettings, queue_name_of_url,
+};
+use std::collections::HashMap;
+
+const EVENTS: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/sandbox-lifecycle-jobs.fifo";
+const TIMERS: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/sandbox-lifecycle-timers";
+
+fn controller_env() -> HashMap<&'static str, String> {
+    [
+        ("EVENTS_QUEUE_URL", EVENTS),
+        (
+            "EVENTS_DLQ_URL",
+            "https://sqs.us-east-1.amazonaws.com/123456789012/sandbox-lifecycle-jobs-dlq.fifo",
+        ),
+        ("TIMERS_QUEUE_URL", TIMERS),
+        ("TABLE_NAME", "sandbox-lifecycle"),
+        ("ECS_CLUSTER", "sandbox-executors"),
+        ("TASK_DEFINITION", "codex-exec-server:7"),
+        ("CONTAINER_NAME", "executor"),
+        ("SUBNETS", "subnet-0a1b2c3d, subnet-4e5f6a7b"),
+        ("SECURITY_GROUPS", "sg-0123456789abcdef0"),
+        ("ASSIGN_PUBLIC_IP", "ENABLED"),
+        ("DEPLOYMENT_ID", "prod-eu"),
+        ("AGENT_IDS", "agent_1,agent_2"),
+        ("WORKSPACE_DIRECTORY", "/workspace"),
+        ("SHUTDOWN_GRACE_SECS", "120"),
+        ("CONNECT_DEADLINE_SECS", "240"),
+        (
+            "OPENAI_API_KEY_SECRET_ARN",
+            "arn:aws:secretsmanager:us-east-1:123456789012:secret:openai-key-AbCdEf",
+        ),
+        ("AWS_LAMBDA_FUNCTION_NAME", "sandbox-lifecycle-worker"),
+        (
+            "AWS_LAMBDA_LOG_STREAM_NAME",
+            "2025/11/29/[$LATEST]0f1e2d3c4b5a69788796a5b4c3d2e1f0",
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, v.to_owned()))
+    .collect()
+}
+
+fn controller(env: &HashMap<&'static str, String>) -> Result<ControllerSettings, SettingsError> {
+    ControllerSettings::from_lookup(|k| env.get(k).cloned())
+}
+
+#[test]
+fn complete_controller_environment_parses_every_variable() {
+    let s = controller(&controller_env()).unwrap();
+    assert!(s.events_queue_fifo);
+    assert_eq!(s.timers_queue_url, TIMERS);
+    assert_eq!(s.table_name, "sandbox-lifecycle");
+    assert_eq!(s.ecs.subnets, ["subnet-0a1b2c3d", "subnet-4e5f6a7b"]);
+    assert_eq!(s.ecs.security_groups, ["sg-0123456789abcdef0"]);
+    assert!(s.ecs.assign_public_ip);
+    assert_eq!(s.controller.deployment.as_str(), "prod-eu");
+    assert_eq!(s.controller.filter.agent_ids, ["agent_1", "agent_2"]);
+    assert_eq!(
+        s.controller.filter.workspace_directory.as_deref(),
+        Some("/workspace")
+    );
+    assert_eq!(s.controller.policy.shutdown_grace_secs, 120);
+    assert_eq!(s.controller.policy.connect_deadline_secs, 240);
+    assert_eq!(s.agents_api_base_url, "https://api.openai.com/v1");
+    assert_eq!(s.api_key_secret.var, "OPENAI_API_KEY_SECRET_ARN");
+    assert_eq!(s.aws_endpoint_url, None);
+    assert_eq!(
+        s.controller.worker_id,
+        "sandbox-lifecycle-worker/2025/11/29/[$LATEST]0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+    );
+}
+
+#[test]
+fn optional_controller_variables_take_their_defaults() {
+    let mut env = controller_env();
+    for k in [
+        "EVENTS_DLQ_URL",
+        "SECURITY_GROUPS",
+        "ASSIGN_PUBLIC_IP",
+        "AGENT_IDS",
+        "WORKSPACE_DIRECTORY",
+        "SHUTDOWN_GRACE_SECS",
+        "CONNECT_DEADLINE_SECS",
+    ] {
+        env.remove(k);
+    }
+    env.insert("AGENTS_API_BASE_URL", "   ".into()); // blank counts as unset
+    let s = controller(&env).unwrap();
+    assert_eq!(s.events_dlq_url, None);
+    assert!(s.ecs.security_groups.is_empty());
+    assert!(!s.ecs.assign_public_ip);
+    assert!(s.controller.filter.agent_ids.is_empty());
+    assert_eq!(s.controller.filter.workspace_directory, None);
+    assert_eq!(s.controller.policy.shutdown_grace_secs, 300);
+    assert_eq!(s.controller.policy.connect_deadline_secs, 180);
+    assert_eq!(s.agents_api_base_url, "https://api.openai.com/v1");
+}
+
+#[test]
+fn each_missing_required_controller_variable_is_named_in_the_error() {
+    for var in [
+        "EVENTS_QUEUE_URL",
+        "TIMERS_QUEUE_URL",
+        "TABLE_NAME",
+        "ECS_CLUSTER",
+        "TASK_DEFINITION",
+        "CONTAINER_NAME",
+        "SUBNETS",
+        "DEPLOYMENT_ID",
+        "OPENAI_API_KEY_SECRET_ARN",
+    ] {
+        let mut env = controller_env();
+        env.remove(var);
+        let err = controller(&env).unwrap_err();
+        assert_eq!(err, SettingsError::Missing { var }, "{var}");
+        assert_eq!(
+            err.to_string(),
+            format!("environment variable {var} is not set")
+        );
+    }
+}
+
+#[test]
+fn invalid_controller_values_name_the_variable_and_never_repeat_the_value() {
+    for (var, value) in [
+        ("SHUTDOWN_GRACE_SECS", "5m"),
+        ("SHUTDOWN_GRACE_SECS", "-1"),
+        ("CONNECT_DEADLINE_SECS", "0"),
+        ("ASSIGN_PUBLIC_IP", "maybe"),
+        ("DEPLOYMENT_ID", "prod/eu west"),
+        ("SUBNETS", "subnet-1,,subnet-2"),
+        ("EVENTS_QUEUE_URL", "sandbox-lifecycle-jobs.fifo"),
+        (
+            "TIMERS_QUEUE_URL",
+            "https://sqs.us-east-1.amazonaws.com/123456789012/timers.fifo",
+        ),
+        ("AGENTS_API_BASE_URL", "api.openai.com"),
+        (
+            "OPENAI_API_KEY_SECRET_ARN",
+            "sk-proj-THISISAKEYPASTEDBYMISTAKE",
+        ),
+    ] {
+        let mut env = controller_env();
+        env.insert(var, value.into());
+        let err = controller(&env).unwrap_err();
+        assert!(
+            matches!(err, SettingsError::Invalid { var: v, .. } if v == var),
+            "{var}={value}: {err:?}"
+        );
+        let message = err.to_string();
+        assert!(message.starts_with(&format!("environment variable {var} is invalid: ")));
+        assert!(!message.contains(value), "{message}");
+    }
+}
+
+#[test]
+fn webhook_needs_only_the_events_queue_and_the_secret_arn() {
+    let env: HashMap<&str, &str> = [
+        ("EVENTS_QUEUE_URL", EVENTS),
+        (
+            "WEBHOOK_SECRET_ARN",
+            "arn:aws:secretsmanager:us-east-1:123456789012:secret:webhook-AbCdEf",
+        ),
+        ("AWS_ENDPOINT_URL", "http://127.0.0.1:5000"),
+    ]
+    .into();
+    let s = WebhookSettings::from_lookup(|k| env.get(k).map(|v| v.to_string())).unwrap();
+    assert!(s.events_queue_fifo);
+    assert_eq!(s.webhook_secret.var, "WEBHOOK_SECRET_ARN");
+    assert_eq!(s.aws_endpoint_url.as_deref(), Some("http://127.0.0.1:5000"));
+
+    let err =
+        WebhookSettings::from_lookup(|k| (k == "EVENTS_QUEUE_URL").then(|| EVENTS.to_owned()))
+            .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "environment variable WEBHOOK_SECRET_ARN is not set"
+    );
+
+    let err = WebhookSettings::from_lookup(|k| match k {
+        "EVENTS_QUEUE_URL" => Some(EVENTS.to_owned()),
+        "WEBHOOK_SECRET_ARN" => Some("whsec_d0jBWkxw8kwXPSTcgFkLyF4RsJ2W0Xo2SjxObaPtVAc=".into()),
+        _ => None,
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("WEBHOOK_SECRET_ARN"));
+    assert!(!err.to_string().contains("whsec_"));
+}
+
+#[test]
+fn queue_name_is_the_last_segment_of_the_url() {
+    assert_eq!(queue_name_of_url(EVENTS), "sandbox-lifecycle-jobs.fifo");
+    assert_eq!(
+        queue_name_of_url("http://127.0.0.1:5000/123456789012/timers/"),
+        "timers"
+    );
+}

@@ -1,0 +1,270 @@
+//! The worker against in-memory doubles of the ports and the Agents API: what each job
+//! outcome does to the message (visibility change on its own queue) and to the partial
+//! batch response.
+
+#[allow(dead_code)]
+mod doubles;
+
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use doubles::{
+    FIXTURE_NOW, FakeSessions, FixedClock, MemoryCompute, MemoryQueue, MemoryRegistry,
+    workspace_event,
+};
+use sandbox_controller::{Controller, ControllerConfig, Job};
+use sandbox_core::ids::{DeploymentId, EnvironmentId, SessionId};
+use sandbox_core::observed::Trigger;
+use sandbox_core::session::Session;
+use sandbox_lambda::worker_handler::{QueueRoutes, handle_batch};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+const EVENTS_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:sandbox-lifecycle-jobs.fifo";
+const TIMERS_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:sandbox-lifecycle-timers";
+const TIMERS_URL: &str =
+    "https://sqs.us-east-1.amazonaws.com/123456789012/sandbox-lifecycle-timers";
+/// The session of `events/sessions/self_hosted.requires_action.environment_connection.json`.
+const SESSION: &str = "sess_0e25c6de04de5b894495116a";
+const ENVIRONMENT: &str = "env_8749d36b79c63105ff2ea2e3";
+
+type TestController = Controller<MemoryQueue, MemoryRegistry, MemoryCompute, FakeSessions>;
+
+fn controller() -> TestController {
+    let sessions = FakeSessions::default();
+    let session: Session = serde_json::from_str(&workspace_event(
+        "sessions/self_hosted.requires_action.environment_connection.json",
+    ))
+    .unwrap();
+    sessions
+        .sessions
+        .lock()
+        .unwrap()
+        .insert(session.id.clone(), session);
+    let mut config = ControllerConfig::new(DeploymentId::new("test").unwrap());
+    config.stop_readback_interval = Duration::from_millis(1);
+    Controller::new(
+        MemoryQueue::default(),
+        MemoryQueue::default(),
+        MemoryRegistry::default(),
+        MemoryCompute::default(),
+        sessions,
+        Arc::new(FixedClock(FIXTURE_NOW)),
+        config,
+    )
+}
+
+fn connection_job(webhook_id: &str) -> String {
+    serde_json::to_string(&Job {
+        trigger: Trigger::ConnectionRequested,
+        session_id: SessionId::new(SESSION),
+        environment_id: None,
+        webhook_id: Some(webhook_id.into()),
+        enqueued_at: FIXTURE_NOW,
+    })
+    .unwrap()
+}
+
+fn sweep_job(session: &str, environment: &str) -> String {
+    serde_json::to_string(&Job {
+        trigger: Trigger::Sweep,
+        session_id: SessionId::new(session),
+        environment_id: Some(EnvironmentId::new(environment)),
+        webhook_id: None,
+        enqueued_at: FIXTURE_NOW,
+    })
+    .unwrap()
+}
+
+/// A record of the events queue (FIFO) or the timers queue, received `receive_count` times.
+fn record(id: &str, body: &str, fifo: bool, receive_count: u32) -> SqsMessage {
+    let mut r = SqsMessage::default();
+    r.message_id = Some(id.into());
+    r.receipt_handle = Some(format!("receipt-{id}"));
+    r.body = Some(body.into());
+    r.event_source = Some("aws:sqs".into());
+    r.event_source_arn = Some(if fifo { EVENTS_ARN } else { TIMERS_ARN }.into());
+    r.attributes
+        .insert("ApproximateReceiveCount".into(), receive_count.to_string());
+    if fifo {
+        r.attributes.insert("MessageGroupId".into(), SESSION.into());
+    }
+    r
+}
+
+fn batch(records: Vec<SqsMessage>) -> SqsEvent {
+    let mut event = SqsEvent::default();
+    event.records = records;
+    event
+}
+
+async fn run(c: &TestController, event: &SqsEvent) -> String {
+    let response = handle_batch(c, &QueueRoutes::new(TIMERS_URL), event, None).await;
+    serde_json::to_string(&response).unwrap()
+}
+
+fn failures(ids: &[&str]) -> String {
+    let items: Vec<String> = ids
+        .iter()
+        .map(|id| format!(r#"{{"itemIdentifier":"{id}"}}"#))
+        .collect();
+    format!(r#"{{"batchItemFailures":[{}]}}"#, items.join(","))
+}
+
+#[tokio::test]
+async fn connection_request_starts_one_compute_and_the_message_succeeds() {
+    let c = controller();
+    let event = batch(vec![record("m1", &connection_job("msg_1"), true, 1)]);
+    assert_eq!(run(&c, &event).await, failures(&[]));
+    let instances = c.compute.instances.lock().unwrap().clone();
+    assert_eq!(instances.len(), 1);
+    assert_eq!(instances[0].environment_id.as_str(), ENVIRONMENT);
+    assert_eq!(c.registry.records.lock().unwrap().len(), 1, "recorded");
+    assert_eq!(*c.registry.ledger.lock().unwrap(), ["msg_1"]);
+    assert!(c.events.retries.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn redelivered_webhook_job_is_a_success_without_a_second_start() {
+    let c = controller();
+    let event = batch(vec![
+        record("m1", &connection_job("msg_1"), true, 1),
+        record("m2", &connection_job("msg_1"), true, 1),
+    ]);
+    assert_eq!(run(&c, &event).await, failures(&[]));
+    assert_eq!(c.compute.instances.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn busy_lock_on_a_timers_record_delays_it_on_the_timers_queue_and_reports_it() {
+    let c = controller();
+    c.registry.busy.store(true, Ordering::SeqCst);
+    let event = batch(vec![record(
+        "t1",
+        &sweep_job(SESSION, ENVIRONMENT),
+        false,
+        1,
+    )]);
+    assert_eq!(run(&c, &event).await, failures(&["t1"]));
+    assert_eq!(
+        *c.timers.retries.lock().unwrap(),
+        [("receipt-t1".to_owned(), c.config.lock_busy_retry_secs)]
+    );
+    assert!(c.events.retries.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn busy_lock_on_an_events_record_hands_the_job_to_the_timers_queue_and_succeeds() {
+    let c = controller();
+    c.registry.busy.store(true, Ordering::SeqCst);
+    let job = connection_job("msg_1");
+    let event = batch(vec![
+        record("m1", &job, true, 4),
+        record("m2", &connection_job("msg_2"), true, 1),
+    ]);
+    // Nothing reported: the FIFO message is deleted, so neither it nor m2 burns a
+    // receive toward the dead-letter queue; m2 ran (and was handed off too).
+    assert_eq!(run(&c, &event).await, failures(&[]));
+    let sent = c.timers.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 2);
+    assert_eq!(serde_json::to_string(&sent[0].job).unwrap(), job);
+    assert_eq!(sent[0].delay_secs, c.config.lock_busy_retry_secs);
+    assert_eq!(sent[0].group, SESSION);
+    assert_eq!(sent[0].dedup_id, "handoff:m1:4");
+    assert!(c.events.retries.lock().unwrap().is_empty());
+    assert!(c.compute.instances.lock().unwrap().is_empty());
+    assert!(c.registry.ledger.lock().unwrap().is_empty(), "not processed yet");
+}
+
+#[tokio::test]
+async fn failed_hand_off_retries_the_events_record_on_its_own_queue() {
+    let c = controller();
+    c.registry.busy.store(true, Ordering::SeqCst);
+    c.timers.down.store(true, Ordering::SeqCst);
+    let event = batch(vec![
+        record("m1", &connection_job("msg_1"), true, 1),
+        record("m2", &connection_job("msg_2"), true, 1),
+    ]);
+    assert_eq!(run(&c, &event).await, failures(&["m1", "m2"]));
+    assert_eq!(
+        *c.events.retries.lock().unwrap(),
+        [("receipt-m1".to_owned(), c.config.lock_busy_retry_secs)]
+    );
+}
+
+#[tokio::test]
+async fn registry_outage_backs_off_by_receive_count_and_reports_the_message() {
+    let c = controller();
+    c.registry.down.store(true, Ordering::SeqCst);
+    let event = batch(vec![record("m1", &connection_job("msg_1"), true, 3)]);
+    assert_eq!(run(&c, &event).await, failures(&["m1"]));
+    // 2^3 s, as local mode's queue loop (sandbox_controller::consume::failure_backoff_secs).
+    assert_eq!(
+        *c.events.retries.lock().unwrap(),
+        [("receipt-m1".to_owned(), 8)]
+    );
+}
+
+#[tokio::test]
+async fn undecodable_body_is_reported_failed_without_changing_its_visibility() {
+    let c = controller();
+    let event = batch(vec![record("t1", r#"{"kind":"webhook"}"#, false, 1)]);
+    assert_eq!(run(&c, &event).await, failures(&["t1"]));
+    assert!(c.timers.retries.lock().unwrap().is_empty());
+    assert_eq!(c.sessions.reads.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn fifo_batch_stops_at_the_first_failure_and_reports_the_rest_unprocessed() {
+    let c = controller();
+    let event = batch(vec![
+        record("m1", &connection_job("msg_1"), true, 1),
+        record("m2", "not json", true, 1),
+        record("m3", &connection_job("msg_3"), true, 1),
+    ]);
+    assert_eq!(run(&c, &event).await, failures(&["m2", "m3"]));
+    assert_eq!(
+        c.sessions.reads.load(Ordering::SeqCst),
+        1,
+        "m3 not processed"
+    );
+    assert_eq!(*c.registry.ledger.lock().unwrap(), ["msg_1"]);
+}
+
+#[tokio::test]
+async fn standard_batch_goes_on_after_a_failure_and_reports_only_it() {
+    let c = controller();
+    let event = batch(vec![
+        record("t1", &sweep_job("sess_gone_1", "env_gone_1"), false, 1),
+        record("t2", "not json", false, 1),
+        record("t3", &sweep_job("sess_gone_3", "env_gone_3"), false, 1),
+    ]);
+    assert_eq!(run(&c, &event).await, failures(&["t2"]));
+    assert_eq!(c.sessions.reads.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn records_after_the_deadline_reserve_are_left_on_the_queue_but_the_first_runs() {
+    let c = controller();
+    let event = batch(vec![
+        record("t1", &sweep_job("sess_gone_1", "env_gone_1"), false, 1),
+        record("t2", &sweep_job("sess_gone_2", "env_gone_2"), false, 1),
+    ]);
+    let deadline = SystemTime::now() + Duration::from_secs(10);
+    let response = handle_batch(&c, &QueueRoutes::new(TIMERS_URL), &event, Some(deadline)).await;
+    assert_eq!(serde_json::to_string(&response).unwrap(), failures(&["t2"]));
+    assert_eq!(c.sessions.reads.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn records_are_routed_to_their_queue_by_arn() {
+    let routes = QueueRoutes::new(TIMERS_URL);
+    use sandbox_lambda::worker_handler::SourceQueue;
+    assert_eq!(
+        routes.source_of(&record("t", "", false, 1)),
+        SourceQueue::Timers
+    );
+    assert_eq!(
+        routes.source_of(&record("m", "", true, 1)),
+        SourceQueue::Events
+    );
+}

@@ -1,0 +1,511 @@
+//! The end-to-end harness on the AWS adapters over moto: the Agents API simulator
+//! delivering signed webhooks to the intake (axum on 127.0.0.1, the same router the
+//! Lambda's handler code serves) → the SQS FIFO events queue → worker loops → decide →
+//! ECS Fargate tasks, with the registry on DynamoDB and rechecks on the SQS timers queue.
+//!
+//! **moto runs no containers.** A task it "runs" is only a row with a status, so nothing
+//! would ever run `codex exec-server` and connect to the simulator. The **executor
+//! bridge** plays that part: every ~100 ms ([`AwsOptions::bridge_every`]) it lists the deployment's ECS tasks (through
+//! [`EcsCompute`], i.e. ListTasks + DescribeTasks), and for each RUNNING task not yet
+//! connected it connects the task's environment to the simulator with the executor key
+//! ([`SimClient::connect`], the same endpoint `sim-executor` calls); for each task that is
+//! STOPPED (or gone) after connecting it disconnects that connection. Connection counts in
+//! the simulator therefore follow the ECS task states, one connection per task.
+//!
+//! Needs `MOTO_ENDPOINT` (run through `tests/moto/run.sh`); [`AwsHarness::start`] panics
+//! with a message naming the runner when it is unset. Every harness uses its own queues,
+//! table, cluster and deployment id, so tests run in parallel on one moto server.
+
+use crate::DEPLOYMENT;
+use agents_sim::{SimClient, SimConfig, SimHandle, Url};
+use anyhow::bail;
+use aws_config::SdkConfig;
+use sandbox_agents_api::{AgentsClient, ClientConfig};
+use sandbox_aws::bootstrap::{Queues, create_ecs, create_queues, moto_pin_ecs_tasks};
+use sandbox_aws::{DynamoRegistry, EcsCompute, SqsQueue, create_table, load_sdk_config};
+use sandbox_controller::ports::{Clock, Compute as _, PortError, Registry as _, SystemClock};
+use sandbox_controller::{Controller, ControllerConfig, Intake, SweepReport, router};
+use sandbox_core::compute::{ComputeInstance, ComputeStatus};
+use sandbox_core::ids::{DeploymentId, EnvironmentId};
+use sandbox_core::observed::Policy;
+use sandbox_core::record::Record;
+use sandbox_core::webhook::WebhookVerifier;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The controller over the AWS adapters and the simulator's Agents API.
+pub type AwsController = Controller<SqsQueue, DynamoRegistry, EcsCompute, AgentsClient>;
+
+/// The executor container's name in the harness's task definition.
+pub const CONTAINER: &str = "executor";
+
+/// Knobs of one AWS harness.
+#[derive(Clone, Debug)]
+pub struct AwsOptions {
+    /// Extra copies of every webhook delivery.
+    pub duplicates: u32,
+    /// Reorder deliveries.
+    pub reorder: bool,
+    /// Worker loops.
+    pub workers: usize,
+    /// Shutdown grace, real seconds.
+    pub grace_secs: u64,
+    /// Sweeper period; `None` disables the periodic sweeper (tests call `sweep_now`).
+    pub sweep_every: Option<Duration>,
+    /// Simulated turn length, simulated seconds (60 sim s = 1 real s).
+    pub turn_secs: f64,
+    /// Whether the simulator delivers webhooks to the intake (`false`: events are only
+    /// recorded; the test enqueues jobs itself).
+    pub webhooks: bool,
+    /// The simulator's input-time connection deadline, simulated seconds (default 300 =
+    /// 5 real seconds).
+    pub sim_connect_deadline_secs: f64,
+    /// The controller's connect deadline (row 10), real seconds (default 30).
+    pub connect_deadline_secs: u64,
+    /// Messages one worker receives per events-queue poll (default 10, the SQS maximum).
+    /// A batch is handled in order under one visibility timeout.
+    pub receive_batch: usize,
+    /// How often the executor bridge lists the ECS tasks (default 100 ms).
+    pub bridge_every: Duration,
+}
+
+impl Default for AwsOptions {
+    fn default() -> Self {
+        Self {
+            duplicates: 0,
+            reorder: false,
+            workers: 2,
+            grace_secs: 2,
+            sweep_every: None,
+            turn_secs: 30.0,
+            webhooks: true,
+            sim_connect_deadline_secs: 300.0,
+            connect_deadline_secs: 30,
+            receive_batch: 10,
+            bridge_every: Duration::from_millis(100),
+        }
+    }
+}
+
+/// The moto endpoint from `MOTO_ENDPOINT`. Panics (never skips) when it is unset.
+pub fn moto_endpoint() -> String {
+    match std::env::var("MOTO_ENDPOINT") {
+        Ok(v) if !v.is_empty() => v.trim_end_matches('/').to_owned(),
+        _ => panic!(
+            "MOTO_ENDPOINT is not set: the AWS end-to-end tests need moto. Run them through \
+             the runner, which starts moto_server on 127.0.0.1 and sets MOTO_ENDPOINT and \
+             test credentials: `tests/moto/run.sh cargo nextest run -p sandbox-e2e -E \
+             'test(aws)'` (from the workspace root; install moto first with \
+             `.venv/bin/pip install -r tests/moto/requirements.txt`)"
+        ),
+    }
+}
+
+/// A short unique token for resource names: wall-clock nanoseconds, process id, counter.
+pub fn unique() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "{:x}{:x}{n:x}",
+        nanos & 0xff_ffff_ffff,
+        std::process::id() & 0xffff
+    )
+}
+
+/// The AWS resources of one harness, created on moto.
+#[derive(Clone, Debug)]
+pub struct AwsResources {
+    /// SDK configuration pointed at moto.
+    pub sdk: SdkConfig,
+    /// The queues.
+    pub queues: Queues,
+    /// The registry table.
+    pub table: String,
+    /// The ECS configuration (cluster, task definition, network).
+    pub ecs: sandbox_aws::EcsConfig,
+}
+
+impl AwsResources {
+    /// Creates fresh queues, a table and a cluster with a task definition on moto, and
+    /// pins moto's ECS task states. Panics without `MOTO_ENDPOINT`.
+    ///
+    /// # Errors
+    /// A [`PortError`] from a bootstrap call.
+    pub async fn create() -> Result<Self, PortError> {
+        let endpoint = moto_endpoint();
+        let sdk = load_sdk_config(Some(&endpoint)).await;
+        moto_pin_ecs_tasks(&endpoint).await?;
+        let u = unique();
+        let queues = create_queues(&aws_sdk_sqs::Client::new(&sdk), &format!("e2e-{u}")).await?;
+        let table = format!("e2e-{u}");
+        create_table(&aws_sdk_dynamodb::Client::new(&sdk), &table).await?;
+        let ecs = create_ecs(
+            &aws_sdk_ecs::Client::new(&sdk),
+            &endpoint,
+            &format!("e2e-{u}"),
+            &format!("executor-{u}"),
+            CONTAINER,
+        )
+        .await?;
+        Ok(Self {
+            sdk,
+            queues,
+            table,
+            ecs,
+        })
+    }
+
+    /// The events queue.
+    pub fn events(&self) -> SqsQueue {
+        self.queues.events(&aws_sdk_sqs::Client::new(&self.sdk))
+    }
+
+    /// The timers queue.
+    pub fn timers(&self) -> SqsQueue {
+        self.queues.timers(&aws_sdk_sqs::Client::new(&self.sdk))
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> DynamoRegistry {
+        DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&self.sdk), &self.table)
+    }
+
+    /// The compute provider on moto's ECS.
+    pub fn compute(&self) -> EcsCompute {
+        EcsCompute::new(aws_sdk_ecs::Client::new(&self.sdk), self.ecs.clone())
+    }
+}
+
+/// The controller settings of the harnesses: short policy times, like the embedded
+/// harness.
+pub fn harness_config(deployment: DeploymentId, opts: &AwsOptions) -> ControllerConfig {
+    let mut controller = ControllerConfig::new(deployment);
+    controller.policy = Policy {
+        connect_deadline_secs: opts.connect_deadline_secs,
+        shutdown_grace_secs: opts.grace_secs,
+        recheck_secs: 1,
+        uncertain_retry_secs: 1,
+        ..Policy::default()
+    };
+    controller.stop_readback_interval = Duration::from_millis(50);
+    controller.lock_busy_retry_secs = 1;
+    controller.visibility_secs = 30;
+    controller
+}
+
+/// The simulator and the controller on the AWS adapters over moto, wired together, with
+/// the executor bridge standing in for the executors moto does not run.
+pub struct AwsHarness {
+    /// The simulator.
+    pub sim: SimHandle,
+    /// A client of the simulator (API and executor keys).
+    pub client: SimClient,
+    /// The AWS resources.
+    pub resources: AwsResources,
+    controller: Arc<AwsController>,
+    webhook_url: String,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl AwsHarness {
+    /// Creates the AWS resources on moto, starts the simulator, the webhook intake, the
+    /// worker loops, the optional sweeper and the executor bridge.
+    ///
+    /// # Errors
+    /// A bootstrap, simulator or listener failure. Panics without `MOTO_ENDPOINT`.
+    pub async fn start(opts: AwsOptions) -> anyhow::Result<Self> {
+        let resources = AwsResources::create().await?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let webhook_url = format!("http://127.0.0.1:{port}/webhook");
+        let secret = agents_sim::DEFAULT_WEBHOOK_SECRET.to_owned();
+        let mut sim_cfg = SimConfig::default()
+            .with_time_scale(60.0)
+            .with_turn_secs(opts.turn_secs)
+            .with_connect_deadline_secs(opts.sim_connect_deadline_secs)
+            .with_faults(opts.duplicates, opts.reorder, 0..=20);
+        if opts.webhooks {
+            sim_cfg = sim_cfg.with_webhook(Url::parse(&webhook_url)?, secret.clone());
+        }
+        sim_cfg.seed = 42;
+        let sim = agents_sim::spawn(sim_cfg).await?;
+        let client = sim.client();
+
+        let deployment = DeploymentId::new(format!("{DEPLOYMENT}-{}", unique()))?;
+        let config = harness_config(deployment, &opts);
+        let mut api = ClientConfig::new(agents_sim::DEFAULT_API_KEY);
+        api.base_url = sim.base_url();
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let events = resources.events();
+        let intake = Arc::new(Intake::new(
+            WebhookVerifier::new(&secret)?,
+            events.clone(),
+            clock.clone(),
+        ));
+        let controller = Arc::new(Controller::new(
+            events,
+            resources.timers(),
+            resources.registry(),
+            resources.compute(),
+            AgentsClient::new(api)?,
+            clock,
+            config,
+        ));
+
+        let (stop, stopped) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let mut rx = stopped.clone();
+        tasks.push(tokio::spawn(async move {
+            let serve = axum::serve(listener, router(intake)).with_graceful_shutdown(async move {
+                let _ = rx.wait_for(|s| *s).await;
+            });
+            let _ = serve.await;
+        }));
+        for _ in 0..opts.workers {
+            let c = controller.clone();
+            let rx = stopped.clone();
+            tasks.push(tokio::spawn(worker_loop(c, opts.receive_batch, rx)));
+        }
+        if let Some(every) = opts.sweep_every {
+            let c = controller.clone();
+            let rx = stopped.clone();
+            tasks.push(tokio::spawn(sweeper_loop(c, every, rx)));
+        }
+        tasks.push(tokio::spawn(executor_bridge(
+            controller.clone(),
+            client.clone(),
+            opts.bridge_every,
+            stopped,
+        )));
+        Ok(Self {
+            sim,
+            client,
+            resources,
+            controller,
+            webhook_url,
+            stop,
+            tasks,
+        })
+    }
+
+    /// The controller.
+    pub fn controller(&self) -> &Arc<AwsController> {
+        &self.controller
+    }
+
+    /// The webhook URL the simulator delivers to.
+    pub fn webhook_url(&self) -> &str {
+        &self.webhook_url
+    }
+
+    /// Runs one sweep now.
+    ///
+    /// # Errors
+    /// As [`Controller::sweep`].
+    pub async fn sweep_now(&self) -> Result<SweepReport, PortError> {
+        self.controller.sweep().await
+    }
+
+    /// Polls `check` every 100 ms until it holds or `timeout` passes.
+    ///
+    /// # Errors
+    /// The check's error, or a timeout naming `what`.
+    pub async fn wait_until<F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: F,
+    ) -> anyhow::Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<bool>>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if check().await? {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("timed out after {timeout:?} waiting for {what}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Every ECS task of this deployment (ListTasks + DescribeTasks via the adapter).
+    ///
+    /// # Errors
+    /// The provider's error.
+    pub async fn instances(&self) -> anyhow::Result<Vec<ComputeInstance>> {
+        let c = &self.controller;
+        Ok(c.compute.list(&c.config.deployment).await?)
+    }
+
+    /// Live tasks of one environment, per ECS.
+    ///
+    /// # Errors
+    /// The provider's error.
+    pub async fn live(&self, env: &str) -> anyhow::Result<Vec<ComputeInstance>> {
+        Ok(self
+            .instances()
+            .await?
+            .into_iter()
+            .filter(|i| i.environment_id.as_str() == env && i.status.is_live())
+            .collect())
+    }
+
+    /// The DynamoDB record of one environment.
+    ///
+    /// # Errors
+    /// The registry's error.
+    pub async fn record(&self, env: &str) -> anyhow::Result<Option<Record>> {
+        Ok(self
+            .controller
+            .registry
+            .get(&EnvironmentId::new(env).effect_key())
+            .await?)
+    }
+
+    /// Whether the simulator sees the environment's executor connected.
+    ///
+    /// # Errors
+    /// The simulator client's error.
+    pub async fn connected(&self, env: &str) -> anyhow::Result<bool> {
+        Ok(self
+            .client
+            .state()
+            .await?
+            .environment(env)
+            .is_some_and(|e| e.connected))
+    }
+
+    /// Stops the loops, the intake and the bridge (jobs in progress finish), stops every
+    /// live task of this deployment on moto and shuts the simulator down. Returns how many
+    /// tasks were stopped.
+    ///
+    /// # Errors
+    /// The provider's error.
+    pub async fn shutdown(self) -> anyhow::Result<usize> {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        let c = &self.controller;
+        let mut stopped = 0;
+        for i in c.compute.list(&c.config.deployment).await? {
+            if i.status.is_live() {
+                c.compute.stop(&i.instance_id, "harness shutdown").await?;
+                stopped += 1;
+            }
+        }
+        self.sim.shutdown().await;
+        Ok(stopped)
+    }
+}
+
+async fn worker_loop(c: Arc<AwsController>, batch: usize, stop: watch::Receiver<bool>) {
+    // A job in progress always finishes; the stop flag is checked between batches.
+    while !*stop.borrow() {
+        // 200 ms rounds up to a 1 s SQS long poll.
+        let events = c.consume_once(&c.events, batch, 200).await;
+        let timers = c.consume_once(&c.timers, batch, 0).await;
+        match (events, timers) {
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(error = %e, "receive failed");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            (Ok(0), Ok(0)) => tokio::time::sleep(Duration::from_millis(50)).await,
+            _ => {}
+        }
+    }
+}
+
+async fn sweeper_loop(c: Arc<AwsController>, every: Duration, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = c.sweep().await {
+            tracing::warn!(error = %e, "sweep skipped");
+        }
+    }
+}
+
+/// One task the bridge connected: its environment and the simulator's connection id.
+struct Bridged {
+    env: String,
+    connection: Option<String>,
+}
+
+/// The executor bridge (see the module docs): moto runs no containers, so this loop
+/// connects a RUNNING task's environment to the simulator once, and disconnects it when
+/// the task is STOPPED or gone.
+async fn executor_bridge(
+    c: Arc<AwsController>,
+    sim: SimClient,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut bridged: HashMap<String, Bridged> = HashMap::new();
+    while !*stop.borrow() {
+        match c.compute.list(&c.config.deployment).await {
+            Ok(instances) => {
+                let mut seen = std::collections::HashSet::new();
+                for i in &instances {
+                    let arn = i.instance_id.as_str().to_owned();
+                    seen.insert(arn.clone());
+                    let env = i.environment_id.as_str().to_owned();
+                    if i.status == ComputeStatus::Running && !bridged.contains_key(&arn) {
+                        // A refusal (e.g. 404 for a deleted session) is final, like the
+                        // executor exiting: the task is not retried.
+                        let connection = match sim.connect(&env).await {
+                            Ok(id) => Some(id),
+                            Err(e) => {
+                                tracing::info!(task = %arn, %env, error = %e, "bridge: connect refused");
+                                None
+                            }
+                        };
+                        bridged.insert(arn, Bridged { env, connection });
+                    } else if i.status == ComputeStatus::Stopped {
+                        disconnect(&sim, &mut bridged, &arn).await;
+                    }
+                }
+                let gone: Vec<String> = bridged
+                    .keys()
+                    .filter(|a| !seen.contains(*a))
+                    .cloned()
+                    .collect();
+                for arn in gone {
+                    disconnect(&sim, &mut bridged, &arn).await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "bridge: list failed"),
+        }
+        tokio::select! {
+            changed = stop.changed() => if changed.is_err() { break },
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+async fn disconnect(sim: &SimClient, bridged: &mut HashMap<String, Bridged>, arn: &str) {
+    if let Some(b) = bridged.get_mut(arn)
+        && let Some(connection) = b.connection.take()
+        && let Err(e) = sim.disconnect(&b.env, Some(&connection)).await
+    {
+        tracing::info!(task = %arn, env = %b.env, error = %e, "bridge: disconnect failed");
+    }
+}
