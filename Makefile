@@ -23,6 +23,8 @@ SIM_JSON_FILTER := $(if $(shell command -v cargo-nextest 2>/dev/null),-E 'packag
 
 .PHONY: help run test build fmt-check clippy rust-test doc-test crosscheck venv build-venv clean
 
+include mk/infra.mk
+
 help:
 	@echo "make run    run the pipeline locally (embedded default)"
 	@echo "make test   everything CI runs"
@@ -34,7 +36,7 @@ run:
 	cargo build --locked -p sandboxctl -p agents-sim --bins
 	$(TARGET_DIR)/debug/sandboxctl demo --executor $(TARGET_DIR)/debug/sim-executor
 
-test: fmt-check clippy rust-test doc-test crosscheck
+test: fmt-check clippy rust-test doc-test crosscheck infra-test
 
 fmt-check:
 	cargo fmt --all -- --check

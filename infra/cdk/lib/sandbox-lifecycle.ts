@@ -1,0 +1,548 @@
+/**
+ * `SandboxLifecycle`: the whole controller in one construct — the same resources and
+ * policies as `infra/sam/template.yaml` (infra/tests/test_templates.py compares the two
+ * synthesized templates), with the SAM parameters as props.
+ *
+ * Resources with implicit grants in their L2 form (ECS cluster and task definition,
+ * security group, SQS event sources) are declared at L1 or through
+ * `lambda.EventSourceMapping`, and every role carries its whole policy inline: nothing is
+ * added to a role behind the author's back, so the policies read here are all there is.
+ *
+ * Environment variables are the ones `crates/lambda/src/settings.rs` reads.
+ */
+import { Duration, RemovalPolicy, Stack, Token } from "aws-cdk-lib";
+import * as cloudwatch from "aws-cdk-lib/aws-cloudwatch";
+import * as cwActions from "aws-cdk-lib/aws-cloudwatch-actions";
+import * as dynamodb from "aws-cdk-lib/aws-dynamodb";
+import * as ec2 from "aws-cdk-lib/aws-ec2";
+import * as ecs from "aws-cdk-lib/aws-ecs";
+import * as events from "aws-cdk-lib/aws-events";
+import * as targets from "aws-cdk-lib/aws-events-targets";
+import * as iam from "aws-cdk-lib/aws-iam";
+import * as lambda from "aws-cdk-lib/aws-lambda";
+import * as logs from "aws-cdk-lib/aws-logs";
+import * as sns from "aws-cdk-lib/aws-sns";
+import * as sqs from "aws-cdk-lib/aws-sqs";
+import { Construct } from "constructs";
+
+/** The executor container's name in the task definition (`CONTAINER_NAME`). */
+export const EXECUTOR_CONTAINER_NAME = "executor";
+/** Receives before a message moves to its dead-letter queue (crates/aws/src/bootstrap.rs). */
+export const MAX_RECEIVE_COUNT = 5;
+/** Worker function timeout, seconds: one record may take ~90 s (worker_handler.rs RECORD_RESERVE). */
+export const WORKER_TIMEOUT_SECS = 120;
+/**
+ * Visibility timeout of both consumed queues, seconds: 6 x the worker timeout (the Lambda
+ * developer guide's rule for SQS event sources).
+ */
+export const QUEUE_VISIBILITY_SECS = 6 * WORKER_TIMEOUT_SECS;
+/** Sweeper period and timeout, seconds. */
+export const SWEEP_PERIOD_SECS = 300;
+/** What the controller logs when RunTask starts no task (crates/controller/src/worker.rs). */
+export const FAILED_START_LOG_MESSAGE = "compute start failed";
+
+/** The three function packages. */
+export interface SandboxLifecycleCode {
+  /** `bootstrap` of the `webhook` binary (a zip or a directory). */
+  readonly webhook: lambda.Code;
+  /** `bootstrap` of the `worker` binary. */
+  readonly worker: lambda.Code;
+  /** `bootstrap` of the `sweeper` binary. */
+  readonly sweeper: lambda.Code;
+}
+
+/** The props: one per SAM template parameter (same names, camelCase), plus the code. */
+export interface SandboxLifecycleProps {
+  /** The functions' code, built for `provided.al2023` on arm64 (`make build`). */
+  readonly code: SandboxLifecycleCode;
+  /**
+   * `DEPLOYMENT_ID`: tags every executor task; 1-36 characters of [A-Za-z0-9_-].
+   * @default the stack name (which must then be at most 36 characters)
+   */
+  readonly deploymentId?: string;
+  /** Full ARN of the webhook signing secret (`whsec_...`); webhook function only. */
+  readonly webhookSecretArn: string;
+  /** Full ARN of the OpenAI API key secret (`sk-...`); worker and sweeper only. */
+  readonly openAIApiKeySecretArn: string;
+  /** Full ARN of the executor key secret; injected as `CODEX_API_KEY` by ECS only. */
+  readonly executorKeySecretArn: string;
+  /** The executor image (infra/executor), preferably pinned by digest. */
+  readonly executorImage: string;
+  /** @default ARM64 */
+  readonly executorCpuArchitecture?: "ARM64" | "X86_64";
+  /** Task CPU units. @default 1024 */
+  readonly executorCpu?: number;
+  /** Task memory, MiB. @default 2048 */
+  readonly executorMemory?: number;
+  /** VPC of the subnets (holds the egress-only security group). */
+  readonly vpcId: string;
+  /** `SUBNETS`: executor subnets, at least one. */
+  readonly subnetIds: string[];
+  /** `ASSIGN_PUBLIC_IP`. @default false */
+  readonly assignPublicIp?: boolean;
+  /** `AGENT_IDS`. @default any agent */
+  readonly agentIds?: string[];
+  /** `WORKSPACE_DIRECTORY`. @default any */
+  readonly workspaceDirectory?: string;
+  /** `SHUTDOWN_GRACE_SECS`, seconds. @default 300 */
+  readonly shutdownGraceSecs?: number;
+  /** `CONNECT_DEADLINE_SECS`, seconds (>= 1). @default 180 */
+  readonly connectDeadlineSecs?: number;
+  /** `AGENTS_API_BASE_URL`. @default https://api.openai.com/v1 */
+  readonly agentsApiBaseUrl?: string;
+  /** Records per worker invocation, 1-10. @default 10 */
+  readonly workerBatchSize?: number;
+  /** Maximum concurrent worker invocations per queue, 2-1000. @default 10 */
+  readonly workerMaximumConcurrency?: number;
+  /** Log retention, days. @default 30 */
+  readonly logRetentionDays?: logs.RetentionDays;
+  /** SNS topic notified by the alarms. @default no alarm actions */
+  readonly alarmTopicArn?: string;
+}
+
+const SECRET_ARN = /^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:.+$/;
+const DEPLOYMENT_ID = /^[A-Za-z0-9_-]{1,36}$/;
+
+function lambdaAssumeRole(): iam.ServicePrincipal {
+  return new iam.ServicePrincipal("lambda.amazonaws.com");
+}
+
+/** See the module docs. */
+export class SandboxLifecycle extends Construct {
+  /** The public webhook endpoint (register it for the four `agent.session.*` events). */
+  public readonly webhookUrl: lambda.FunctionUrl;
+  public readonly eventsQueue: sqs.Queue;
+  public readonly timersQueue: sqs.Queue;
+  public readonly table: dynamodb.Table;
+  public readonly cluster: ecs.CfnCluster;
+  public readonly taskDefinition: ecs.CfnTaskDefinition;
+  public readonly webhookFunction: lambda.Function;
+  public readonly workerFunction: lambda.Function;
+  public readonly sweeperFunction: lambda.Function;
+  /** The value of `DEPLOYMENT_ID`. */
+  public readonly deploymentId: string;
+
+  constructor(scope: Construct, id: string, props: SandboxLifecycleProps) {
+    super(scope, id);
+    const stack = Stack.of(this);
+    validate(props);
+    const deploymentId = props.deploymentId ?? stack.stackName;
+    if (!Token.isUnresolved(deploymentId) && !DEPLOYMENT_ID.test(deploymentId)) {
+      throw new Error(
+        `deploymentId (or the stack name) must be 1-36 characters of [A-Za-z0-9_-]: got ${deploymentId.length} characters`,
+      );
+    }
+    this.deploymentId = deploymentId;
+    const retention = props.logRetentionDays ?? logs.RetentionDays.ONE_MONTH;
+    const logGroup = (name: string) =>
+      new logs.LogGroup(this, name, { retention, removalPolicy: RemovalPolicy.DESTROY });
+
+    // ------------------------------------------------------------ queues
+    // Events: FIFO, MessageGroupId = session id, MessageDeduplicationId = webhook-id.
+    const eventsDlq = new sqs.Queue(this, "EventsDeadLetterQueue", {
+      fifo: true,
+      retentionPeriod: Duration.days(14),
+      encryption: sqs.QueueEncryption.SQS_MANAGED,
+    });
+    this.eventsQueue = new sqs.Queue(this, "EventsQueue", {
+      fifo: true,
+      contentBasedDeduplication: false,
+      visibilityTimeout: Duration.seconds(QUEUE_VISIBILITY_SECS),
+      retentionPeriod: Duration.days(4),
+      encryption: sqs.QueueEncryption.SQS_MANAGED,
+      deadLetterQueue: { queue: eventsDlq, maxReceiveCount: MAX_RECEIVE_COUNT },
+    });
+    // Timers: standard (per-message DelaySeconds <= 900 works only there).
+    const timersDlq = new sqs.Queue(this, "TimersDeadLetterQueue", {
+      retentionPeriod: Duration.days(14),
+      encryption: sqs.QueueEncryption.SQS_MANAGED,
+    });
+    this.timersQueue = new sqs.Queue(this, "TimersQueue", {
+      visibilityTimeout: Duration.seconds(QUEUE_VISIBILITY_SECS),
+      retentionPeriod: Duration.days(4),
+      encryption: sqs.QueueEncryption.SQS_MANAGED,
+      deadLetterQueue: { queue: timersDlq, maxReceiveCount: MAX_RECEIVE_COUNT },
+    });
+
+    // ------------------------------------------------------------ registry
+    // The schema of crates/aws/src/dynamo_registry.rs.
+    this.table = new dynamodb.Table(this, "RegistryTable", {
+      partitionKey: { name: "pk", type: dynamodb.AttributeType.STRING },
+      sortKey: { name: "sk", type: dynamodb.AttributeType.STRING },
+      billingMode: dynamodb.BillingMode.PAY_PER_REQUEST,
+      timeToLiveAttribute: "expires_at",
+      pointInTimeRecoverySpecification: { pointInTimeRecoveryEnabled: true },
+      encryption: dynamodb.TableEncryption.AWS_MANAGED,
+      removalPolicy: RemovalPolicy.RETAIN,
+    });
+    this.table.addGlobalSecondaryIndex({
+      indexName: "by_session",
+      partitionKey: { name: "session_id", type: dynamodb.AttributeType.STRING },
+      projectionType: dynamodb.ProjectionType.KEYS_ONLY,
+    });
+
+    // ------------------------------------------------------------ executor
+    this.cluster = new ecs.CfnCluster(this, "ExecutorCluster");
+    const executorLogs = logGroup("ExecutorLogGroup");
+    // Egress-only: no ingress rule; HTTPS out (Agents API, registry, Secrets Manager).
+    const securityGroup = new ec2.CfnSecurityGroup(this, "ExecutorSecurityGroup", {
+      groupDescription: "sandbox-lifecycle executor tasks (egress only, HTTPS)",
+      vpcId: props.vpcId,
+      securityGroupEgress: [
+        { ipProtocol: "tcp", fromPort: 443, toPort: 443, cidrIp: "0.0.0.0/0", description: "HTTPS out" },
+      ],
+    });
+    const ecsTasks = new iam.ServicePrincipal("ecs-tasks.amazonaws.com");
+    const executionRole = new iam.Role(this, "ExecutorExecutionRole", {
+      assumedBy: ecsTasks,
+      inlinePolicies: {
+        "executor-execution": new iam.PolicyDocument({
+          statements: [
+            new iam.PolicyStatement({
+              sid: "ExecutorKey",
+              actions: ["secretsmanager:GetSecretValue"],
+              resources: [props.executorKeySecretArn],
+            }),
+            new iam.PolicyStatement({
+              sid: "Logs",
+              actions: ["logs:CreateLogStream", "logs:PutLogEvents"],
+              resources: [executorLogs.logGroupArn],
+            }),
+            // ecr:GetAuthorizationToken has no resource type (Service Authorization
+            // Reference): "*" is the only valid resource, and it grants no image access.
+            new iam.PolicyStatement({
+              sid: "RegistryToken",
+              actions: ["ecr:GetAuthorizationToken"],
+              resources: ["*"],
+            }),
+            new iam.PolicyStatement({
+              sid: "ImagePull",
+              actions: ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
+              resources: [stack.formatArn({ service: "ecr", resource: "repository", resourceName: "*" })],
+            }),
+          ],
+        }),
+      },
+    });
+    // No policy at all: codex exec-server calls no AWS API.
+    const taskRole = new iam.Role(this, "ExecutorTaskRole", { assumedBy: ecsTasks });
+    const family = `${stack.stackName}-executor`;
+    // REMOTE_URL and ENVIRONMENT_ID come per task from RunTask container overrides.
+    this.taskDefinition = new ecs.CfnTaskDefinition(this, "ExecutorTaskDefinition", {
+      family,
+      requiresCompatibilities: ["FARGATE"],
+      networkMode: "awsvpc",
+      cpu: String(props.executorCpu ?? 1024),
+      memory: String(props.executorMemory ?? 2048),
+      runtimePlatform: {
+        operatingSystemFamily: "LINUX",
+        cpuArchitecture: props.executorCpuArchitecture ?? "ARM64",
+      },
+      executionRoleArn: executionRole.roleArn,
+      taskRoleArn: taskRole.roleArn,
+      containerDefinitions: [
+        {
+          name: EXECUTOR_CONTAINER_NAME,
+          image: props.executorImage,
+          essential: true,
+          workingDirectory: "/workspace",
+          // Seconds between SIGTERM and SIGKILL (Fargate maximum 120).
+          stopTimeout: 30,
+          secrets: [{ name: "CODEX_API_KEY", valueFrom: props.executorKeySecretArn }],
+          logConfiguration: {
+            logDriver: "awslogs",
+            options: {
+              "awslogs-group": executorLogs.logGroupName,
+              "awslogs-region": stack.region,
+              "awslogs-stream-prefix": "executor",
+            },
+          },
+        },
+      ],
+    });
+
+    // ------------------------------------------------------------ roles
+    const clusterArn = this.cluster.attrArn;
+    const clusterName = this.cluster.ref;
+    const taskArns = stack.formatArn({ service: "ecs", resource: "task", resourceName: `${clusterName}/*` });
+    const onCluster = { ArnEquals: { "ecs:cluster": clusterArn } };
+    const registryResources = [this.table.tableArn, `${this.table.tableArn}/index/by_session`];
+    const controllerStatements = (): iam.PolicyStatement[] => [
+      new iam.PolicyStatement({
+        sid: "ApiKey",
+        actions: ["secretsmanager:GetSecretValue"],
+        resources: [props.openAIApiKeySecretArn],
+      }),
+      new iam.PolicyStatement({
+        sid: "ScheduleRecheck",
+        actions: ["sqs:SendMessage"],
+        resources: [this.timersQueue.queueArn],
+      }),
+      new iam.PolicyStatement({
+        sid: "DeadLetterCount",
+        actions: ["sqs:GetQueueAttributes"],
+        resources: [eventsDlq.queueArn],
+      }),
+      new iam.PolicyStatement({
+        sid: "Registry",
+        actions: ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:Query", "dynamodb:Scan"],
+        resources: registryResources,
+      }),
+      new iam.PolicyStatement({
+        sid: "RunExecutor",
+        actions: ["ecs:RunTask"],
+        resources: [stack.formatArn({ service: "ecs", resource: "task-definition", resourceName: `${family}:*` })],
+        conditions: onCluster,
+      }),
+      // RunTask with tags needs ecs:TagResource on the new task, only as part of RunTask.
+      new iam.PolicyStatement({
+        sid: "TagOnRun",
+        actions: ["ecs:TagResource"],
+        resources: [taskArns],
+        conditions: { StringEquals: { "ecs:CreateAction": "RunTask" } },
+      }),
+      new iam.PolicyStatement({
+        sid: "ManageExecutors",
+        actions: ["ecs:StopTask", "ecs:DescribeTasks"],
+        resources: [taskArns],
+        conditions: onCluster,
+      }),
+      // ListTasks authorizes on the container-instance resource type.
+      new iam.PolicyStatement({
+        sid: "ListExecutors",
+        actions: ["ecs:ListTasks"],
+        resources: [
+          stack.formatArn({ service: "ecs", resource: "container-instance", resourceName: `${clusterName}/*` }),
+        ],
+        conditions: onCluster,
+      }),
+      new iam.PolicyStatement({
+        sid: "PassExecutorRoles",
+        actions: ["iam:PassRole"],
+        resources: [executionRole.roleArn, taskRole.roleArn],
+        conditions: { StringEquals: { "iam:PassedToService": "ecs-tasks.amazonaws.com" } },
+      }),
+    ];
+    const logStatement = (group: logs.LogGroup) =>
+      new iam.PolicyStatement({
+        sid: "Logs",
+        actions: ["logs:CreateLogStream", "logs:PutLogEvents"],
+        resources: [group.logGroupArn],
+      });
+
+    const webhookLogs = logGroup("WebhookLogGroup");
+    const workerLogs = logGroup("WorkerLogGroup");
+    const sweeperLogs = logGroup("SweeperLogGroup");
+    const webhookRole = new iam.Role(this, "WebhookRole", {
+      assumedBy: lambdaAssumeRole(),
+      inlinePolicies: {
+        webhook: new iam.PolicyDocument({
+          statements: [
+            logStatement(webhookLogs),
+            new iam.PolicyStatement({
+              sid: "SigningSecret",
+              actions: ["secretsmanager:GetSecretValue"],
+              resources: [props.webhookSecretArn],
+            }),
+            new iam.PolicyStatement({
+              sid: "Enqueue",
+              actions: ["sqs:SendMessage"],
+              resources: [this.eventsQueue.queueArn],
+            }),
+          ],
+        }),
+      },
+    });
+    const workerRole = new iam.Role(this, "WorkerRole", {
+      assumedBy: lambdaAssumeRole(),
+      inlinePolicies: {
+        worker: new iam.PolicyDocument({
+          statements: [
+            logStatement(workerLogs),
+            // The event source mapping polls with the function's role; the handler
+            // changes visibility on retries (worker_handler.rs).
+            new iam.PolicyStatement({
+              sid: "Consume",
+              actions: [
+                "sqs:ReceiveMessage",
+                "sqs:DeleteMessage",
+                "sqs:ChangeMessageVisibility",
+                "sqs:GetQueueAttributes",
+              ],
+              resources: [this.eventsQueue.queueArn, this.timersQueue.queueArn],
+            }),
+            ...controllerStatements(),
+          ],
+        }),
+      },
+    });
+    const sweeperRole = new iam.Role(this, "SweeperRole", {
+      assumedBy: lambdaAssumeRole(),
+      inlinePolicies: {
+        sweeper: new iam.PolicyDocument({ statements: [logStatement(sweeperLogs), ...controllerStatements()] }),
+      },
+    });
+
+    // ------------------------------------------------------------ functions
+    const common = {
+      runtime: lambda.Runtime.PROVIDED_AL2023,
+      architecture: lambda.Architecture.ARM_64,
+      handler: "bootstrap",
+    };
+    this.webhookFunction = new lambda.Function(this, "WebhookFunction", {
+      ...common,
+      code: props.code.webhook,
+      description: "sandbox-lifecycle webhook (verify, enqueue, answer)",
+      role: webhookRole,
+      memorySize: 256,
+      timeout: Duration.seconds(10),
+      logGroup: webhookLogs,
+      environment: {
+        EVENTS_QUEUE_URL: this.eventsQueue.queueUrl,
+        WEBHOOK_SECRET_ARN: props.webhookSecretArn,
+      },
+    });
+    // The signature is the authentication, so the URL is public (AuthType NONE).
+    this.webhookUrl = this.webhookFunction.addFunctionUrl({ authType: lambda.FunctionUrlAuthType.NONE });
+
+    const controllerEnvironment: Record<string, string> = {
+      EVENTS_QUEUE_URL: this.eventsQueue.queueUrl,
+      EVENTS_DLQ_URL: eventsDlq.queueUrl,
+      TIMERS_QUEUE_URL: this.timersQueue.queueUrl,
+      TABLE_NAME: this.table.tableName,
+      ECS_CLUSTER: clusterName,
+      TASK_DEFINITION: this.taskDefinition.ref,
+      CONTAINER_NAME: EXECUTOR_CONTAINER_NAME,
+      SUBNETS: props.subnetIds.join(","),
+      SECURITY_GROUPS: securityGroup.attrGroupId,
+      ASSIGN_PUBLIC_IP: props.assignPublicIp ? "ENABLED" : "DISABLED",
+      DEPLOYMENT_ID: deploymentId,
+      AGENT_IDS: (props.agentIds ?? []).join(","),
+      WORKSPACE_DIRECTORY: props.workspaceDirectory ?? "",
+      SHUTDOWN_GRACE_SECS: String(props.shutdownGraceSecs ?? 300),
+      CONNECT_DEADLINE_SECS: String(props.connectDeadlineSecs ?? 180),
+      AGENTS_API_BASE_URL: props.agentsApiBaseUrl ?? "https://api.openai.com/v1",
+      OPENAI_API_KEY_SECRET_ARN: props.openAIApiKeySecretArn,
+    };
+    this.workerFunction = new lambda.Function(this, "WorkerFunction", {
+      ...common,
+      code: props.code.worker,
+      description: "sandbox-lifecycle worker (events and timers queues)",
+      role: workerRole,
+      memorySize: 512,
+      timeout: Duration.seconds(WORKER_TIMEOUT_SECS),
+      logGroup: workerLogs,
+      environment: controllerEnvironment,
+    });
+    const batchSize = props.workerBatchSize ?? 10;
+    const maxConcurrency = props.workerMaximumConcurrency ?? 10;
+    for (const [name, queue] of [
+      ["Events", this.eventsQueue],
+      ["Timers", this.timersQueue],
+    ] as const) {
+      new lambda.EventSourceMapping(this, `Worker${name}Source`, {
+        target: this.workerFunction,
+        eventSourceArn: queue.queueArn,
+        batchSize,
+        maxConcurrency,
+        reportBatchItemFailures: true,
+      });
+    }
+
+    this.sweeperFunction = new lambda.Function(this, "SweeperFunction", {
+      ...common,
+      code: props.code.sweeper,
+      description: "sandbox-lifecycle sweeper (scheduled reconciliation)",
+      role: sweeperRole,
+      memorySize: 512,
+      timeout: Duration.seconds(SWEEP_PERIOD_SECS),
+      logGroup: sweeperLogs,
+      environment: controllerEnvironment,
+    });
+    new events.Rule(this, "SweepSchedule", {
+      schedule: events.Schedule.rate(Duration.seconds(SWEEP_PERIOD_SECS)),
+      targets: [new targets.LambdaFunction(this.sweeperFunction)],
+    });
+
+    // ------------------------------------------------------------ alarms
+    const namespace = `sandbox-lifecycle/${stack.stackName}`;
+    for (const [name, group] of [
+      ["Worker", workerLogs],
+      ["Sweeper", sweeperLogs],
+    ] as const) {
+      new logs.MetricFilter(this, `${name}FailedStartsMetricFilter`, {
+        logGroup: group,
+        filterPattern: logs.FilterPattern.stringValue("$.message", "=", FAILED_START_LOG_MESSAGE),
+        metricNamespace: namespace,
+        metricName: "FailedStarts",
+        metricValue: "1",
+        unit: cloudwatch.Unit.COUNT,
+      });
+    }
+    const topic = props.alarmTopicArn ? sns.Topic.fromTopicArn(this, "AlarmTopic", props.alarmTopicArn) : undefined;
+    const alarm = (name: string, description: string, metric: cloudwatch.IMetric, threshold = 1) => {
+      const a = new cloudwatch.Alarm(this, name, {
+        alarmDescription: description,
+        metric,
+        evaluationPeriods: 1,
+        threshold,
+        comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+        treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
+      });
+      if (topic) a.addAlarmAction(new cwActions.SnsAction(topic));
+      return a;
+    };
+    const fiveMinutes = Duration.minutes(5);
+    alarm(
+      "FailedStartsAlarm",
+      "An executor task failed to start (RunTask answered failures).",
+      new cloudwatch.Metric({ namespace, metricName: "FailedStarts", statistic: "Sum", period: fiveMinutes }),
+    );
+    alarm(
+      "EventsDeadLetterAlarm",
+      "Webhook jobs reached the events dead-letter queue.",
+      eventsDlq.metricApproximateNumberOfMessagesVisible({ statistic: "Maximum", period: fiveMinutes }),
+    );
+    alarm(
+      "TimersDeadLetterAlarm",
+      "Timer jobs reached the timers dead-letter queue.",
+      timersDlq.metricApproximateNumberOfMessagesVisible({ statistic: "Maximum", period: fiveMinutes }),
+    );
+    alarm(
+      "WorkerErrorsAlarm",
+      "The worker function failed invocations (crash, timeout, cold start).",
+      this.workerFunction.metricErrors({ statistic: "Sum", period: fiveMinutes }),
+    );
+    alarm(
+      "SweeperErrorsAlarm",
+      "The sweeper failed (inventory unavailable, crash, timeout).",
+      this.sweeperFunction.metricErrors({ statistic: "Sum", period: Duration.minutes(15) }),
+      2,
+    );
+  }
+}
+
+function validate(props: SandboxLifecycleProps): void {
+  const problems: string[] = [];
+  for (const [name, arn] of [
+    ["webhookSecretArn", props.webhookSecretArn],
+    ["openAIApiKeySecretArn", props.openAIApiKeySecretArn],
+    ["executorKeySecretArn", props.executorKeySecretArn],
+  ] as const) {
+    if (!Token.isUnresolved(arn) && !SECRET_ARN.test(arn)) problems.push(`${name} must be a full Secrets Manager ARN`);
+  }
+  if (props.subnetIds.length === 0) problems.push("subnetIds must name at least one subnet");
+  const batch = props.workerBatchSize ?? 10;
+  if (batch < 1 || batch > 10) problems.push("workerBatchSize must be 1-10 (the SQS FIFO maximum)");
+  const concurrency = props.workerMaximumConcurrency ?? 10;
+  if (concurrency < 2 || concurrency > 1000) problems.push("workerMaximumConcurrency must be 2-1000");
+  if ((props.connectDeadlineSecs ?? 180) < 1) problems.push("connectDeadlineSecs must be at least 1");
+  if ((props.shutdownGraceSecs ?? 300) < 0) problems.push("shutdownGraceSecs must not be negative");
+  if (props.agentIds?.some((a) => a.trim() === "" || a.includes(","))) {
+    problems.push("agentIds must be non-empty ids without commas");
+  }
+  if (props.agentsApiBaseUrl !== undefined && !/^https?:\/\/.+/.test(props.agentsApiBaseUrl)) {
+    problems.push("agentsApiBaseUrl must be an absolute http(s) URL");
+  }
+  if (problems.length > 0) throw new Error(`SandboxLifecycle: ${problems.join("; ")}`);
+}

@@ -1,0 +1,291 @@
+/**
+ * `SandboxLifecycle` as a specification, with aws-cdk-lib/assertions: the resources, the
+ * least-privilege policies and the wiring to the Rust settings. Run offline with
+ * `node --import tsx --test test/*.test.ts` (placeholder code, no Rust build, no bundling).
+ */
+import { App, Stack } from "aws-cdk-lib";
+import { Match, Template } from "aws-cdk-lib/assertions";
+import * as lambda from "aws-cdk-lib/aws-lambda";
+import assert from "node:assert/strict";
+import * as path from "node:path";
+import { describe, it } from "node:test";
+import {
+  FAILED_START_LOG_MESSAGE,
+  QUEUE_VISIBILITY_SECS,
+  SandboxLifecycle,
+  SandboxLifecycleProps,
+  WORKER_TIMEOUT_SECS,
+} from "../lib/sandbox-lifecycle";
+
+const SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret";
+const PLACEHOLDER_DIR = path.join(__dirname, "..", "placeholder-code");
+
+function props(overrides: Partial<SandboxLifecycleProps> = {}): SandboxLifecycleProps {
+  // One Code per stack: an asset belongs to the stack that first uses it.
+  const code = lambda.Code.fromAsset(PLACEHOLDER_DIR);
+  return {
+    code: { webhook: code, worker: code, sweeper: code },
+    webhookSecretArn: `${SECRET}:webhook-AbCdEf`,
+    openAIApiKeySecretArn: `${SECRET}:api-key-AbCdEf`,
+    executorKeySecretArn: `${SECRET}:executor-key-AbCdEf`,
+    executorImage: "123456789012.dkr.ecr.us-east-1.amazonaws.com/sandbox-executor:test",
+    vpcId: "vpc-0123456789abcdef0",
+    subnetIds: ["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"],
+    ...overrides,
+  };
+}
+
+function synth(overrides: Partial<SandboxLifecycleProps> = {}, stackName = "sandbox-test"): Template {
+  const app = new App({ analyticsReporting: false });
+  const stack = new Stack(app, "Test", { stackName, env: { account: "123456789012", region: "us-east-1" } });
+  new SandboxLifecycle(stack, "Sandbox", props(overrides));
+  return Template.fromStack(stack);
+}
+
+type Statement = { Action: string | string[]; Resource: unknown; Condition?: Record<string, unknown> };
+
+function asList<T>(v: T | T[]): T[] {
+  return Array.isArray(v) ? v : [v];
+}
+
+/** Inline statements of every role, by logical id. */
+function roleStatements(template: Template): Map<string, Statement[]> {
+  const out = new Map<string, Statement[]>();
+  for (const [id, role] of Object.entries(template.findResources("AWS::IAM::Role"))) {
+    const policies = (role.Properties.Policies ?? []) as { PolicyDocument: { Statement: Statement[] } }[];
+    out.set(
+      id,
+      policies.flatMap((p) => p.PolicyDocument.Statement),
+    );
+  }
+  return out;
+}
+
+function functionNamed(template: Template, binary: string): Record<string, any> {
+  const found = Object.values(template.findResources("AWS::Lambda::Function")).filter((f) =>
+    String(f.Properties.Description).startsWith(`sandbox-lifecycle ${binary} `),
+  );
+  assert.equal(found.length, 1, binary);
+  return found[0].Properties;
+}
+
+describe("SandboxLifecycle", () => {
+  const template = synth();
+
+  it("declares the whole deployment", () => {
+    template.resourceCountIs("AWS::Lambda::Function", 3);
+    template.resourceCountIs("AWS::SQS::Queue", 4);
+    template.resourceCountIs("AWS::DynamoDB::Table", 1);
+    template.resourceCountIs("AWS::ECS::Cluster", 1);
+    template.resourceCountIs("AWS::ECS::TaskDefinition", 1);
+    template.resourceCountIs("AWS::EC2::SecurityGroup", 1);
+    template.resourceCountIs("AWS::Lambda::Url", 1);
+    template.resourceCountIs("AWS::Lambda::EventSourceMapping", 2);
+    template.resourceCountIs("AWS::Events::Rule", 1);
+    template.resourceCountIs("AWS::Logs::LogGroup", 4);
+    template.resourceCountIs("AWS::CloudWatch::Alarm", 5);
+    template.resourceCountIs("AWS::IAM::Policy", 0);
+  });
+
+  it("runs every function on provided.al2023 arm64", () => {
+    for (const binary of ["webhook", "worker", "sweeper"]) {
+      const fn = functionNamed(template, binary);
+      assert.equal(fn.Runtime, "provided.al2023");
+      assert.deepEqual(fn.Architectures, ["arm64"]);
+      assert.equal(fn.Handler, "bootstrap");
+    }
+  });
+
+  it("exposes the webhook through a public Function URL (the signature authenticates)", () => {
+    template.hasResourceProperties("AWS::Lambda::Url", { AuthType: "NONE" });
+    template.hasResourceProperties("AWS::Lambda::Permission", {
+      Action: "lambda:InvokeFunctionUrl",
+      FunctionUrlAuthType: "NONE",
+      Principal: "*",
+    });
+  });
+
+  it("queues events FIFO with a dead-letter queue after 5 receives", () => {
+    template.hasResourceProperties("AWS::SQS::Queue", {
+      FifoQueue: true,
+      ContentBasedDeduplication: false,
+      VisibilityTimeout: QUEUE_VISIBILITY_SECS,
+      RedrivePolicy: { maxReceiveCount: 5, deadLetterTargetArn: Match.anyValue() },
+    });
+  });
+
+  it("keeps both consumed queues invisible for at least 6 worker timeouts", () => {
+    assert.ok(QUEUE_VISIBILITY_SECS >= 6 * WORKER_TIMEOUT_SECS);
+    assert.equal(functionNamed(template, "worker").Timeout, WORKER_TIMEOUT_SECS);
+    const consumed = Object.values(template.findResources("AWS::Lambda::EventSourceMapping"));
+    const queues = template.findResources("AWS::SQS::Queue");
+    for (const mapping of consumed) {
+      const queueId = mapping.Properties.EventSourceArn["Fn::GetAtt"][0];
+      assert.ok(queues[queueId].Properties.VisibilityTimeout >= 6 * WORKER_TIMEOUT_SECS);
+    }
+  });
+
+  it("reports partial batch failures with the batch size and concurrency props", () => {
+    const t = synth({ workerBatchSize: 5, workerMaximumConcurrency: 3 });
+    const mappings = Object.values(t.findResources("AWS::Lambda::EventSourceMapping"));
+    assert.equal(mappings.length, 2);
+    for (const m of mappings) {
+      assert.deepEqual(m.Properties.FunctionResponseTypes, ["ReportBatchItemFailures"]);
+      assert.equal(m.Properties.BatchSize, 5);
+      assert.deepEqual(m.Properties.ScalingConfig, { MaximumConcurrency: 3 });
+    }
+  });
+
+  it("stores the registry on demand with TTL, point-in-time recovery and the by_session index", () => {
+    template.hasResourceProperties("AWS::DynamoDB::Table", {
+      BillingMode: "PAY_PER_REQUEST",
+      KeySchema: [
+        { AttributeName: "pk", KeyType: "HASH" },
+        { AttributeName: "sk", KeyType: "RANGE" },
+      ],
+      TimeToLiveSpecification: { AttributeName: "expires_at", Enabled: true },
+      PointInTimeRecoverySpecification: { PointInTimeRecoveryEnabled: true },
+      GlobalSecondaryIndexes: [
+        {
+          IndexName: "by_session",
+          KeySchema: [{ AttributeName: "session_id", KeyType: "HASH" }],
+          Projection: { ProjectionType: "KEYS_ONLY" },
+        },
+      ],
+    });
+  });
+
+  it("sweeps every 5 minutes", () => {
+    template.hasResourceProperties("AWS::Events::Rule", { ScheduleExpression: "rate(5 minutes)" });
+  });
+
+  it("gives the executor only CODEX_API_KEY from Secrets Manager, in /workspace, with logs", () => {
+    const [taskDef] = Object.values(template.findResources("AWS::ECS::TaskDefinition"));
+    const [container] = taskDef.Properties.ContainerDefinitions;
+    assert.deepEqual(container.Secrets, [{ Name: "CODEX_API_KEY", ValueFrom: `${SECRET}:executor-key-AbCdEf` }]);
+    assert.equal(container.Environment, undefined);
+    assert.equal(container.WorkingDirectory, "/workspace");
+    assert.equal(container.LogConfiguration.LogDriver, "awslogs");
+    assert.deepEqual(taskDef.Properties.RequiresCompatibilities, ["FARGATE"]);
+    assert.equal(taskDef.Properties.NetworkMode, "awsvpc");
+  });
+
+  it("opens no ingress to the executor", () => {
+    const [sg] = Object.values(template.findResources("AWS::EC2::SecurityGroup"));
+    assert.equal(sg.Properties.SecurityGroupIngress, undefined);
+    assert.deepEqual(
+      sg.Properties.SecurityGroupEgress.map((r: any) => [r.IpProtocol, r.FromPort, r.ToPort]),
+      [["tcp", 443, 443]],
+    );
+  });
+
+  it("never grants ECS, IAM, DynamoDB, SQS or Secrets Manager actions on *", () => {
+    for (const [role, statements] of roleStatements(template)) {
+      for (const s of statements) {
+        const actions = asList(s.Action);
+        assert.ok(!actions.some((a) => a.endsWith("*")), `${role}: wildcard action`);
+        if (asList(s.Resource as unknown).includes("*")) {
+          assert.deepEqual(actions, ["ecr:GetAuthorizationToken"], `${role}: ${actions} on *`);
+        }
+      }
+    }
+  });
+
+  it("lets the controller run only the executor family and pass only the executor roles to ECS", () => {
+    const worker = functionNamed(template, "worker");
+    const statements = roleStatements(template).get(worker.Role["Fn::GetAtt"][0])!;
+    const run = statements.find((s) => asList(s.Action).includes("ecs:RunTask"))!;
+    assert.match(JSON.stringify(run.Resource), /task-definition\/sandbox-test-executor:\*/);
+    assert.ok(run.Condition?.ArnEquals);
+    const pass = statements.find((s) => asList(s.Action).includes("iam:PassRole"))!;
+    assert.deepEqual(pass.Condition, { StringEquals: { "iam:PassedToService": "ecs-tasks.amazonaws.com" } });
+    const [taskDef] = Object.values(template.findResources("AWS::ECS::TaskDefinition"));
+    assert.deepEqual(
+      new Set(asList(pass.Resource as unknown[]).map((r: any) => r["Fn::GetAtt"][0])),
+      new Set([taskDef.Properties.ExecutionRoleArn["Fn::GetAtt"][0], taskDef.Properties.TaskRoleArn["Fn::GetAtt"][0]]),
+    );
+    for (const action of ["ecs:StopTask", "ecs:DescribeTasks", "ecs:ListTasks"]) {
+      const s = statements.find((st) => asList(st.Action).includes(action))!;
+      assert.ok(s.Condition?.ArnEquals, `${action} is conditioned on the cluster`);
+    }
+  });
+
+  it("gives the executor task role no permission at all", () => {
+    const [taskDef] = Object.values(template.findResources("AWS::ECS::TaskDefinition"));
+    const taskRole = taskDef.Properties.TaskRoleArn["Fn::GetAtt"][0];
+    assert.deepEqual(roleStatements(template).get(taskRole), []);
+  });
+
+  it("lets each function read only its own secret", () => {
+    const secretsOf = (binary: string) => {
+      const role = functionNamed(template, binary).Role["Fn::GetAtt"][0];
+      return roleStatements(template)
+        .get(role)!
+        .filter((s) => asList(s.Action).some((a) => a.startsWith("secretsmanager:")))
+        .flatMap((s) => asList(s.Resource as string));
+    };
+    assert.deepEqual(secretsOf("webhook"), [`${SECRET}:webhook-AbCdEf`]);
+    assert.deepEqual(secretsOf("worker"), [`${SECRET}:api-key-AbCdEf`]);
+    assert.deepEqual(secretsOf("sweeper"), [`${SECRET}:api-key-AbCdEf`]);
+  });
+
+  it("wires the props to the variables the Rust settings read", () => {
+    const t = synth({
+      agentIds: ["agent_1", "agent_2"],
+      workspaceDirectory: "/workspace",
+      shutdownGraceSecs: 120,
+      connectDeadlineSecs: 90,
+      assignPublicIp: true,
+      deploymentId: "prod-1",
+    });
+    const env = functionNamed(t, "worker").Environment.Variables;
+    assert.equal(env.AGENT_IDS, "agent_1,agent_2");
+    assert.equal(env.WORKSPACE_DIRECTORY, "/workspace");
+    assert.equal(env.SHUTDOWN_GRACE_SECS, "120");
+    assert.equal(env.CONNECT_DEADLINE_SECS, "90");
+    assert.equal(env.ASSIGN_PUBLIC_IP, "ENABLED");
+    assert.equal(env.DEPLOYMENT_ID, "prod-1");
+    assert.equal(env.SUBNETS, "subnet-0123456789abcdef0,subnet-0123456789abcdef1");
+    assert.equal(env.CONTAINER_NAME, "executor");
+    assert.deepEqual(Object.keys(functionNamed(t, "webhook").Environment.Variables).sort(), [
+      "EVENTS_QUEUE_URL",
+      "WEBHOOK_SECRET_ARN",
+    ]);
+    assert.deepEqual(functionNamed(t, "sweeper").Environment.Variables, env);
+  });
+
+  it("defaults DEPLOYMENT_ID to the stack name", () => {
+    assert.equal(functionNamed(template, "worker").Environment.Variables.DEPLOYMENT_ID, "sandbox-test");
+  });
+
+  it("refuses a deployment id the controller would refuse", () => {
+    assert.throws(() => synth({ deploymentId: "x".repeat(37) }), /1-36 characters/);
+    assert.throws(() => synth({}, "a-stack-name-that-is-longer-than-36-chars"), /1-36 characters/);
+  });
+
+  it("refuses a secret given as a value instead of an ARN", () => {
+    assert.throws(() => synth({ webhookSecretArn: "whsec_abc" }), /full Secrets Manager ARN/);
+  });
+
+  it("counts failed starts from the controller's log line in the worker and the sweeper", () => {
+    const filters = Object.values(template.findResources("AWS::Logs::MetricFilter"));
+    assert.equal(filters.length, 2);
+    for (const f of filters) {
+      assert.equal(f.Properties.FilterPattern, `{ $.message = "${FAILED_START_LOG_MESSAGE}" }`);
+      assert.equal(f.Properties.MetricTransformations[0].MetricName, "FailedStarts");
+    }
+    template.hasResourceProperties("AWS::CloudWatch::Alarm", { MetricName: "FailedStarts" });
+  });
+
+  it("alarms on dead letters and worker errors, notifying the topic when one is given", () => {
+    const t = synth({ alarmTopicArn: "arn:aws:sns:us-east-1:123456789012:ops" });
+    t.hasResourceProperties("AWS::CloudWatch::Alarm", {
+      MetricName: "ApproximateNumberOfMessagesVisible",
+      AlarmActions: ["arn:aws:sns:us-east-1:123456789012:ops"],
+    });
+    t.hasResourceProperties("AWS::CloudWatch::Alarm", { Namespace: "AWS/Lambda", MetricName: "Errors" });
+    for (const alarm of Object.values(template.findResources("AWS::CloudWatch::Alarm"))) {
+      assert.equal(alarm.Properties.AlarmActions, undefined);
+    }
+  });
+});

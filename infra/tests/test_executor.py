@@ -1,0 +1,143 @@
+"""The executor image definition (infra/executor), checked without Docker.
+
+There is no Docker engine here, so the image itself is never built in tests. What can be
+checked is: the entrypoint (shellcheck, and its behaviour with a stand-in `codex`: the
+arguments it passes, SIGTERM forwarding, refusing to start without its inputs), the pinned
+`@openai/codex` package (installed from the lock file by mk/infra.mk, its
+`codex exec-server --help` must answer and list the flags the entrypoint uses), and the
+Dockerfile's shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+EXECUTOR = Path(__file__).resolve().parents[1] / "executor"
+ENTRYPOINT = EXECUTOR / "entrypoint.sh"
+CODEX = EXECUTOR / "node_modules" / ".bin" / "codex"
+SHELLCHECK = Path(sys.executable).parent / "shellcheck"
+
+# A stand-in for `codex`: records its arguments, announces it runs, and on SIGTERM records
+# the signal and exits 42 (so the test can tell the entrypoint passed the child's status on).
+STUB_CODEX = """#!/bin/sh
+printf '%s\\n' "$@" > "$STUB_DIR/args"
+trap 'echo TERM > "$STUB_DIR/signal"; exit 42' TERM
+echo ready > "$STUB_DIR/ready"
+while :; do sleep 0.05; done
+"""
+
+INPUTS = {
+    "REMOTE_URL": "https://api.openai.com/v1/agents/environments/env_123/remote",
+    "ENVIRONMENT_ID": "env_123",
+    "CODEX_API_KEY": "test-executor-key",
+}
+
+
+@pytest.fixture
+def stub_env(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "codex"
+    stub.write_text(STUB_CODEX)
+    stub.chmod(0o755)
+    return {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "STUB_DIR": str(tmp_path),
+        **INPUTS,
+    }
+
+
+def wait_for(path: Path, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def test_entrypoint_passes_shellcheck():
+    result = subprocess.run([str(SHELLCHECK), "--shell=sh", str(ENTRYPOINT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_entrypoint_starts_exec_server_with_the_overrides(stub_env, tmp_path):
+    proc = subprocess.Popen(["/bin/sh", str(ENTRYPOINT)], env=stub_env)
+    try:
+        wait_for(tmp_path / "ready")
+        args = (tmp_path / "args").read_text().splitlines()
+        assert args == [
+            "exec-server",
+            "--remote",
+            INPUTS["REMOTE_URL"],
+            "--environment-id",
+            INPUTS["ENVIRONMENT_ID"],
+        ]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_entrypoint_forwards_sigterm_and_exits_with_the_child_status(stub_env, tmp_path):
+    proc = subprocess.Popen(["/bin/sh", str(ENTRYPOINT)], env=stub_env)
+    try:
+        wait_for(tmp_path / "ready")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 42
+        assert (tmp_path / "signal").read_text().strip() == "TERM"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("missing", sorted(INPUTS))
+def test_entrypoint_refuses_to_start_without_an_input(stub_env, tmp_path, missing):
+    env = {k: v for k, v in stub_env.items() if k != missing}
+    result = subprocess.run(["/bin/sh", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=10)
+    assert result.returncode == 64
+    assert missing in result.stderr
+    assert INPUTS["CODEX_API_KEY"] not in result.stderr
+    assert not (tmp_path / "args").exists(), "codex must not start"
+
+
+def test_pinned_codex_exec_server_answers_help():
+    assert CODEX.exists(), f"{CODEX} is missing: mk/infra.mk installs it with npm ci"
+    result = subprocess.run([str(CODEX), "exec-server", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for flag in ("--remote", "--environment-id"):
+        assert flag in result.stdout, f"`codex exec-server --help` does not list {flag}"
+
+
+def test_installed_codex_is_the_pinned_version():
+    pinned = json.loads((EXECUTOR / "package.json").read_text())["dependencies"]["@openai/codex"]
+    assert re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", pinned), "pin an exact version"
+    result = subprocess.run([str(CODEX), "--version"], capture_output=True, text=True, timeout=60)
+    assert result.stdout.split()[-1] == pinned
+
+
+def test_lock_pins_the_linux_binaries_of_both_architectures():
+    lock = json.loads((EXECUTOR / "package-lock.json").read_text())["packages"]
+    for arch in ("arm64", "x64"):
+        entry = lock[f"node_modules/@openai/codex-linux-{arch}"]
+        assert entry["integrity"].startswith("sha512-"), arch
+
+
+def test_dockerfile_builds_a_non_root_node_lts_image():
+    text = (EXECUTOR / "Dockerfile").read_text()
+    (image,) = re.findall(r"^ARG NODE_IMAGE=node:(\d+)-", text, re.M)
+    assert int(image) % 2 == 0, "Node LTS lines are the even majors"
+    assert "ca-certificates" in text
+    assert re.search(r"COPY package\.json package-lock\.json", text) and "npm ci" in text
+    users = re.findall(r"^USER (\S+)", text, re.M)
+    assert users and users[-1] not in ("root", "0"), "the executor runs as a non-root user"
+    assert re.findall(r"^WORKDIR (\S+)", text, re.M)[-1] == "/workspace"
+    assert 'ENTRYPOINT ["/usr/local/bin/executor-entrypoint"]' in text
+    assert "COPY --chmod=0755 entrypoint.sh /usr/local/bin/executor-entrypoint" in text

@@ -1,0 +1,322 @@
+"""The SAM template and the CDK stack, checked offline after synthesis.
+
+- Both declare the same resources (multiset of CloudFormation types) and give each role the
+  same IAM actions: the SAM template and the `SandboxLifecycle` construct must not drift.
+- Least privilege (issue "Deployable with SAM and with CDK", item 4), on both: no `*`
+  resource for the ECS, IAM, DynamoDB, SQS and Secrets Manager actions; RunTask only on the
+  executor family; PassRole only on the executor's two roles for ecs-tasks; task actions
+  conditioned on the cluster; each secret readable only where it is needed; an executor
+  task role without any policy.
+- Wiring: every function environment variable is one the Rust code reads
+  (crates/lambda/src/settings.rs, parsed here), every required one is set, and the
+  failed-start metric filter matches a message the controller really logs.
+
+Roles are matched across the two templates by what uses them (a function, by its
+`Description`; the task definition, by `ExecutionRoleArn` / `TaskRoleArn`), since
+logical ids differ (CDK appends hashes).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SETTINGS_RS = REPO / "crates" / "lambda" / "src" / "settings.rs"
+WORKER_RS = REPO / "crates" / "controller" / "src" / "worker.rs"
+
+# Resource types that may legitimately differ between the two templates. Empty: the
+# construct declares exactly what SAM generates (CDK metadata is off in bin/app.ts).
+ALLOWED_TYPE_DIFFERENCES: Counter = Counter()
+
+# Actions that must never have a bare "*" resource (item 4).
+SCOPED_PREFIXES = ("ecs:", "iam:", "dynamodb:", "sqs:", "secretsmanager:")
+# The one action granted on "*": it has no resource type in the Service Authorization
+# Reference (and grants no image access by itself).
+STAR_ONLY_ACTIONS = {"ecr:GetAuthorizationToken"}
+
+
+# ----------------------------------------------------------------------------- helpers
+def resources(cfn: dict, cfn_type: str) -> dict[str, dict]:
+    return {k: v for k, v in cfn["Resources"].items() if v["Type"] == cfn_type}
+
+
+def ref_target(value) -> str | None:
+    """The logical id named by `Ref` or `Fn::GetAtt`."""
+    if isinstance(value, dict):
+        if "Ref" in value:
+            return value["Ref"]
+        if "Fn::GetAtt" in value:
+            att = value["Fn::GetAtt"]
+            return att[0] if isinstance(att, list) else att.split(".")[0]
+    return None
+
+
+def as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def role_statements(cfn: dict, role_id: str) -> list[dict]:
+    """Every statement granted to `role_id`: inline policies, AWS::IAM::Policy resources
+    attached to it, and (failing the test) managed policies."""
+    role = cfn["Resources"][role_id]["Properties"]
+    assert not role.get("ManagedPolicyArns"), f"{role_id} has managed policies: least privilege is inline"
+    out = []
+    for policy in role.get("Policies", []):
+        out += as_list(policy["PolicyDocument"]["Statement"])
+    for policy in resources(cfn, "AWS::IAM::Policy").values():
+        props = policy["Properties"]
+        if any(ref_target(r) == role_id for r in props.get("Roles", [])):
+            out += as_list(props["PolicyDocument"]["Statement"])
+    return out
+
+
+def actions_of(statements: list[dict]) -> set[str]:
+    return {a for s in statements if s["Effect"] == "Allow" for a in as_list(s["Action"])}
+
+
+def roles_by_purpose(cfn: dict) -> dict[str, str]:
+    """{purpose: role logical id}: each function's role by its description, and the
+    executor's execution and task roles."""
+    out = {}
+    for fn in resources(cfn, "AWS::Lambda::Function").values():
+        props = fn["Properties"]
+        out[props["Description"]] = ref_target(props["Role"])
+    (task_def,) = resources(cfn, "AWS::ECS::TaskDefinition").values()
+    out["executor execution role"] = ref_target(task_def["Properties"]["ExecutionRoleArn"])
+    out["executor task role"] = ref_target(task_def["Properties"]["TaskRoleArn"])
+    assert len(set(out.values())) == len(out), f"roles are shared between purposes: {out}"
+    return out
+
+
+def function_by_binary(cfn: dict, binary: str) -> dict:
+    """The function whose description starts with `sandbox-lifecycle <binary>`."""
+    (fn,) = [
+        f["Properties"]
+        for f in resources(cfn, "AWS::Lambda::Function").values()
+        if f["Properties"]["Description"].startswith(f"sandbox-lifecycle {binary} ")
+    ]
+    return fn
+
+
+def settings_vars() -> dict[str, dict[str, set[str]]]:
+    """{"webhook"|"controller": {"required": {...}, "optional": {...}}}, read from the
+    `impl WebhookSettings` / `impl ControllerSettings` blocks of settings.rs."""
+    text = SETTINGS_RS.read_text()
+    webhook = text[text.index("impl WebhookSettings") : text.index("impl ControllerSettings")]
+    controller = text[text.index("impl ControllerSettings") :]
+    call = re.compile(r'vars\s*\.\s*(\w+)\(\s*"([A-Z0-9_]+)"', re.S)
+    required_kinds = {"required", "queue_url", "secret_ref"}
+
+    def collect(block: str) -> dict[str, set[str]]:
+        found: dict[str, set[str]] = {"required": set(), "optional": set()}
+        for kind, var in call.findall(block):
+            found["required" if kind in required_kinds else "optional"].add(var)
+        # A variable read with `optional` first (EVENTS_DLQ_URL, then validated as a
+        # queue URL) is optional.
+        found["required"] -= found["optional"]
+        # SUBNETS is read as a list but refused when empty.
+        if re.search(r'Missing\s*\{\s*var:\s*"SUBNETS"', block):
+            found["optional"].discard("SUBNETS")
+            found["required"].add("SUBNETS")
+        # Tests only (moto).
+        found["optional"].discard("AWS_ENDPOINT_URL")
+        return found
+
+    return {"webhook": collect(webhook), "controller": collect(controller)}
+
+
+# ----------------------------------------------------------------------------- agreement
+def test_sam_and_cdk_declare_the_same_resource_types(sam_cfn, cdk_cfn):
+    sam = Counter(r["Type"] for r in sam_cfn["Resources"].values())
+    cdk = Counter(r["Type"] for r in cdk_cfn["Resources"].values())
+    assert sam - cdk - ALLOWED_TYPE_DIFFERENCES == Counter(), "only in SAM"
+    assert cdk - sam - ALLOWED_TYPE_DIFFERENCES == Counter(), "only in CDK"
+
+
+def test_sam_and_cdk_grant_each_role_the_same_actions(sam_cfn, cdk_cfn):
+    sam_roles, cdk_roles = roles_by_purpose(sam_cfn), roles_by_purpose(cdk_cfn)
+    assert sam_roles.keys() == cdk_roles.keys()
+    for purpose in sam_roles:
+        sam = actions_of(role_statements(sam_cfn, sam_roles[purpose]))
+        cdk = actions_of(role_statements(cdk_cfn, cdk_roles[purpose]))
+        assert sam == cdk, f"{purpose}: only SAM {sorted(sam - cdk)}, only CDK {sorted(cdk - sam)}"
+
+
+def test_sam_and_cdk_set_the_same_environment_variables(sam_cfn, cdk_cfn):
+    for binary in ("webhook", "worker", "sweeper"):
+        sam = function_by_binary(sam_cfn, binary)["Environment"]["Variables"].keys()
+        cdk = function_by_binary(cdk_cfn, binary)["Environment"]["Variables"].keys()
+        assert set(sam) == set(cdk), binary
+
+
+def test_sam_and_cdk_configure_functions_alike(sam_cfn, cdk_cfn):
+    keys = ("Runtime", "Architectures", "Handler", "MemorySize", "Timeout")
+    for binary in ("webhook", "worker", "sweeper"):
+        sam, cdk = function_by_binary(sam_cfn, binary), function_by_binary(cdk_cfn, binary)
+        assert {k: sam.get(k) for k in keys} == {k: cdk.get(k) for k in keys}, binary
+
+
+# ----------------------------------------------------------------------------- least privilege
+def test_scoped_actions_never_have_a_star_resource(any_cfn):
+    for role_id in roles_by_purpose(any_cfn).values():
+        for statement in role_statements(any_cfn, role_id):
+            star = "*" in as_list(statement.get("Resource", []))
+            actions = set(as_list(statement["Action"]))
+            if star:
+                assert actions <= STAR_ONLY_ACTIONS, f"{role_id}: {sorted(actions)} on *"
+                assert not any(a.startswith(SCOPED_PREFIXES) for a in actions)
+            assert not any(a.endswith("*") for a in actions), f"{role_id}: wildcard action {actions}"
+
+
+def statements_with(cfn: dict, role_id: str, action: str) -> list[dict]:
+    return [s for s in role_statements(cfn, role_id) if action in as_list(s["Action"])]
+
+
+def flat(value) -> str:
+    """A resource or condition value as text, with intrinsics spelled out (for matching)."""
+    return json.dumps(value, sort_keys=True)
+
+
+@pytest.mark.parametrize("purpose_prefix", ["sandbox-lifecycle worker", "sandbox-lifecycle sweeper"])
+def test_controller_roles_are_scoped_to_the_executor(any_cfn, purpose_prefix):
+    roles = roles_by_purpose(any_cfn)
+    (role_id,) = [r for p, r in roles.items() if p.startswith(purpose_prefix)]
+    (cluster_id,) = resources(any_cfn, "AWS::ECS::Cluster")
+
+    (run,) = statements_with(any_cfn, role_id, "ecs:RunTask")
+    (resource,) = as_list(run["Resource"])
+    assert "task-definition/" in flat(resource) and "-executor:*" in flat(resource)
+    assert cluster_id in flat(run["Condition"]["ArnEquals"]["ecs:cluster"])
+
+    for action in ("ecs:StopTask", "ecs:DescribeTasks", "ecs:ListTasks"):
+        (statement,) = statements_with(any_cfn, role_id, action)
+        assert cluster_id in flat(statement["Condition"]["ArnEquals"]["ecs:cluster"]), action
+        assert cluster_id in flat(statement["Resource"]), action
+
+    (tag,) = statements_with(any_cfn, role_id, "ecs:TagResource")
+    assert tag["Condition"] == {"StringEquals": {"ecs:CreateAction": "RunTask"}}
+
+    (pass_role,) = statements_with(any_cfn, role_id, "iam:PassRole")
+    passed = {ref_target(r) for r in as_list(pass_role["Resource"])}
+    assert passed == {roles["executor execution role"], roles["executor task role"]}
+    assert pass_role["Condition"] == {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}
+
+    (table_id,) = resources(any_cfn, "AWS::DynamoDB::Table")
+    for statement in role_statements(any_cfn, role_id):
+        actions = as_list(statement["Action"])
+        if any(a.startswith("dynamodb:") for a in actions):
+            for r in as_list(statement["Resource"]):
+                assert table_id in flat(r), r
+        if any(a.startswith("sqs:") for a in actions):
+            queues = set(resources(any_cfn, "AWS::SQS::Queue"))
+            for r in as_list(statement["Resource"]):
+                assert ref_target(r) in queues, r
+
+
+def test_each_secret_is_readable_only_where_needed(any_cfn):
+    roles = roles_by_purpose(any_cfn)
+    readers: dict[str, set[str]] = {}
+    for purpose, role_id in roles.items():
+        for s in statements_with(any_cfn, role_id, "secretsmanager:GetSecretValue"):
+            for r in as_list(s["Resource"]):
+                readers.setdefault(flat(r), set()).add(purpose.split(" (")[0])
+    assert sorted(map(sorted, readers.values())) == sorted(
+        [
+            ["executor execution role"],
+            ["sandbox-lifecycle sweeper", "sandbox-lifecycle worker"],
+            ["sandbox-lifecycle webhook"],
+        ]
+    ), readers
+    # No other secret action anywhere.
+    for role_id in roles.values():
+        for a in actions_of(role_statements(any_cfn, role_id)):
+            assert not a.startswith("secretsmanager:") or a == "secretsmanager:GetSecretValue"
+
+
+def test_executor_task_role_has_no_permissions(any_cfn):
+    role_id = roles_by_purpose(any_cfn)["executor task role"]
+    assert role_statements(any_cfn, role_id) == []
+
+
+def test_webhook_can_only_enqueue_and_read_its_secret(any_cfn):
+    (role_id,) = [r for p, r in roles_by_purpose(any_cfn).items() if p.startswith("sandbox-lifecycle webhook")]
+    assert actions_of(role_statements(any_cfn, role_id)) == {
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+        "secretsmanager:GetSecretValue",
+        "sqs:SendMessage",
+    }
+
+
+# ----------------------------------------------------------------------------- wiring
+def test_functions_set_exactly_the_variables_the_code_reads(any_cfn):
+    wanted = settings_vars()
+    for binary, kind in (("webhook", "webhook"), ("worker", "controller"), ("sweeper", "controller")):
+        variables = set(function_by_binary(any_cfn, binary)["Environment"]["Variables"])
+        known = wanted[kind]["required"] | wanted[kind]["optional"]
+        assert variables <= known, f"{binary}: not read by the code: {sorted(variables - known)}"
+        missing = wanted[kind]["required"] - variables
+        assert not missing, f"{binary}: required by the code but unset: {sorted(missing)}"
+
+
+def test_settings_parser_sees_the_known_variables():
+    wanted = settings_vars()
+    assert wanted["webhook"]["required"] == {"EVENTS_QUEUE_URL", "WEBHOOK_SECRET_ARN"}
+    assert {"TABLE_NAME", "DEPLOYMENT_ID", "SUBNETS", "OPENAI_API_KEY_SECRET_ARN"} <= wanted["controller"]["required"]
+    assert {"AGENT_IDS", "WORKSPACE_DIRECTORY", "SHUTDOWN_GRACE_SECS"} <= wanted["controller"]["optional"]
+
+
+def test_every_sam_parameter_is_used(sam_cfn):
+    body = flat(sam_cfn["Resources"]) + flat(sam_cfn.get("Outputs", {})) + flat(sam_cfn.get("Conditions", {}))
+    for name in sam_cfn["Parameters"]:
+        assert f'"Ref": "{name}"' in body or "${" + name + "}" in body, f"parameter {name} is unused"
+
+
+def test_failed_start_filter_matches_what_the_controller_logs(any_cfn):
+    logged = re.findall(r'tracing::warn!\([^;]*?"([^"]+)"\s*\)', WORKER_RS.read_text(), re.S)
+    filters = resources(any_cfn, "AWS::Logs::MetricFilter")
+    assert len(filters) == 2
+    for f in filters.values():
+        pattern = f["Properties"]["FilterPattern"]
+        (message,) = re.findall(r'\$\.message\s*=\s*"([^"]+)"', pattern)
+        assert message in logged, f"{message!r} is not a warn! message of worker.rs"
+
+
+def test_consumed_queues_outlast_six_worker_timeouts(any_cfn):
+    worker = function_by_binary(any_cfn, "worker")
+    mappings = resources(any_cfn, "AWS::Lambda::EventSourceMapping").values()
+    queues = any_cfn["Resources"]
+    assert len(mappings) == 2
+    for m in mappings:
+        props = m["Properties"]
+        assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+        queue = queues[ref_target(props["EventSourceArn"])]["Properties"]
+        assert queue["VisibilityTimeout"] >= 6 * worker["Timeout"]
+        assert queue["RedrivePolicy"]["maxReceiveCount"] == 5
+
+
+def test_executor_gets_only_the_key_from_secrets(any_cfn):
+    (task_def,) = resources(any_cfn, "AWS::ECS::TaskDefinition").values()
+    (container,) = task_def["Properties"]["ContainerDefinitions"]
+    assert [s["Name"] for s in container["Secrets"]] == ["CODEX_API_KEY"]
+    assert "Environment" not in container, "REMOTE_URL / ENVIRONMENT_ID come from RunTask overrides"
+    assert container["WorkingDirectory"] == "/workspace"
+    assert container["LogConfiguration"]["LogDriver"] == "awslogs"
+
+
+def test_registry_table_matches_the_adapter_schema(any_cfn):
+    (table,) = resources(any_cfn, "AWS::DynamoDB::Table").values()
+    props = table["Properties"]
+    assert props["BillingMode"] == "PAY_PER_REQUEST"
+    assert props["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+    assert props["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"] is True
+    assert {(k["AttributeName"], k["KeyType"]) for k in props["KeySchema"]} == {("pk", "HASH"), ("sk", "RANGE")}
+    (gsi,) = props["GlobalSecondaryIndexes"]
+    assert gsi["IndexName"] == "by_session"
+    assert gsi["KeySchema"] == [{"AttributeName": "session_id", "KeyType": "HASH"}]
+    assert gsi["Projection"] == {"ProjectionType": "KEYS_ONLY"}

