@@ -13,8 +13,9 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 SIM_JSON := $(abspath $(TARGET_DIR))/sim-json
 # `make build` output: one directory per function with `bootstrap.zip` in it.
 LAMBDA_DIR := $(abspath $(TARGET_DIR))/lambda
-# The Lambda build profile (Cargo.toml) and its cargo-lambda flags.
-LAMBDA_BUILD := cargo lambda build --release --arm64 --locked -p sandbox-lambda --output-format zip --lambda-dir $(LAMBDA_DIR)
+# The Lambda build: profile `lambda-bootstrap` (root Cargo.toml: size-optimized, fat LTO,
+# panic = abort, stripped), arm64, one zip per function.
+LAMBDA_BUILD := cargo lambda build --profile lambda-bootstrap --arm64 --locked -p sandbox-lambda --output-format zip --lambda-dir $(LAMBDA_DIR)
 # cargo-nextest ships with the machine image; plain cargo test is the fallback.
 RUST_TEST := $(if $(shell command -v cargo-nextest 2>/dev/null),cargo nextest run --no-fail-fast,cargo test --no-fail-fast)
 # The simulator's JSON-producing test, selected the same way under either runner (and

@@ -51,6 +51,7 @@ where
         while attempts < max_attempts {
             attempts += 1;
             let job = Job {
+                handoffs: 0,
                 trigger: Trigger::Close,
                 session_id: session.clone(),
                 environment_id: None,

@@ -1,14 +1,18 @@
 //! Consuming a queue in-process (local mode): receive, process, then ack or retry.
 //! The Lambda worker does the same per SQS batch, reporting failures instead.
 //!
-//! A job from the **events** queue that is not processed now ([`Disposition::RetryAfter`]:
-//! busy lock, missing evidence, a failed effect) is **handed off** to the timers queue
-//! with that delay and acked ([`Controller::hand_off`]). Retrying it through the FIFO
-//! events queue would count toward the queue's `maxReceiveCount`, so a job contended for
-//! longer than that would be dead-lettered without ever having failed (seen on moto: 1 of
-//! 200 environments under 32 workers). A job is a hint — the worker decides from the
-//! session's current state whenever it runs — so leaving the group's order is harmless.
-//! When the hand-off fails, the job is retried on its own queue as before.
+//! A job that is not processed now ([`Disposition::RetryAfter`]: a busy lock, missing
+//! evidence, a failed effect) is **handed off**: sent again to the timers queue as a new
+//! message with that delay, then acked ([`Controller::hand_off`]). Retrying it through
+//! its own message would count toward the queue's `maxReceiveCount`, so a job that waits
+//! for a lock longer than five retries would be dead-lettered without ever having failed:
+//! seen on moto (1 of 200 environments under 32 workers, events queue) and in the
+//! deterministic simulation (seed 8361829824754750494: a lock left by a crashed worker
+//! lives 120 s, five 2 s retries of a timers message dead-lettered the only connection
+//! request of a session). Receive counts now grow only on real failures and crashes. A job
+//! is a hint — the worker decides from the session's current state whenever it runs — so
+//! leaving the FIFO group's order is harmless; every hand-off is delayed, so there is no
+//! tight loop. When the hand-off send fails, the message is retried on its own queue.
 
 use crate::job::Job;
 use crate::ports::{Compute, Outgoing, PortError, Queue, Received, Registry};
@@ -25,6 +29,15 @@ pub fn failure_backoff_secs(receive_count: u32) -> u32 {
 /// Largest delay of a standard queue's message (SQS `DelaySeconds`), seconds.
 pub const MAX_DELAY_SECS: u32 = 900;
 
+/// Delay of a job's next hand-off, seconds: `delay_secs` (what the worker asked for, ≥ 1)
+/// doubled once per earlier hand-off (`handoffs`), at most [`MAX_DELAY_SECS`].
+pub fn handoff_delay_secs(delay_secs: u32, handoffs: u32) -> u32 {
+    delay_secs
+        .max(1)
+        .saturating_mul(2u32.saturating_pow(handoffs.min(16)))
+        .min(MAX_DELAY_SECS)
+}
+
 impl<Q, R, C, S> Controller<Q, R, C, S>
 where
     Q: Queue,
@@ -32,31 +45,35 @@ where
     C: Compute,
     S: SessionsApi,
 {
-    /// Processes one received message from `queue` (this controller's `events` or
-    /// `timers` queue, told apart by address) and acks it, hands it off to the timers
-    /// queue (an events job to retry later; see the module docs) or makes it visible
+    /// Processes one received message from `queue` and acks it, hands its job off to the
+    /// timers queue (a job to retry later; see the module docs) or makes it visible
     /// again. Returns the processing result (`Err` when a port failed; the message is
     /// retried after [`failure_backoff_secs`]).
     pub async fn handle(&self, queue: &Q, msg: &Received) -> Result<Processed, PortError> {
         let result = self.process(&msg.job).await;
         crate::crash_point::crash_point("before-ack");
-        let from_events = std::ptr::eq(queue, &self.events);
+        tracing::debug!(
+            message_id = %msg.message_id,
+            session_id = %msg.job.session_id,
+            receive_count = msg.receive_count,
+            result = ?result.as_ref().map(|p| (p.disposition, p.note)),
+            "settling"
+        );
         let settle = match &result {
             Ok(p) => match p.disposition {
                 Disposition::Done => queue.ack(&msg.receipt).await,
-                Disposition::RetryAfter(secs) if from_events => {
+                Disposition::RetryAfter(secs) => {
                     match self
                         .hand_off(&msg.job, &msg.message_id, msg.receive_count, secs)
                         .await
                     {
                         Ok(()) => queue.ack(&msg.receipt).await,
                         Err(e) => {
-                            tracing::warn!(message_id = %msg.message_id, error = %e, "hand-off failed; retrying on the events queue");
+                            tracing::warn!(message_id = %msg.message_id, error = %e, "hand-off failed; retrying the message itself");
                             queue.retry_after(&msg.receipt, secs).await
                         }
                     }
                 }
-                Disposition::RetryAfter(secs) => queue.retry_after(&msg.receipt, secs).await,
             },
             Err(e) => {
                 tracing::warn!(message_id = %msg.message_id, error = %e, "job failed; will retry");
@@ -72,13 +89,16 @@ where
         result
     }
 
-    /// Sends `job` (an events-queue job not processed now) to the timers queue, visible
-    /// after `delay_secs` (capped at [`MAX_DELAY_SECS`]). The de-duplication id names the
-    /// events message and its receive count (`handoff:{message_id}:{receive_count}`).
+    /// Sends `job` (a job not processed now) to the timers queue as a new message with
+    /// [`Job::handoffs`] one higher, visible after [`handoff_delay_secs`]`(delay_secs,
+    /// job.handoffs)`: the delay doubles with every hand-off of the same job, up to
+    /// [`MAX_DELAY_SECS`], so a job that keeps waiting (an Agents API outage, a lock
+    /// held until its expiry) backs off instead of looping. The de-duplication id names
+    /// the message it replaces and its receive count
+    /// (`handoff:{message_id}:{receive_count}`).
     ///
     /// # Errors
-    /// The timers queue's send error; the caller then retries the message on its own
-    /// queue.
+    /// The timers queue's send error; the caller then retries the message itself.
     pub async fn hand_off(
         &self,
         job: &Job,
@@ -86,12 +106,14 @@ where
         receive_count: u32,
         delay_secs: u32,
     ) -> Result<(), PortError> {
+        let mut next = job.clone();
+        next.handoffs = job.handoffs.saturating_add(1);
         self.timers
             .send(Outgoing {
-                job: job.clone(),
+                group: next.group().to_owned(),
                 dedup_id: format!("handoff:{message_id}:{receive_count}"),
-                group: job.group().to_owned(),
-                delay_secs: delay_secs.min(MAX_DELAY_SECS),
+                delay_secs: handoff_delay_secs(delay_secs, job.handoffs),
+                job: next,
             })
             .await
             .map(|_| ())

@@ -67,6 +67,7 @@ fn unique() -> String {
 /// One test message: its job names the run and a label, so equality pins the message.
 fn message(run: &str, label: &str, group: &str) -> Outgoing {
     let job = Job {
+        handoffs: 0,
         trigger: Trigger::Sweep,
         session_id: SessionId::new(format!("sess_ct_{run}_{group}")),
         environment_id: Some(EnvironmentId::new(format!("env_ct_{run}_{group}"))),

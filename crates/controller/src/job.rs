@@ -22,6 +22,16 @@ pub struct Job {
     pub webhook_id: Option<String>,
     /// When the job was enqueued, Unix seconds.
     pub enqueued_at: u64,
+    /// How many times this job was handed off to the timers queue because it could not
+    /// be processed then (busy lock, missing evidence, a failed effect); each hand-off
+    /// doubles the delay ([`Controller::hand_off`](crate::Controller::hand_off)). 0 (and
+    /// absent from the JSON) for a fresh job.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub handoffs: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Job {

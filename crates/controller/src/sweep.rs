@@ -69,6 +69,7 @@ where
         let now = self.clock.now();
         for (env, session) in targets {
             let job = Job {
+                handoffs: 0,
                 trigger: Trigger::Sweep,
                 session_id: session,
                 environment_id: Some(env.clone()),

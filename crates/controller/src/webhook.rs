@@ -17,7 +17,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use sandbox_core::event::{AgentEvent, RequiredActionType, WebhookEvent};
+use sandbox_core::event::{AgentEvent, RequiredActionType};
 use sandbox_core::ids::{EnvironmentId, SessionId};
 use sandbox_core::observed::Trigger;
 use sandbox_core::webhook::WebhookVerifier;
@@ -149,7 +149,7 @@ impl<Q: Queue> Intake<Q> {
                 return Answer::error(e.http_status(), e.to_string());
             }
         };
-        let event = match WebhookEvent::from_slice(body).and_then(|e| e.parse_kind()) {
+        let event = match AgentEvent::from_body(body) {
             Ok(e) => e,
             Err(e) => {
                 tracing::warn!(webhook_id = %verified.webhook_id, what = %e.what, "malformed event");
@@ -168,6 +168,7 @@ impl<Q: Queue> Intake<Q> {
             }
         };
         let job = Job {
+            handoffs: 0,
             trigger,
             session_id,
             environment_id,

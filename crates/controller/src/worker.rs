@@ -545,6 +545,7 @@ where
         // Standard queues delay at most 900 s; a longer wait re-enqueues when it fires.
         let delay = capped_delay(secs);
         let recheck = Job {
+            handoffs: 0,
             trigger,
             session_id: session.clone(),
             environment_id: Some(env.clone()),

@@ -8,17 +8,20 @@
 //! never reach a log: the API key and webhook secret types redact their `Debug`, and
 //! errors name variables and ARNs only.
 //!
-//! The level comes from `RUST_LOG` (an `EnvFilter` directive), else from
-//! `AWS_LAMBDA_LOG_LEVEL` (the function's log-level setting: `TRACE` … `FATAL`), else
-//! `info`.
+//! The level comes from `RUST_LOG` (`target=level` directives, comma-separated, as
+//! [`Targets`] parses them: no span or field filters), else from `AWS_LAMBDA_LOG_LEVEL`
+//! (the function's log-level setting: `TRACE` … `FATAL`), else `info`. [`Targets`] rather
+//! than `EnvFilter`: it needs no regex engine, which keeps the webhook bootstrap small
+//! (its cold start is mostly paging the binary in).
 
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
 
 /// The filter: `RUST_LOG`, else `AWS_LAMBDA_LOG_LEVEL`, else `info`.
-fn filter_from(lookup: impl Fn(&str) -> Option<String>) -> EnvFilter {
+fn filter_from(lookup: impl Fn(&str) -> Option<String>) -> Targets {
     if let Some(directives) = lookup("RUST_LOG")
-        && let Ok(filter) = EnvFilter::try_new(directives)
+        && let Ok(filter) = directives.parse::<Targets>()
     {
         return filter;
     }
@@ -32,7 +35,12 @@ fn filter_from(lookup: impl Fn(&str) -> Option<String>) -> EnvFilter {
         Some("error" | "fatal") => "error",
         _ => "info",
     };
-    EnvFilter::new(level)
+    level.parse().unwrap_or_else(|_| info())
+}
+
+/// Everything at `info` and above.
+fn info() -> Targets {
+    Targets::new().with_default(tracing::Level::INFO)
 }
 
 /// A JSON subscriber writing to `writer` with the directives in `filter` (tests pass a
@@ -41,10 +49,10 @@ pub fn subscriber<W>(filter: &str, writer: W) -> impl tracing::Subscriber + Send
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    build(EnvFilter::new(filter), writer)
+    build(filter.parse().unwrap_or_else(|_| info()), writer)
 }
 
-fn build<W>(filter: EnvFilter, writer: W) -> impl tracing::Subscriber + Send + Sync
+fn build<W>(filter: Targets, writer: W) -> impl tracing::Subscriber + Send + Sync
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
@@ -55,9 +63,9 @@ where
         .with_current_span(false)
         .with_span_list(true)
         .with_target(false)
-        .with_env_filter(filter)
         .with_writer(writer)
         .finish()
+        .with(filter)
 }
 
 /// Installs the JSON subscriber on stdout for the whole process (call first in `main`).

@@ -10,16 +10,13 @@
 //!   next sweep;
 //! - [`Disposition::Done`] → success (Lambda deletes the message);
 //! - [`Disposition::RetryAfter`]`(secs)` (busy lock, missing evidence, a failed effect)
-//!   on an **events** record → the same job is **handed off** to the timers queue with
+//!   → the same job is **handed off** to the timers queue as a new message with
 //!   `DelaySeconds` = `secs` (≤ 900; [`Controller::hand_off`]), then success. A retry
-//!   through the FIFO queue itself would count toward its `maxReceiveCount` — and on a
-//!   FIFO batch so would every later record reported with it — so a contended message
-//!   would be dead-lettered without ever failing (`sandbox_controller::consume` docs).
-//!   When the hand-off send fails, the record falls back to the visibility change below;
-//! - [`Disposition::RetryAfter`]`(secs)` on a **timers** record (or a failed hand-off) →
-//!   `ChangeMessageVisibility` to `secs` on the record's own queue, then failure, so the
-//!   message returns after `secs` rather than after the queue's default visibility
-//!   timeout (the timers queue is a standard queue: one retry holds up nothing else);
+//!   through the message itself would count toward its queue's `maxReceiveCount` — and on
+//!   a FIFO batch so would every later record reported with it — so a job waiting for a
+//!   lock would be dead-lettered without ever failing (`sandbox_controller::consume`
+//!   docs). When the hand-off send fails, `ChangeMessageVisibility` to `secs` on the
+//!   record's own queue, then failure;
 //! - `Err` (a port failed) → `ChangeMessageVisibility` to
 //!   [`failure_backoff_secs`]`(ApproximateReceiveCount)` (2^n s, ≤ 300, as local mode's
 //!   queue loop), then failure; the redrive policy bounds the retries.
@@ -161,8 +158,7 @@ where
             return ItemOutcome::Failed;
         }
     };
-    let source = routes.source_of(record);
-    let queue = match source {
+    let queue = match routes.source_of(record) {
         SourceQueue::Events => &controller.events,
         SourceQueue::Timers => &controller.timers,
     };
@@ -189,21 +185,17 @@ where
                         tracing::info!(outcome, note = p.note, applied = p.applied.len(), "job done");
                         return ItemOutcome::Succeeded;
                     }
-                    Disposition::RetryAfter(secs) if source == SourceQueue::Events => {
+                    Disposition::RetryAfter(secs) => {
                         match controller.hand_off(&job, message_id, receive_count, secs).await {
                             Ok(()) => {
                                 tracing::info!(outcome, note = p.note, error = p.error, retry_after_secs = secs, "job handed off to the timers queue");
                                 return ItemOutcome::Succeeded;
                             }
                             Err(e) => {
-                                tracing::warn!(error = %e, retry_after_secs = secs, "hand-off to the timers queue failed; retrying on the events queue");
+                                tracing::warn!(error = %e, retry_after_secs = secs, "hand-off to the timers queue failed; retrying the message itself");
                                 secs
                             }
                         }
-                    }
-                    Disposition::RetryAfter(secs) => {
-                        tracing::info!(outcome, note = p.note, error = p.error, retry_after_secs = secs, "job retried later");
-                        secs
                     }
                 }
             }

@@ -55,6 +55,7 @@ fn controller() -> TestController {
 
 fn connection_job(webhook_id: &str) -> String {
     serde_json::to_string(&Job {
+        handoffs: 0,
         trigger: Trigger::ConnectionRequested,
         session_id: SessionId::new(SESSION),
         environment_id: None,
@@ -66,6 +67,7 @@ fn connection_job(webhook_id: &str) -> String {
 
 fn sweep_job(session: &str, environment: &str) -> String {
     serde_json::to_string(&Job {
+        handoffs: 0,
         trigger: Trigger::Sweep,
         session_id: SessionId::new(session),
         environment_id: Some(EnvironmentId::new(environment)),
@@ -135,21 +137,26 @@ async fn redelivered_webhook_job_is_a_success_without_a_second_start() {
 }
 
 #[tokio::test]
-async fn busy_lock_on_a_timers_record_delays_it_on_the_timers_queue_and_reports_it() {
+async fn busy_lock_on_a_timers_record_hands_the_job_off_as_a_new_timers_message() {
     let c = controller();
     c.registry.busy.store(true, Ordering::SeqCst);
-    let event = batch(vec![record(
-        "t1",
-        &sweep_job(SESSION, ENVIRONMENT),
-        false,
-        1,
-    )]);
-    assert_eq!(run(&c, &event).await, failures(&["t1"]));
+    let job = sweep_job(SESSION, ENVIRONMENT);
+    let event = batch(vec![record("t1", &job, false, 4)]);
+    // Deleted and sent again: a new message starts at receive count 0, so waiting for a
+    // lock never moves a job toward the dead-letter queue.
+    assert_eq!(run(&c, &event).await, failures(&[]));
+    let sent = c.timers.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1);
+    let original: Job = serde_json::from_str(&job).unwrap();
     assert_eq!(
-        *c.timers.retries.lock().unwrap(),
-        [("receipt-t1".to_owned(), c.config.lock_busy_retry_secs)]
+        sent[0].job,
+        Job {
+            handoffs: 1,
+            ..original
+        }
     );
-    assert!(c.events.retries.lock().unwrap().is_empty());
+    assert_eq!(sent[0].delay_secs, c.config.lock_busy_retry_secs);
+    assert!(c.timers.retries.lock().unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -166,13 +173,23 @@ async fn busy_lock_on_an_events_record_hands_the_job_to_the_timers_queue_and_suc
     assert_eq!(run(&c, &event).await, failures(&[]));
     let sent = c.timers.sent.lock().unwrap().clone();
     assert_eq!(sent.len(), 2);
-    assert_eq!(serde_json::to_string(&sent[0].job).unwrap(), job);
+    let original: Job = serde_json::from_str(&job).unwrap();
+    assert_eq!(
+        sent[0].job,
+        Job {
+            handoffs: 1,
+            ..original
+        }
+    );
     assert_eq!(sent[0].delay_secs, c.config.lock_busy_retry_secs);
     assert_eq!(sent[0].group, SESSION);
     assert_eq!(sent[0].dedup_id, "handoff:m1:4");
     assert!(c.events.retries.lock().unwrap().is_empty());
     assert!(c.compute.instances.lock().unwrap().is_empty());
-    assert!(c.registry.ledger.lock().unwrap().is_empty(), "not processed yet");
+    assert!(
+        c.registry.ledger.lock().unwrap().is_empty(),
+        "not processed yet"
+    );
 }
 
 #[tokio::test]
@@ -267,4 +284,22 @@ fn records_are_routed_to_their_queue_by_arn() {
         routes.source_of(&record("m", "", true, 1)),
         SourceQueue::Events
     );
+}
+
+#[tokio::test]
+async fn a_job_handed_off_again_waits_twice_as_long() {
+    let c = controller();
+    c.registry.busy.store(true, Ordering::SeqCst);
+    let mut job: Job = serde_json::from_str(&sweep_job(SESSION, ENVIRONMENT)).unwrap();
+    job.handoffs = 3;
+    let event = batch(vec![record(
+        "t1",
+        &serde_json::to_string(&job).unwrap(),
+        false,
+        1,
+    )]);
+    assert_eq!(run(&c, &event).await, failures(&[]));
+    let sent = c.timers.sent.lock().unwrap().clone();
+    assert_eq!(sent[0].job.handoffs, 4);
+    assert_eq!(sent[0].delay_secs, c.config.lock_busy_retry_secs * 8);
 }

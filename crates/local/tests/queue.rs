@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 fn msg(label: &str, group: &str) -> Outgoing {
     Outgoing {
         job: Job {
+            handoffs: 0,
             trigger: Trigger::Idle,
             session_id: SessionId::new(format!("sess_{group}")),
             environment_id: None,

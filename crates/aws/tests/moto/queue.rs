@@ -80,6 +80,7 @@ async fn queue(fifo: bool, max_receive_count: u32) -> (SqsQueue, Client) {
 fn msg(label: &str, dedup: &str, group: &str) -> Outgoing {
     Outgoing {
         job: Job {
+            handoffs: 0,
             trigger: Trigger::Idle,
             session_id: SessionId::new(format!("sess_{group}")),
             environment_id: None,
