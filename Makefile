@@ -2,6 +2,8 @@
 #   make run    the whole pipeline on the embedded default (local mode)
 #   make test   fmt check, clippy -D warnings, every Rust test, the Python cross-checks
 #   make build  the three Lambda functions as arm64 bootstrap zips (cargo-lambda)
+#   make bench  the performance table (mk/bench.mk; also soak, fuzz)
+#   make deploy-sam, make deploy-cdk   (mk/infra.mk)
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -24,12 +26,14 @@ SIM_JSON_FILTER := $(if $(shell command -v cargo-nextest 2>/dev/null),-E 'packag
 
 .PHONY: help run test build fmt-check clippy rust-test doc-test crosscheck venv build-venv clean
 
-include mk/infra.mk
+include mk/infra.mk mk/bench.mk
 
 help:
 	@echo "make run    run the pipeline locally (embedded default)"
 	@echo "make test   everything CI runs"
 	@echo "make build  the Lambda functions as arm64 zips under $(LAMBDA_DIR)"
+	@echo "make bench  the performance table (also make soak, make fuzz)"
+	@echo "make deploy-sam / make deploy-cdk   deploy (make deploy-help lists the variables)"
 
 # The whole pipeline on 127.0.0.1: simulator, webhook endpoint, workers, sweeper, SQLite,
 # child-process executors (the simulator's stand-in); prints the timeline and a summary.

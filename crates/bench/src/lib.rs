@@ -1,0 +1,28 @@
+//! The benchmarks of issue 6, run by `make bench` (mk/bench.mk):
+//!
+//! - [`deliveries`] — signed 1 KiB deliveries, written to a file so that the criterion
+//!   benches (`benches/webhook_intake.rs`) and the official Python SDK
+//!   (`scripts/bench/python_verify.py`) time the very same bytes;
+//! - [`decide_cases`] — the observations `benches/decide.rs` times `decide()` on;
+//! - [`cold_start`] — exec of the webhook bootstrap against a Lambda Runtime API stub and a
+//!   Secrets Manager + SQS stub on 127.0.0.1, to the first event answered; binary size and
+//!   peak RSS;
+//! - [`throughput`] — worker throughput on the embedded backend (SQLite queue and registry)
+//!   against the Agents API simulator, with duplicate deliveries, exactly-once asserted;
+//! - [`transitions`] — remote calls per transition, counted by `sandbox-testkit`'s
+//!   counting ports over its twins;
+//! - [`report`] — one table (stdout) and one JSON document from all of the above.
+//!
+//! Each measurement writes its own JSON file into the bench directory; [`report`] reads
+//! them back, so a step can be re-run alone.
+#![forbid(unsafe_code)]
+#![deny(clippy::all)]
+#![warn(missing_docs)]
+
+pub mod cold_start;
+pub mod decide_cases;
+pub mod deliveries;
+pub mod doubles;
+pub mod report;
+pub mod throughput;
+pub mod transitions;

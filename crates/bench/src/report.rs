@@ -1,0 +1,330 @@
+//! The table: reads what each step wrote into the bench directory, prints one table and
+//! writes `bench.json` beside it. A missing input becomes a row that says so (the table is
+//! still printed), and every ratio is computed here, from the same run's numbers.
+
+use crate::cold_start::ColdStart;
+use crate::throughput::Throughput;
+use crate::transitions::Counted;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// One row of the table.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Row {
+    /// What was measured.
+    pub measurement: String,
+    /// The result, formatted.
+    pub result: String,
+    /// The number behind it, in `unit`.
+    pub value: Option<f64>,
+    /// Unit of `value`.
+    pub unit: String,
+    /// The target, formatted (empty when there is none).
+    pub target: String,
+    /// `met`, `MISSED`, `info` or `TODO`.
+    pub verdict: String,
+}
+
+/// The whole report (`bench.json`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Report {
+    /// Logical CPUs available and the CPU model.
+    pub machine: Value,
+    /// The rows, in table order.
+    pub rows: Vec<Row>,
+    /// The inputs as read.
+    pub raw: Value,
+}
+
+fn read_json(path: &Path) -> Option<Value> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// Criterion's median estimate, nanoseconds, of `group/name` under `criterion_dir`.
+fn criterion_median_ns(criterion_dir: &Path, group: &str, name: &str) -> Option<f64> {
+    let v = read_json(
+        &criterion_dir
+            .join(group)
+            .join(name)
+            .join("new")
+            .join("estimates.json"),
+    )?;
+    v["median"]["point_estimate"].as_f64()
+}
+
+fn verdict(met: bool) -> String {
+    if met { "met" } else { "MISSED" }.to_owned()
+}
+
+fn row(measurement: &str, result: String, value: Option<f64>, unit: &str) -> Row {
+    Row {
+        measurement: measurement.to_owned(),
+        result,
+        value,
+        unit: unit.to_owned(),
+        target: String::new(),
+        verdict: "info".to_owned(),
+    }
+}
+
+fn missing(measurement: &str, what: &str) -> Row {
+    Row {
+        measurement: measurement.to_owned(),
+        result: format!("not measured ({what} missing)"),
+        value: None,
+        unit: String::new(),
+        target: String::new(),
+        verdict: "MISSED".to_owned(),
+    }
+}
+
+fn with_target(mut r: Row, target: &str, met: bool) -> Row {
+    r.target = target.to_owned();
+    r.verdict = verdict(met);
+    r
+}
+
+fn machine() -> Value {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    serde_json::json!({"cpus": cpus, "cpu_model": model})
+}
+
+/// Builds the report from `dir` (the step outputs) and `criterion_dir`.
+pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
+    let mut rows = Vec::new();
+    let hmac = criterion_median_ns(criterion_dir, "webhook_1kib", "hmac_sha256");
+    let ours = criterion_median_ns(criterion_dir, "webhook_1kib", "verify_parse_route");
+    let accept = criterion_median_ns(criterion_dir, "webhook_1kib", "accept_delivery");
+    let python = read_json(&dir.join("python.json"));
+    let python_ns = python.as_ref().and_then(|p| p["per_delivery_ns"].as_f64());
+
+    let us = |ns: f64| format!("{:.2} µs", ns / 1e3);
+    match hmac {
+        Some(h) => rows.push(row(
+            "bare HMAC-SHA256 of a signed 1 KiB delivery (criterion median)",
+            us(h),
+            Some(h),
+            "ns",
+        )),
+        None => rows.push(missing("bare HMAC-SHA256", "criterion estimates")),
+    }
+    match (ours, hmac) {
+        (Some(o), Some(h)) => {
+            let r = o / h;
+            rows.push(with_target(
+                row(
+                    "verify + parse + route, signed 1 KiB delivery (criterion median)",
+                    format!("{} = {r:.2}× bare HMAC", us(o)),
+                    Some(r),
+                    "× HMAC",
+                ),
+                "≤ 1.5× HMAC",
+                r <= 1.5,
+            ));
+        }
+        _ => rows.push(missing("verify + parse + route", "criterion estimates")),
+    }
+    if let Some(a) = accept {
+        rows.push(row(
+            "Intake::accept_delivery (verify, parse, route, job, queue double, JSON answer)",
+            format!(
+                "{} = {:.2}× bare HMAC",
+                us(a),
+                hmac.map_or(f64::NAN, |h| a / h)
+            ),
+            Some(a),
+            "ns",
+        ));
+    }
+    match (python_ns, ours) {
+        (Some(p), Some(o)) => {
+            let r = p / o;
+            rows.push(with_target(
+                row(
+                    "official Python SDK webhooks.verify_signature + json.loads, same deliveries",
+                    format!("{} → ours is {r:.1}× faster", us(p)),
+                    Some(r),
+                    "× faster",
+                ),
+                "≥ 10× faster",
+                r >= 10.0,
+            ));
+        }
+        _ => rows.push(missing("official Python SDK path", "python.json")),
+    }
+    for case in ["start", "already_running", "idle_schedule_stop"] {
+        match criterion_median_ns(criterion_dir, "decide", case) {
+            Some(ns) => rows.push(row(
+                &format!("decide() per call: {case}"),
+                format!("{ns:.0} ns"),
+                Some(ns),
+                "ns",
+            )),
+            None => rows.push(missing(&format!("decide(): {case}"), "criterion estimates")),
+        }
+    }
+
+    let cold: Option<ColdStart> =
+        read_json(&dir.join("cold_start.json")).and_then(|v| serde_json::from_value(v).ok());
+    match &cold {
+        Some(c) => {
+            rows.push(with_target(
+                row(
+                    &format!(
+                        "webhook cold start: exec → first event answered (median of {})",
+                        c.runs.len()
+                    ),
+                    format!("{:.1} ms (p90 {:.1} ms)", c.median_ms, c.p90_ms),
+                    Some(c.median_ms),
+                    "ms",
+                ),
+                "≤ 15 ms",
+                c.median_ms <= 15.0,
+            ));
+            let mib = c.binary_bytes as f64 / (1024.0 * 1024.0);
+            let stripped = match c.stripped {
+                Some(true) => "stripped",
+                Some(false) => "NOT stripped",
+                None => "strip state unknown",
+            };
+            rows.push(with_target(
+                row(
+                    "webhook bootstrap size (profile lambda-bootstrap)",
+                    format!("{mib:.2} MiB ({} bytes, {stripped})", c.binary_bytes),
+                    Some(mib),
+                    "MiB",
+                ),
+                "≤ 6 MiB",
+                c.binary_bytes <= 6 * 1024 * 1024,
+            ));
+            let rss = c.max_peak_rss_kib as f64 / 1024.0;
+            rows.push(with_target(
+                row(
+                    "webhook peak RSS (VmHWM after the first answer, max of runs)",
+                    format!("{rss:.1} MiB"),
+                    Some(rss),
+                    "MiB",
+                ),
+                "≤ 20 MiB",
+                c.max_peak_rss_kib <= 20 * 1024,
+            ));
+        }
+        None => rows.push(missing("webhook cold start", "cold_start.json")),
+    }
+
+    let mut throughputs = Vec::new();
+    for file in ["throughput_tmpfs.json", "throughput.json"] {
+        let tp: Option<Throughput> =
+            read_json(&dir.join(file)).and_then(|v| serde_json::from_value(v).ok());
+        match &tp {
+            Some(t) => rows.push(with_target(
+                row(
+                    &format!(
+                        "worker throughput, embedded backend, SQLite under {} ({} envs + {} duplicates = {:.0} % dup, {} workers, {} threads)",
+                        t.storage,
+                        t.environments,
+                        t.duplicates,
+                        100.0 * t.duplicates as f64 / (t.environments + t.duplicates) as f64,
+                        t.workers,
+                        t.threads
+                    ),
+                    format!(
+                        "{:.0} events/s; exactly-once {} ({} starts, {} start audits, {} duplicates skipped, {} retries)",
+                        t.events_per_sec,
+                        if t.exactly_once { "held" } else { "BROKEN" },
+                        t.starts,
+                        t.start_audits,
+                        t.duplicates_skipped,
+                        t.retries
+                    ),
+                    Some(t.events_per_sec),
+                    "events/s",
+                ),
+                "≥ 2,000 events/s, exactly-once",
+                t.events_per_sec >= 2000.0 && t.exactly_once,
+            )),
+            None => rows.push(missing("worker throughput", file)),
+        }
+        throughputs.push(tp);
+    }
+
+    let transitions: Option<Vec<Counted>> =
+        read_json(&dir.join("transitions.json")).and_then(|v| serde_json::from_value(v).ok());
+    match &transitions {
+        Some(list) => {
+            for t in list {
+                let mut r = row(
+                    &format!("remote calls per transition: {}", t.name),
+                    format!(
+                        "{} remote ({} reads, {} writes; agents_api {}, registry {}, compute {}) + {} queue; outcome {}",
+                        t.remote,
+                        t.reads,
+                        t.writes,
+                        t.agents_api,
+                        t.registry,
+                        t.compute,
+                        t.queue,
+                        t.outcome
+                    ),
+                    Some(t.remote as f64),
+                    "calls",
+                );
+                if let (Some(target), Some(met)) = (&t.target, t.met) {
+                    r = with_target(r, target, met);
+                }
+                rows.push(r);
+            }
+        }
+        None => rows.push(missing("remote calls per transition", "transitions.json")),
+    }
+
+    Report {
+        machine: machine(),
+        rows,
+        raw: serde_json::json!({
+            "python": python,
+            "cold_start": cold,
+            "throughput": throughputs,
+            "transitions": transitions,
+            "criterion_median_ns": {
+                "hmac_sha256": hmac,
+                "verify_parse_route": ours,
+                "accept_delivery": accept,
+            },
+        }),
+    }
+}
+
+/// The report as a Markdown table, with the machine on top.
+pub fn table(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "machine: {} CPUs, {}",
+        report.machine["cpus"],
+        report.machine["cpu_model"]
+            .as_str()
+            .unwrap_or("unknown CPU")
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(out, "| measurement | result | target | verdict |");
+    let _ = writeln!(out, "|---|---|---|---|");
+    for r in &report.rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            r.measurement, r.result, r.target, r.verdict
+        );
+    }
+    out
+}

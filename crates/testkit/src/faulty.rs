@@ -1,0 +1,501 @@
+//! `Faulty<P>`: a port that fails on demand, following a shared [`FaultPlan`].
+//!
+//! A plan holds rules `(port, operation or any, fault, how many times)`; the first
+//! rule that matches a call and applies to it fires, and each firing is logged
+//! ([`FaultPlan::fired`]). Faults:
+//!
+//! | fault | applies to | the call |
+//! |---|---|---|
+//! | [`Fault::Throttled`] | every call | not made; `PortError` retryable / `ApiError::RateLimited` (429) |
+//! | [`Fault::Timeout`] | every call | not made; retryable / `ApiError::Timeout` |
+//! | [`Fault::ServerError`] | every call | not made; retryable / `ApiError::Server` (503) |
+//! | [`Fault::LostResponse`] | every call | **made**, then the answer is lost: a timeout |
+//! | [`Fault::FailedStart`] | `compute.start` | not made; `Started::Failed` (RunTask `failures` with HTTP 200) |
+//! | [`Fault::Missing`] | `compute.describe` | not made; `None` (ECS `MISSING`) |
+//! | [`Fault::Conflict`] | `registry.put`, `registry.lock` | not made; `Write::Conflict` / `false` |
+//!
+//! Port names are those of [`crate::counting`]: `agents_api`, `registry`, `compute`,
+//! `queue`.
+
+use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
+use sandbox_controller::ports::{
+    AuditEntry, Compute, Outgoing, PortError, Queue, Receipt, Received, Registry, Sent, Started,
+    Write,
+};
+use sandbox_core::compute::ComputeInstance;
+use sandbox_core::decision::StartSpec;
+use sandbox_core::environment::EnvironmentInfo;
+use sandbox_core::ids::{DeploymentId, EffectKey, EnvironmentId, InstanceId, SessionId};
+use sandbox_core::record::Record;
+use sandbox_core::session::Session;
+use sandbox_core::turn::{Item, Page, Turn};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// One kind of failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Throttling (DynamoDB `ThrottlingException`, ECS/SQS throttling, HTTP 429).
+    Throttled,
+    /// No answer in time; the request was not processed.
+    Timeout,
+    /// HTTP 5xx / a transient service error; the request was not processed.
+    ServerError,
+    /// The request was processed but the answer was lost (a timeout after the effect).
+    LostResponse,
+    /// `compute.start` answered 200 with `failures` (capacity, quota, bad definition).
+    FailedStart(String),
+    /// `compute.describe` answered `MISSING`: `None`.
+    Missing,
+    /// A conditional write failed: `registry.put` conflicts, `registry.lock` is refused.
+    Conflict,
+}
+
+impl Fault {
+    fn applies(&self, port: &str, op: &str) -> bool {
+        match self {
+            Self::Throttled | Self::Timeout | Self::ServerError | Self::LostResponse => true,
+            Self::FailedStart(_) => port == "compute" && op == "start",
+            Self::Missing => port == "compute" && op == "describe",
+            Self::Conflict => port == "registry" && matches!(op, "put" | "lock"),
+        }
+    }
+}
+
+/// One rule of a plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FaultRule {
+    /// The port (`agents_api`, `registry`, `compute`, `queue`).
+    pub port: &'static str,
+    /// The operation, or `None` for every operation of the port.
+    pub op: Option<&'static str>,
+    /// What happens.
+    pub fault: Fault,
+    /// Firings left; `None`: forever (until [`FaultPlan::clear`]).
+    pub remaining: Option<u32>,
+    /// Chance that a matching call fires, percent (100: every matching call).
+    pub percent: u64,
+}
+
+/// A fault that fired.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fired {
+    /// The port.
+    pub port: &'static str,
+    /// The operation.
+    pub op: &'static str,
+    /// The fault.
+    pub fault: Fault,
+}
+
+#[derive(Debug, Default)]
+struct Plan {
+    rules: Vec<FaultRule>,
+    fired: Vec<Fired>,
+    /// Drives percentage rules (seeded: deterministic).
+    rng: Option<crate::rng::SimRng>,
+}
+
+/// The rules every [`Faulty`] port of a world consults. Clones share the plan.
+#[derive(Clone, Debug, Default)]
+pub struct FaultPlan {
+    plan: Arc<Mutex<Plan>>,
+}
+
+impl FaultPlan {
+    /// A plan with no rule (every call passes).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn plan(&self) -> MutexGuard<'_, Plan> {
+        self.plan.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next `times` matching calls of `port`.`op` (`op` `None`: any) fail with `fault`.
+    pub fn fail(&self, port: &'static str, op: Option<&'static str>, fault: Fault, times: u32) {
+        self.plan().rules.push(FaultRule {
+            port,
+            op,
+            fault,
+            remaining: Some(times),
+            percent: 100,
+        });
+    }
+
+    /// Each matching call fails with `fault` with probability `percent` / 100, drawn
+    /// from a generator seeded with `seed` (deterministic), until [`FaultPlan::clear`].
+    pub fn fail_randomly(
+        &self,
+        port: &'static str,
+        op: Option<&'static str>,
+        fault: Fault,
+        percent: u64,
+        seed: u64,
+    ) {
+        let mut plan = self.plan();
+        plan.rng
+            .get_or_insert_with(|| crate::rng::SimRng::new(seed));
+        plan.rules.push(FaultRule {
+            port,
+            op,
+            fault,
+            remaining: None,
+            percent,
+        });
+    }
+
+    /// Every matching call fails with `fault` until [`FaultPlan::clear`].
+    pub fn fail_always(&self, port: &'static str, op: Option<&'static str>, fault: Fault) {
+        self.plan().rules.push(FaultRule {
+            port,
+            op,
+            fault,
+            remaining: None,
+            percent: 100,
+        });
+    }
+
+    /// Removes every rule (the log of fired faults is kept).
+    pub fn clear(&self) {
+        self.plan().rules.clear();
+    }
+
+    /// Every fault that fired, in order.
+    pub fn fired(&self) -> Vec<Fired> {
+        self.plan().fired.clone()
+    }
+
+    /// The fault for this call, if a rule fires (and counts it down).
+    pub fn check(&self, port: &'static str, op: &'static str) -> Option<Fault> {
+        let mut guard = self.plan();
+        let plan = &mut *guard;
+        let rng = &mut plan.rng;
+        let idx = plan.rules.iter().position(|r| {
+            r.port == port
+                && r.op.is_none_or(|o| o == op)
+                && r.remaining != Some(0)
+                && r.fault.applies(port, op)
+                && (r.percent >= 100 || rng.as_mut().is_some_and(|g| g.chance(r.percent)))
+        })?;
+        let rule = &mut plan.rules[idx];
+        if let Some(n) = rule.remaining.as_mut() {
+            *n -= 1;
+        }
+        let fault = rule.fault.clone();
+        plan.fired.push(Fired {
+            port,
+            op,
+            fault: fault.clone(),
+        });
+        Some(fault)
+    }
+}
+
+/// A port that consults a [`FaultPlan`] before every call.
+#[derive(Clone, Debug)]
+pub struct Faulty<P> {
+    /// The decorated port.
+    pub inner: P,
+    plan: FaultPlan,
+}
+
+impl<P> Faulty<P> {
+    /// `inner`, failing as `plan` says.
+    pub fn new(inner: P, plan: FaultPlan) -> Self {
+        Self { inner, plan }
+    }
+
+    /// The shared plan.
+    pub fn plan(&self) -> &FaultPlan {
+        &self.plan
+    }
+}
+
+fn port_error(port: &'static str, op: &'static str, fault: &Fault) -> PortError {
+    let message = match fault {
+        Fault::Throttled => "throttled (ThrottlingException): rate exceeded",
+        Fault::Timeout => "timed out before a response",
+        Fault::ServerError => "service unavailable (HTTP 503)",
+        Fault::LostResponse => "timed out after the request was sent (outcome unknown)",
+        Fault::FailedStart(_) | Fault::Missing | Fault::Conflict => "injected failure",
+    };
+    PortError::transient(port, op, message)
+}
+
+/// A `reqwest::Error` made without any network access (a request that fails to build),
+/// to stand for the transport error inside `ApiError::Timeout`.
+fn transport_error() -> reqwest::Error {
+    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
+    let client = CLIENT.get_or_init(reqwest::Client::new);
+    match client.get("twin://not a url").build() {
+        Err(e) => e,
+        Ok(_) => unreachable!("an unparsable URL never builds a request"),
+    }
+}
+
+fn api_error(op: &'static str, fault: &Fault) -> ApiError {
+    let request = format!("twin {op}");
+    match fault {
+        Fault::Throttled => ApiError::RateLimited {
+            request,
+            attempts: 3,
+            retry_after: None,
+        },
+        Fault::ServerError => ApiError::Server {
+            request,
+            status: 503,
+            attempts: 3,
+            retry_after: None,
+        },
+        _ => ApiError::Timeout {
+            request,
+            attempts: 3,
+            source: transport_error(),
+        },
+    }
+}
+
+/// Runs a `PortError` call through the plan.
+macro_rules! guarded {
+    ($self:ident, $port:literal, $op:literal, $call:expr) => {
+        match $self.plan.check($port, $op) {
+            None => $call.await,
+            Some(Fault::LostResponse) => {
+                let _ = $call.await;
+                Err(port_error($port, $op, &Fault::LostResponse))
+            }
+            Some(f) => Err(port_error($port, $op, &f)),
+        }
+    };
+}
+
+/// Runs an Agents API call through the plan.
+macro_rules! guarded_api {
+    ($self:ident, $op:literal, $call:expr) => {
+        match $self.plan.check("agents_api", $op) {
+            None => $call.await,
+            Some(Fault::LostResponse) => {
+                let _ = $call.await;
+                Err(api_error($op, &Fault::LostResponse))
+            }
+            Some(f) => Err(api_error($op, &f)),
+        }
+    };
+}
+
+impl<Q: Queue> Queue for Faulty<Q> {
+    async fn send(&self, msg: Outgoing) -> Result<Sent, PortError> {
+        guarded!(self, "queue", "send", self.inner.send(msg.clone()))
+    }
+    async fn receive(
+        &self,
+        max: usize,
+        visibility_secs: u32,
+        wait_ms: u64,
+    ) -> Result<Vec<Received>, PortError> {
+        guarded!(
+            self,
+            "queue",
+            "receive",
+            self.inner.receive(max, visibility_secs, wait_ms)
+        )
+    }
+    async fn ack(&self, receipt: &str) -> Result<(), PortError> {
+        guarded!(self, "queue", "ack", self.inner.ack(receipt))
+    }
+    async fn retry_after(&self, receipt: &str, delay_secs: u32) -> Result<(), PortError> {
+        guarded!(
+            self,
+            "queue",
+            "retry_after",
+            self.inner.retry_after(receipt, delay_secs)
+        )
+    }
+    async fn dead_letter_count(&self) -> Result<u64, PortError> {
+        guarded!(
+            self,
+            "queue",
+            "dead_letter_count",
+            self.inner.dead_letter_count()
+        )
+    }
+}
+
+impl<R: Registry> Registry for Faulty<R> {
+    async fn get(&self, key: &EffectKey) -> Result<Option<Record>, PortError> {
+        guarded!(self, "registry", "get", self.inner.get(key))
+    }
+    async fn find_by_session(&self, session: &SessionId) -> Result<Option<Record>, PortError> {
+        guarded!(
+            self,
+            "registry",
+            "find_by_session",
+            self.inner.find_by_session(session)
+        )
+    }
+    async fn put(
+        &self,
+        record: &Record,
+        expected_version: Option<u64>,
+    ) -> Result<Write, PortError> {
+        if self.plan.check_peek_conflict("put") {
+            return Ok(Write::Conflict);
+        }
+        guarded!(
+            self,
+            "registry",
+            "put",
+            self.inner.put(record, expected_version)
+        )
+    }
+    async fn list(&self) -> Result<Vec<Record>, PortError> {
+        guarded!(self, "registry", "list", self.inner.list())
+    }
+    async fn lock(
+        &self,
+        key: &EffectKey,
+        owner: &str,
+        until: u64,
+        now: u64,
+    ) -> Result<bool, PortError> {
+        if self.plan.check_peek_conflict("lock") {
+            return Ok(false);
+        }
+        guarded!(
+            self,
+            "registry",
+            "lock",
+            self.inner.lock(key, owner, until, now)
+        )
+    }
+    async fn unlock(&self, key: &EffectKey, owner: &str) -> Result<(), PortError> {
+        guarded!(self, "registry", "unlock", self.inner.unlock(key, owner))
+    }
+    async fn seen_delivery(&self, webhook_id: &str, now: u64) -> Result<bool, PortError> {
+        guarded!(
+            self,
+            "registry",
+            "seen_delivery",
+            self.inner.seen_delivery(webhook_id, now)
+        )
+    }
+    async fn remember_delivery(&self, webhook_id: &str, expires_at: u64) -> Result<(), PortError> {
+        guarded!(
+            self,
+            "registry",
+            "remember_delivery",
+            self.inner.remember_delivery(webhook_id, expires_at)
+        )
+    }
+    async fn audit(&self, entry: &AuditEntry) -> Result<(), PortError> {
+        guarded!(self, "registry", "audit", self.inner.audit(entry))
+    }
+    async fn receipt(&self, receipt: &Receipt) -> Result<(), PortError> {
+        guarded!(self, "registry", "receipt", self.inner.receipt(receipt))
+    }
+    async fn receipts(&self, key: &EffectKey) -> Result<Vec<Receipt>, PortError> {
+        guarded!(self, "registry", "receipts", self.inner.receipts(key))
+    }
+}
+
+impl FaultPlan {
+    /// Fires a `Conflict` rule for `registry`.`op` if one matches (checked before the
+    /// generic faults so a conflict is an answer, not an error).
+    fn check_peek_conflict(&self, op: &'static str) -> bool {
+        let mut guard = self.plan();
+        let plan = &mut *guard;
+        let rng = &mut plan.rng;
+        let Some(idx) = plan.rules.iter().position(|r| {
+            r.port == "registry"
+                && r.op.is_none_or(|o| o == op)
+                && r.remaining != Some(0)
+                && r.fault == Fault::Conflict
+                && (r.percent >= 100 || rng.as_mut().is_some_and(|g| g.chance(r.percent)))
+        }) else {
+            return false;
+        };
+        if let Some(n) = plan.rules[idx].remaining.as_mut() {
+            *n -= 1;
+        }
+        plan.fired.push(Fired {
+            port: "registry",
+            op,
+            fault: Fault::Conflict,
+        });
+        true
+    }
+}
+
+impl<C: Compute> Compute for Faulty<C> {
+    async fn start(
+        &self,
+        spec: &StartSpec,
+        deployment: &DeploymentId,
+    ) -> Result<Started, PortError> {
+        match self.plan.check("compute", "start") {
+            None => self.inner.start(spec, deployment).await,
+            Some(Fault::FailedStart(reason)) => Ok(Started::Failed { reason }),
+            Some(Fault::LostResponse) => {
+                let _ = self.inner.start(spec, deployment).await;
+                Err(port_error("compute", "start", &Fault::LostResponse))
+            }
+            Some(f) => Err(port_error("compute", "start", &f)),
+        }
+    }
+    async fn describe(&self, id: &InstanceId) -> Result<Option<ComputeInstance>, PortError> {
+        match self.plan.check("compute", "describe") {
+            None => self.inner.describe(id).await,
+            Some(Fault::Missing) => Ok(None),
+            Some(Fault::LostResponse) => {
+                let _ = self.inner.describe(id).await;
+                Err(port_error("compute", "describe", &Fault::LostResponse))
+            }
+            Some(f) => Err(port_error("compute", "describe", &f)),
+        }
+    }
+    async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
+        guarded!(self, "compute", "list", self.inner.list(deployment))
+    }
+    async fn stop(&self, id: &InstanceId, reason: &str) -> Result<(), PortError> {
+        guarded!(self, "compute", "stop", self.inner.stop(id, reason))
+    }
+}
+
+impl<S: SessionsApi> SessionsApi for Faulty<S> {
+    async fn retrieve_session(&self, id: &SessionId) -> Result<Session, ApiError> {
+        guarded_api!(self, "retrieve_session", self.inner.retrieve_session(id))
+    }
+    async fn delete_session(
+        &self,
+        id: &SessionId,
+        idempotency_key: &str,
+    ) -> Result<SessionDeleted, ApiError> {
+        guarded_api!(
+            self,
+            "delete_session",
+            self.inner.delete_session(id, idempotency_key)
+        )
+    }
+    async fn retrieve_environment(&self, id: &EnvironmentId) -> Result<EnvironmentInfo, ApiError> {
+        guarded_api!(
+            self,
+            "retrieve_environment",
+            self.inner.retrieve_environment(id)
+        )
+    }
+    async fn list_turns(&self, id: &SessionId, page: &PageParams) -> Result<Page<Turn>, ApiError> {
+        guarded_api!(self, "list_turns", self.inner.list_turns(id, page))
+    }
+    async fn list_turn_items(
+        &self,
+        id: &SessionId,
+        turn_id: &str,
+        page: &PageParams,
+    ) -> Result<Page<Item>, ApiError> {
+        guarded_api!(
+            self,
+            "list_turn_items",
+            self.inner.list_turn_items(id, turn_id, page)
+        )
+    }
+}

@@ -1,0 +1,816 @@
+//! One deterministic simulated schedule: N workers, the sweeper and an operator close,
+//! interleaved at every port call by a seeded [`Scheduler`] over [`Interleaved`] twins,
+//! with crashes at every side-effect boundary, lost and duplicated webhook deliveries,
+//! executors dying on their own, and simulated time.
+//!
+//! A schedule has two phases. **Chaos** (`chaos_steps` steps): each step, chosen from the
+//! seed, polls one actor (one port call), spawns a worker step (events or timers queue),
+//! a sweep or an operator close, changes the world (a session requires a connection, the
+//! executor connects, the turn ends, the session fails or is deleted, the executor dies),
+//! crashes a running actor (drops its future at its current yield: right after its last
+//! port call — after lock, after compute start, after record, before ack ...), or
+//! advances the clock (sometimes past the lock lease and the visibility timeout).
+//! **Settle**: no more crashes or world changes; workers drain both queues and the
+//! sweeper runs every 300 simulated seconds, for `settle_secs`.
+//!
+//! Checked after every step: never two active computes for one environment; every stop
+//! targets exactly what a decision could have named (a lease's stop hits the lease's
+//! instance and generation; a replacement never stops a generation newer than the
+//! record's; an orphan stop only without a record; a release only for a deleted, failed
+//! or closing session). Checked after the settle: no live compute without a record that
+//! names it; nothing lost (a session that still requires a connection has exactly one
+//! active compute; deleted, failed, closed and idle sessions have none).
+
+use crate::clock::SimClock;
+use crate::compute::{ComputeEvent, TwinCompute};
+use crate::interleave::{Interleaved, Scheduler};
+use crate::queue::TwinQueue;
+use crate::registry::TwinRegistry;
+use crate::rng::SimRng;
+use crate::sessions::TwinSessions;
+use crate::world::{MAX_RECEIVE_COUNT, World};
+use sandbox_controller::Controller;
+use sandbox_controller::ports::{Clock, Outgoing, Queue};
+use sandbox_core::compute::ComputeStatus;
+use sandbox_core::environment::EnvironmentStatus;
+use sandbox_core::ids::{EnvironmentId, SessionId};
+use sandbox_core::observed::Trigger;
+use sandbox_core::record::RecordStatus;
+use sandbox_core::session::SessionStatus;
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+/// A controller over the interleaved twins.
+pub type SimController = Controller<
+    Interleaved<TwinQueue>,
+    Interleaved<TwinRegistry>,
+    Interleaved<TwinCompute>,
+    Interleaved<TwinSessions>,
+>;
+
+/// The shape of the schedules.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Steps of the chaos phase.
+    pub chaos_steps: usize,
+    /// Simulated seconds of the settle phase.
+    pub settle_secs: u64,
+    /// Percent chance that a webhook delivery is lost.
+    pub lose_percent: u64,
+    /// Percent chance that a delivery is duplicated (same webhook-id; same or another
+    /// queue dedup id).
+    pub duplicate_percent: u64,
+    /// Relative weight of "crash a running actor" among the step choices.
+    pub crash_weight: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            chaos_steps: 250,
+            settle_secs: 2_400,
+            lose_percent: 15,
+            duplicate_percent: 25,
+            crash_weight: 4,
+        }
+    }
+}
+
+/// What one schedule did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScheduleReport {
+    /// The seed.
+    pub seed: u64,
+    /// Environments (one session each).
+    pub environments: usize,
+    /// Worker controllers.
+    pub workers: usize,
+    /// Actors crashed.
+    pub crashes: usize,
+    /// Deliveries lost.
+    pub lost: usize,
+    /// Deliveries duplicated.
+    pub duplicated: usize,
+    /// Computes created.
+    pub starts: usize,
+    /// Stop requests.
+    pub stops: usize,
+    /// Messages dead-lettered during the chaos (redriven at the settle, as an operator
+    /// would after the DLQ alarm).
+    pub dead_letters: usize,
+    /// Simulated seconds elapsed.
+    pub sim_secs: u64,
+    /// Messages still queued (both queues) at the end: pending rechecks.
+    pub queued_at_end: usize,
+    /// Scheduler polls (port calls) in the whole schedule.
+    pub polls: u64,
+}
+
+/// An invariant that did not hold, with the schedule's trace (last steps first to last).
+#[derive(Clone, Debug)]
+pub struct Violation {
+    /// The seed that reproduces it.
+    pub seed: u64,
+    /// What went wrong.
+    pub what: String,
+    /// The last steps of the schedule, oldest first.
+    pub trace: Vec<String>,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "seed {}: {}", self.seed, self.what)?;
+        writeln!(
+            f,
+            "replay: SIM_SEED={} cargo test -p sandbox-testkit --test simulation -- --nocapture",
+            self.seed
+        )?;
+        writeln!(f, "last steps:")?;
+        for line in &self.trace {
+            writeln!(f, "  {line}")?;
+        }
+        Ok(())
+    }
+}
+
+struct Env {
+    session: SessionId,
+    env: EnvironmentId,
+    closed_by_operator: bool,
+    /// Webhook ids delivered so far (for duplicates).
+    delivered: Vec<(Trigger, Option<EnvironmentId>, String)>,
+}
+
+struct Sim {
+    seed: u64,
+    cfg: SimConfig,
+    rng: SimRng,
+    clock: SimClock,
+    start_ms: u64,
+    events: TwinQueue,
+    timers: TwinQueue,
+    registry: TwinRegistry,
+    compute: TwinCompute,
+    sessions: TwinSessions,
+    workers: Vec<Rc<SimController>>,
+    sweeper: Rc<SimController>,
+    operator: Rc<SimController>,
+    envs: Vec<Env>,
+    sched: Scheduler,
+    seen_events: usize,
+    trace: std::collections::VecDeque<String>,
+    report: ScheduleReport,
+    next_webhook: u64,
+    /// Lost deliveries the sender retries (at-least-once webhooks): due (Unix ms), env,
+    /// trigger, environment, webhook id.
+    sender_retries: Vec<(u64, usize, Trigger, Option<EnvironmentId>, String)>,
+}
+
+const TRACE_KEEP: usize = 400;
+
+fn controller(
+    worker_id: &str,
+    events: &TwinQueue,
+    timers: &TwinQueue,
+    registry: &TwinRegistry,
+    compute: &TwinCompute,
+    sessions: &TwinSessions,
+    clock: &SimClock,
+) -> Rc<SimController> {
+    let mut config = World::config(worker_id);
+    config.stop_readback_interval = Duration::from_millis(1);
+    Rc::new(Controller::new(
+        Interleaved::new(events.clone()),
+        Interleaved::new(timers.clone()),
+        Interleaved::new(registry.clone()),
+        Interleaved::new(compute.clone()),
+        Interleaved::new(sessions.clone()),
+        Arc::new(clock.clone()),
+        config,
+    ))
+}
+
+impl Sim {
+    fn new(seed: u64, cfg: SimConfig) -> Self {
+        let mut rng = SimRng::new(seed);
+        let clock = SimClock::new();
+        let events = TwinQueue::fifo(clock.clone(), MAX_RECEIVE_COUNT);
+        let timers = TwinQueue::standard(clock.clone(), MAX_RECEIVE_COUNT);
+        let registry = TwinRegistry::new();
+        let compute = TwinCompute::new(clock.clone());
+        let sessions = TwinSessions::new();
+        let n_envs = 1 + rng.index(3);
+        let n_workers = 2 + rng.index(3);
+        let make =
+            |id: &str| controller(id, &events, &timers, &registry, &compute, &sessions, &clock);
+        let workers = (0..n_workers).map(|i| make(&format!("w{i}"))).collect();
+        let sweeper = make("sweeper");
+        let operator = make("operator");
+        let envs = (0..n_envs)
+            .map(|i| {
+                let session = SessionId::new(format!("sess_sim_{i}"));
+                let env = EnvironmentId::new(format!("env_sim_{i}"));
+                sessions.add(&session, &env, SessionStatus::Idle);
+                Env {
+                    session,
+                    env,
+                    closed_by_operator: false,
+                    delivered: vec![],
+                }
+            })
+            .collect();
+        Self {
+            seed,
+            cfg,
+            rng,
+            start_ms: 0,
+            clock,
+            events,
+            timers,
+            registry,
+            compute,
+            sessions,
+            workers,
+            sweeper,
+            operator,
+            envs,
+            sched: Scheduler::new(),
+            seen_events: 0,
+            trace: std::collections::VecDeque::new(),
+            report: ScheduleReport {
+                seed,
+                environments: n_envs,
+                workers: n_workers,
+                ..ScheduleReport::default()
+            },
+            next_webhook: 0,
+            sender_retries: vec![],
+        }
+        .started()
+    }
+
+    fn started(mut self) -> Self {
+        self.start_ms = self.clock.now_ms();
+        self
+    }
+
+    fn note(&mut self, line: String) {
+        if self.trace.len() >= TRACE_KEEP {
+            self.trace.pop_front();
+        }
+        let t = (self.clock.now_ms() - self.start_ms) / 1_000;
+        self.trace.push_back(format!("t+{t}s {line}"));
+    }
+
+    fn violation(&self, what: String) -> Violation {
+        Violation {
+            seed: self.seed,
+            what,
+            trace: self.trace.iter().cloned().collect(),
+        }
+    }
+}
+
+impl Sim {
+    // ---- deliveries ----------------------------------------------------------------
+
+    async fn deliver(&mut self, e: usize, trigger: Trigger, env: Option<EnvironmentId>) {
+        self.next_webhook += 1;
+        let webhook_id = format!("wh_sim_{}", self.next_webhook);
+        self.envs[e]
+            .delivered
+            .push((trigger.clone(), env.clone(), webhook_id.clone()));
+        self.attempt(e, trigger, env, webhook_id).await;
+    }
+
+    /// One delivery attempt by the sender; a lost attempt is retried later (the sender
+    /// retries until the intake answers 2xx).
+    async fn attempt(
+        &mut self,
+        e: usize,
+        trigger: Trigger,
+        env: Option<EnvironmentId>,
+        webhook_id: String,
+    ) {
+        if self.rng.chance(self.cfg.lose_percent) {
+            self.report.lost += 1;
+            let due = self.clock.now_ms() + 1_000 * (30 + self.rng.below(900));
+            self.note(format!("LOST {webhook_id} {trigger:?} for env {e}"));
+            self.sender_retries.push((due, e, trigger, env, webhook_id));
+            return;
+        }
+        self.send(e, trigger, env, &webhook_id, &webhook_id).await;
+    }
+
+    /// Sender retries that are due (all of them when `all`).
+    async fn sender_retry(&mut self, all: bool) {
+        let now = self.clock.now_ms();
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.sender_retries)
+            .into_iter()
+            .partition(|r| all || r.0 <= now);
+        self.sender_retries = later;
+        for (_, e, trigger, env, webhook_id) in due {
+            if all {
+                self.send(e, trigger, env, &webhook_id, &webhook_id).await;
+            } else {
+                self.attempt(e, trigger, env, webhook_id).await;
+            }
+        }
+    }
+
+    async fn send(
+        &mut self,
+        e: usize,
+        trigger: Trigger,
+        env: Option<EnvironmentId>,
+        webhook_id: &str,
+        dedup_id: &str,
+    ) {
+        let session = self.envs[e].session.clone();
+        let job = sandbox_controller::Job {
+            handoffs: 0,
+            trigger: trigger.clone(),
+            session_id: session,
+            environment_id: env,
+            webhook_id: Some(webhook_id.to_owned()),
+            enqueued_at: self.clock.now(),
+        };
+        let sent = self
+            .events
+            .send(Outgoing {
+                group: job.group().to_owned(),
+                job,
+                dedup_id: dedup_id.to_owned(),
+                delay_secs: 0,
+            })
+            .await;
+        self.note(format!(
+            "deliver {webhook_id} (dedup {dedup_id}) {trigger:?} env {e}: {sent:?}"
+        ));
+    }
+
+    async fn duplicate(&mut self) {
+        let e = self.rng.index(self.envs.len());
+        if self.envs[e].delivered.is_empty() {
+            return;
+        }
+        let i = self.rng.index(self.envs[e].delivered.len());
+        let (trigger, env, webhook_id) = self.envs[e].delivered[i].clone();
+        let dedup = if self.rng.chance(50) {
+            webhook_id.clone()
+        } else {
+            format!("{webhook_id}-redelivery-{}", self.rng.below(1_000))
+        };
+        self.report.duplicated += 1;
+        self.send(e, trigger, env, &webhook_id, &dedup).await;
+    }
+
+    // ---- the world -----------------------------------------------------------------
+
+    async fn world_event(&mut self) {
+        let e = self.rng.index(self.envs.len());
+        let (session, env) = (self.envs[e].session.clone(), self.envs[e].env.clone());
+        let Some(s) = self.sessions.get(&session) else {
+            return;
+        };
+        match self.rng.below(100) {
+            0..=34 => {
+                if s.status == SessionStatus::Failed || s.requires_connection_of(&env) {
+                    return;
+                }
+                self.sessions.require_connection(&session);
+                self.note(format!("world: env {e} requires a connection"));
+                self.deliver(e, Trigger::ConnectionRequested, None).await;
+            }
+            35..=59 => {
+                let running = self
+                    .compute
+                    .active_of(&env)
+                    .iter()
+                    .any(|i| i.status == ComputeStatus::Running);
+                if !s.requires_connection_of(&env) || !running {
+                    return;
+                }
+                self.sessions.connect(&env, SessionStatus::InProgress);
+                self.note(format!("world: env {e} executor connected, turn runs"));
+                self.deliver(e, Trigger::TurnStarted, Some(env)).await;
+            }
+            60..=79 => {
+                if s.status != SessionStatus::InProgress {
+                    return;
+                }
+                self.sessions.set_status(&session, SessionStatus::Idle);
+                self.note(format!("world: env {e} turn ended, idle"));
+                self.deliver(e, Trigger::Idle, Some(env)).await;
+            }
+            80..=89 => {
+                let live = self.compute.live_of(&env);
+                if live.is_empty() {
+                    return;
+                }
+                let victim = live[self.rng.index(live.len())].instance_id.clone();
+                self.compute.kill(&victim);
+                self.sessions
+                    .set_environment_status(&env, EnvironmentStatus::Disconnected);
+                self.note(format!("world: env {e} executor {victim} died"));
+            }
+            90..=93 => {
+                self.sessions.set_status(&session, SessionStatus::Failed);
+                self.note(format!("world: env {e} session failed"));
+                self.deliver(e, Trigger::Failed, Some(env)).await;
+            }
+            94..=96 => {
+                self.sessions.remove(&session);
+                self.note(format!("world: env {e} session deleted (no webhook)"));
+            }
+            _ => {
+                if self.envs[e].closed_by_operator || self.sched.has("operator") {
+                    return;
+                }
+                self.envs[e].closed_by_operator = true;
+                let op = self.operator.clone();
+                self.note(format!("operator: close env {e}"));
+                self.sched.spawn(
+                    "operator",
+                    Box::pin(async move {
+                        let _ = op.close(&session, 1, Duration::ZERO).await;
+                    }),
+                );
+            }
+        }
+    }
+
+    // ---- actors ----------------------------------------------------------------------
+
+    fn spawn_worker_step(&mut self, w: usize, timers: bool) {
+        let kind = format!("w{w}");
+        if self.sched.has(&kind) {
+            return;
+        }
+        let c = self.workers[w].clone();
+        self.sched.spawn(
+            kind,
+            Box::pin(async move {
+                let q = if timers { &c.timers } else { &c.events };
+                let _ = c.consume_once(q, 1, 0).await;
+            }),
+        );
+    }
+
+    fn spawn_sweep(&mut self) {
+        if self.sched.has("sweeper") {
+            return;
+        }
+        let c = self.sweeper.clone();
+        self.note("sweeper: sweep".to_owned());
+        self.sched.spawn(
+            "sweeper",
+            Box::pin(async move {
+                let _ = c.sweep().await;
+            }),
+        );
+    }
+
+    /// Polls actor `i` once (one port call) and checks the invariants.
+    async fn poll_actor(&mut self, i: usize) -> Result<(), Violation> {
+        self.report.polls += 1;
+        let kind = self.sched.kind(i).unwrap_or_default().to_owned();
+        let sched = &mut self.sched;
+        let done = poll_fn(|cx| Poll::Ready(sched.poll(i, cx.waker()))).await;
+        let _ = done;
+        self.check_step(&kind)
+    }
+
+    /// Runs every running actor to completion (no crash), in seeded order.
+    async fn run_to_idle(&mut self) -> Result<(), Violation> {
+        let mut guard = 0u64;
+        while !self.sched.is_idle() {
+            guard += 1;
+            if guard > 200_000 {
+                return Err(
+                    self.violation(format!("actors never finish (livelock?): {:?}", self.sched))
+                );
+            }
+            let ready = self.sched.ready();
+            if ready.is_empty() {
+                // Waiting on a runtime timer (a close's pause): let the runtime run it.
+                let mut yielded = false;
+                poll_fn(|cx| {
+                    if yielded {
+                        Poll::Ready(())
+                    } else {
+                        yielded = true;
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                })
+                .await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                continue;
+            }
+            let i = ready[self.rng.index(ready.len())];
+            self.poll_actor(i).await?;
+        }
+        Ok(())
+    }
+
+    // ---- invariants ------------------------------------------------------------------
+
+    fn check_one_active(&self, actor: &str) -> Result<(), Violation> {
+        let all = self.compute.instances();
+        for (e, env) in self.envs.iter().enumerate() {
+            let active: Vec<String> = all
+                .iter()
+                .filter(|i| i.environment_id == env.env && i.status.is_active())
+                .map(|i| format!("{} gen {}", i.instance_id, i.generation))
+                .collect();
+            if active.len() > 1 {
+                return Err(self.violation(format!(
+                    "two live computes for env {e}: {active:?} (after a step of {actor})"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn env_index(&self, env: &EnvironmentId) -> Option<usize> {
+        self.envs.iter().position(|e| &e.env == env)
+    }
+
+    fn check_step(&mut self, actor: &str) -> Result<(), Violation> {
+        // Only a start can add an active compute: check when the provider saw one.
+        let new = self.compute.events_since(self.seen_events);
+        if new.is_empty() {
+            return Ok(());
+        }
+        let started = new
+            .iter()
+            .any(|e| matches!(e, ComputeEvent::Started { .. }));
+        self.seen_events += new.len();
+        for event in new {
+            match event {
+                ComputeEvent::Started {
+                    instance, created, ..
+                } => {
+                    if created {
+                        self.report.starts += 1;
+                    }
+                    self.note(format!(
+                        "{actor}: compute start env {:?} gen {} -> {} (created {created})",
+                        self.env_index(&instance.environment_id),
+                        instance.generation,
+                        instance.instance_id
+                    ));
+                }
+                ComputeEvent::Stopped {
+                    before,
+                    instance_id,
+                    reason,
+                    ..
+                } => {
+                    self.report.stops += 1;
+                    self.note(format!("{actor}: compute stop {instance_id} ({reason})"));
+                    self.check_stop(actor, before, &instance_id, &reason)?;
+                }
+            }
+        }
+        if started {
+            self.check_one_active(actor)?;
+        }
+        Ok(())
+    }
+
+    fn check_stop(
+        &self,
+        actor: &str,
+        before: Option<sandbox_core::compute::ComputeInstance>,
+        id: &sandbox_core::ids::InstanceId,
+        reason: &str,
+    ) -> Result<(), Violation> {
+        let Some(inst) = before else {
+            return Err(self.violation(format!("{actor} stopped unknown instance {id}")));
+        };
+        let env = &inst.environment_id;
+        let record = self.registry.record(&env.effect_key());
+        let session = record
+            .as_ref()
+            .map(|r| r.session_id.clone())
+            .or(inst.session_id.clone());
+        let world = session.as_ref().and_then(|s| self.sessions.get(s));
+        let ok = match reason {
+            "lease_expired" => record
+                .as_ref()
+                .and_then(|r| r.lease.as_ref())
+                .is_some_and(|l| l.target == inst.as_ref()),
+            "replaced" => record
+                .as_ref()
+                .is_some_and(|r| r.generation >= inst.generation),
+            "divergent" => self
+                .compute
+                .active_of(env)
+                .iter()
+                .any(|o| o.instance_id != inst.instance_id && o.generation >= inst.generation),
+            "orphan" => record.is_none(),
+            "session_deleted" => world.is_none(),
+            // Failed is final; a failed session may be deleted since.
+            "session_failed" => world
+                .as_ref()
+                .is_none_or(|s| s.status == SessionStatus::Failed),
+            "closed" => record
+                .as_ref()
+                .is_some_and(|r| r.cleanup_required || r.status == RecordStatus::Closed),
+            _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(self.violation(format!(
+                "{actor} stopped {id} (generation {}, {:?}) with reason {reason}, which no \
+                 decision on the current state names (record: {record:?}; session: {:?})",
+                inst.generation,
+                inst.status,
+                world.map(|s| s.status)
+            )))
+        }
+    }
+
+    fn check_final(&self) -> Result<(), Violation> {
+        for (e, env) in self.envs.iter().enumerate() {
+            let live = self.compute.live_of(&env.env);
+            let record = self.registry.record(&env.env.effect_key());
+            for inst in &live {
+                let named = record.as_ref().is_some_and(|r| {
+                    r.instance.as_ref() == Some(&inst.as_ref()) && r.status == RecordStatus::Active
+                });
+                if !named {
+                    return Err(self.violation(format!(
+                        "after the settle, env {e} has live compute {} (gen {}) that no record \
+                         names: {record:?}",
+                        inst.instance_id, inst.generation
+                    )));
+                }
+            }
+            let world = self.sessions.get(&env.session);
+            let expected = match &world {
+                None => Some(0),
+                Some(s) if s.status == SessionStatus::Failed => Some(0),
+                Some(s) if s.requires_connection_of(&env.env) => Some(1),
+                Some(s) if s.status == SessionStatus::Idle => Some(0),
+                Some(_) => None,
+            };
+            if let Some(n) = expected
+                && live.len() != n
+            {
+                return Err(self.violation(format!(
+                    "after the settle, env {e} (session {:?}) has {} live computes, expected \
+                     {n} (something was lost): record {record:?}",
+                    world.map(|s| (s.status, s.required_actions.len())),
+                    live.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    // ---- the schedule ----------------------------------------------------------------
+
+    async fn chaos(&mut self) -> Result<(), Violation> {
+        for step in 0..self.cfg.chaos_steps {
+            if step % 64 == 63 {
+                tokio::task::yield_now().await;
+            }
+            self.sender_retry(false).await;
+            let ready = self.sched.ready();
+            let roll = self.rng.below(100 + self.cfg.crash_weight);
+            match roll {
+                0..=44 if !ready.is_empty() => {
+                    let i = ready[self.rng.index(ready.len())];
+                    self.poll_actor(i).await?;
+                }
+                0..=59 => {
+                    let w = self.rng.index(self.workers.len());
+                    let timers = self.rng.chance(25);
+                    self.spawn_worker_step(w, timers);
+                }
+                60..=62 => self.spawn_sweep(),
+                63..=77 => self.world_event().await,
+                78..=81 => {
+                    if self.rng.chance(self.cfg.duplicate_percent * 2) {
+                        self.duplicate().await;
+                    }
+                }
+                82..=95 => {
+                    let secs = 1 + self.rng.below(20);
+                    self.clock.advance_secs(secs);
+                }
+                96..=99 => {
+                    // Long pauses: past the visibility timeout, the lock lease, a grace.
+                    let secs = *self.rng.pick(&[61, 125, 200, 301]);
+                    self.note(format!("clock +{secs}s"));
+                    self.clock.advance_secs(secs);
+                }
+                _ => {
+                    let running = self.sched.running();
+                    if !running.is_empty() {
+                        let i = running[self.rng.index(running.len())];
+                        if let Some(kind) = self.sched.crash(i) {
+                            self.report.crashes += 1;
+                            self.note(format!("CRASH {kind}"));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn settle(&mut self) -> Result<(), Violation> {
+        self.note("settle".to_owned());
+        self.run_to_idle().await?;
+        // The sender's last retries get through; an operator redrives the dead letters
+        // (an alarm fires on a non-empty DLQ).
+        self.sender_retry(true).await;
+        self.report.dead_letters = self.events.redrive() + self.timers.redrive();
+        let end = self.clock.now_ms() + self.cfg.settle_secs * 1_000;
+        let mut next_sweep = self.clock.now_ms();
+        while self.clock.now_ms() < end {
+            if self.clock.now_ms() >= next_sweep {
+                // Messages in flight at the first redrive may still reach their receive
+                // limit (crashed five times in the chaos): the operator redrives again on
+                // the next DLQ alarm.
+                self.report.dead_letters += self.events.redrive() + self.timers.redrive();
+                self.spawn_sweep();
+                self.run_to_idle().await?;
+                next_sweep = self.clock.now_ms() + 300_000;
+            }
+            // Drain what is visible now, every worker taking turns.
+            let mut rounds = 0;
+            loop {
+                let before = (self.events.changes(), self.timers.changes());
+                for w in 0..self.workers.len() {
+                    let timers = self.rng.chance(50);
+                    self.spawn_worker_step(w, timers);
+                }
+                self.run_to_idle().await?;
+                rounds += 1;
+                // Only the receives of this round changed the queues: nothing was visible.
+                let after = (self.events.changes(), self.timers.changes());
+                let receives_only =
+                    after.0 - before.0 + after.1 - before.1 <= self.workers.len() as u64;
+                if receives_only || rounds > 200 {
+                    break;
+                }
+            }
+            let now = self.clock.now_ms();
+            let next = [
+                self.events.next_visible_at_ms(),
+                self.timers.next_visible_at_ms(),
+            ]
+            .into_iter()
+            .flatten()
+            .filter(|t| *t > now)
+            .min()
+            .unwrap_or(next_sweep)
+            .min(next_sweep)
+            .max(now + 1_000);
+            self.clock.advance_to_ms(next);
+        }
+        self.spawn_sweep();
+        self.run_to_idle().await?;
+        for _ in 0..3 {
+            for w in 0..self.workers.len() {
+                self.spawn_worker_step(w, false);
+            }
+            self.run_to_idle().await?;
+            for w in 0..self.workers.len() {
+                self.spawn_worker_step(w, true);
+            }
+            self.run_to_idle().await?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs the schedule of `seed`. Call inside a current-thread Tokio runtime with time
+/// enabled (the close's pause and the stop read-back use Tokio timers).
+///
+/// # Errors
+/// The first [`Violation`], with the seed and the last steps of the schedule.
+pub async fn run_schedule(seed: u64, cfg: &SimConfig) -> Result<ScheduleReport, Violation> {
+    let mut sim = Sim::new(seed, cfg.clone());
+    sim.chaos().await?;
+    sim.settle().await?;
+    sim.check_final()?;
+    sim.report.sim_secs = (sim.clock.now_ms() - sim.start_ms) / 1_000;
+    sim.report.queued_at_end = sim.events.len() + sim.timers.len();
+    Ok(sim.report)
+}
+
+/// The seed of schedule `index` in a run based on `base` (SplitMix64 of both), so
+/// neighbouring schedules are unrelated.
+pub fn schedule_seed(base: u64, index: u64) -> u64 {
+    SimRng::new(base ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64()
+}

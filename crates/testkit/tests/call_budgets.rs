@@ -1,0 +1,118 @@
+//! Call budgets as tests: deterministic counts of remote calls per transition, not timings.
+//!
+//! A remote call is a call to the Agents API, the registry or the compute provider
+//! (`sandbox_testkit::counting::REMOTE_PORTS`); queue calls are counted apart. See
+//! `sandbox_testkit::budgets` for the definition and the transitions.
+
+use sandbox_testkit::budgets::{
+    DUPLICATE_MAX_REMOTE_READS, DUPLICATE_MAX_REMOTE_WRITES, START_MAX_REMOTE_CALLS, Transition,
+    measure_transitions_async,
+};
+
+async fn transition(name: &str) -> Transition {
+    measure_transitions_async()
+        .await
+        .into_iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("no transition {name}"))
+}
+
+fn report(t: &Transition) -> String {
+    format!(
+        "{}: outcome {}, {} remote calls ({} reads, {} writes): {}; queue: {}",
+        t.name,
+        t.outcome,
+        t.remote(),
+        t.remote_reads(),
+        t.remote_writes(),
+        t.counts.remote_sequence(),
+        t.counts.of_port("queue")
+    )
+}
+
+#[tokio::test]
+async fn every_transition_decides_what_it_claims_to_measure() {
+    let all = measure_transitions_async().await;
+    let outcomes: Vec<(&str, &str)> = all.iter().map(|t| (t.name, t.outcome.as_str())).collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            ("start", "start"),
+            ("duplicate delivery", "duplicate delivery"),
+            ("idle (schedule stop)", "schedule-stop"),
+            ("stop (lease due)", "stop"),
+            ("sweep of an idle environment", "ignore"),
+        ]
+    );
+    for t in &all {
+        println!("{}", report(t));
+    }
+}
+
+#[tokio::test]
+async fn counts_are_deterministic() {
+    assert_eq!(
+        measure_transitions_async().await,
+        measure_transitions_async().await
+    );
+}
+
+#[tokio::test]
+async fn a_duplicate_delivery_costs_at_most_two_reads_and_no_write() {
+    let t = transition("duplicate delivery").await;
+    assert!(
+        t.remote_reads() <= DUPLICATE_MAX_REMOTE_READS
+            && t.remote_writes() == DUPLICATE_MAX_REMOTE_WRITES,
+        "budget exceeded: {}",
+        report(&t)
+    );
+    // Nothing at all reaches the Agents API or the provider.
+    assert_eq!(t.counts.of_port("agents_api"), 0, "{}", report(&t));
+    assert_eq!(t.counts.of_port("compute"), 0, "{}", report(&t));
+}
+
+#[tokio::test]
+async fn a_start_costs_at_most_four_calls_to_the_agents_api_and_the_provider() {
+    let t = transition("start").await;
+    let external = t.counts.of_port("agents_api") + t.counts.of_port("compute");
+    assert!(
+        external <= START_MAX_REMOTE_CALLS,
+        "budget exceeded ({external}): {}",
+        report(&t)
+    );
+    assert_eq!(t.counts.of("compute", "start"), 1, "{}", report(&t));
+}
+
+/// The current counts, pinned exactly, so any change (better or worse) shows up here and
+/// in `make bench`.
+#[tokio::test]
+async fn current_remote_call_sequences_are_pinned() {
+    let all = measure_transitions_async().await;
+    let seq = |name: &str| {
+        all.iter()
+            .find(|t| t.name == name)
+            .map(|t| t.counts.remote_sequence())
+            .unwrap_or_default()
+    };
+    assert_eq!(seq("duplicate delivery"), "registry.seen_delivery(R)");
+    assert_eq!(
+        seq("start"),
+        "registry.seen_delivery(R) → agents_api.retrieve_session(R) → registry.lock(W) → \
+         registry.get(R) → compute.list(R) → compute.start(W) → registry.put(W) → \
+         registry.audit(W) → registry.remember_delivery(W) → registry.unlock(W)"
+    );
+}
+
+/// The issue's target with the full definition (registry calls included). The current
+/// controller needs 10 remote calls for a start (see the pinned sequence above):
+/// reported, not weakened.
+#[tokio::test]
+#[ignore = "controller exceeds the target: a start makes 10 remote calls (registry included); see the report in issue 6"]
+async fn a_start_costs_at_most_four_remote_calls() {
+    let t = transition("start").await;
+    assert!(
+        t.remote() <= START_MAX_REMOTE_CALLS,
+        "budget exceeded: {}",
+        report(&t)
+    );
+}

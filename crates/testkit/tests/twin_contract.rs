@@ -1,0 +1,46 @@
+//! The twins pass the same contract suite as the embedded and AWS adapters, so what the
+//! simulation and the fault tests show over them holds for any backend that passes it.
+
+use sandbox_controller::contract::{
+    compute_contract, compute_idempotency_contract, queue_delay_contract, queue_fifo_contract,
+    registry_contract,
+};
+use sandbox_core::ids::DeploymentId;
+use sandbox_testkit::{ComputeTiming, SimClock, TwinCompute, TwinQueue, TwinRegistry};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_queue_twin_passes_the_contract() {
+    // The suite waits for real (1 s visibility): the twin follows the wall clock here.
+    queue_fifo_contract(&TwinQueue::fifo(SimClock::wall(), 3), 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standard_queue_twin_passes_the_delay_contract() {
+    queue_delay_contract(&TwinQueue::standard(SimClock::wall(), 4), 4).await;
+}
+
+#[tokio::test]
+async fn registry_twin_passes_the_contract() {
+    registry_contract(&TwinRegistry::new()).await;
+}
+
+#[tokio::test]
+async fn compute_twin_passes_the_contracts() {
+    let deployment = DeploymentId::new("twin-contract").unwrap();
+    let c = TwinCompute::new(SimClock::wall());
+    compute_contract(&c, &deployment).await;
+    compute_idempotency_contract(&c, &deployment).await;
+}
+
+#[tokio::test]
+async fn compute_twin_with_slow_transitions_passes_the_contracts() {
+    // Provisioning and Stopping are observable for 1 s each on the wall clock.
+    let deployment = DeploymentId::new("twin-contract-slow").unwrap();
+    let timing = ComputeTiming {
+        start_secs: 1,
+        stop_secs: 1,
+    };
+    let c = TwinCompute::with_timing(SimClock::wall(), timing);
+    compute_contract(&c, &deployment).await;
+    compute_idempotency_contract(&c, &deployment).await;
+}

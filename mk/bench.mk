@@ -1,0 +1,56 @@
+# Benchmarks and long-running proofs (issue 6): `make bench`, `make fuzz`, `make soak`.
+#
+# make bench   one table (stdout) + $(BENCH_DIR)/bench.json, from:
+#              criterion (verify + parse + route vs bare HMAC-SHA256; decide()), the official
+#              Python SDK on the same signed deliveries, the webhook bootstrap's cold start
+#              against local Lambda Runtime API / AWS stubs, and worker throughput on the
+#              embedded backend. Details: crates/bench.
+# make fuzz    cargo-fuzz on the webhook entry point for FUZZ_SECONDS (default 600).
+# make soak    the long simulation (crates/testkit).
+.PHONY: bench bench-build fuzz fuzz-seeds soak
+
+BENCH_DIR := $(abspath $(TARGET_DIR))/bench
+BENCH_BIN := $(TARGET_DIR)/release/sandbox-bench
+# The Lambda bootstraps' profile (root Cargo.toml): what `make build` ships.
+LAMBDA_PROFILE := lambda-bootstrap
+WEBHOOK_BOOTSTRAP := $(TARGET_DIR)/$(LAMBDA_PROFILE)/webhook
+BENCH_COLD_RUNS ?= 25
+BENCH_ENVIRONMENTS ?= 2100
+FUZZ_SECONDS ?= 600
+FUZZ_DIR := $(abspath $(TARGET_DIR))/fuzz
+# cargo-fuzz needs nightly flags; the machine has stable only.
+FUZZ_ENV := RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR=$(FUZZ_DIR)/target
+
+# Everything is built before anything is timed (and before the deliveries are signed:
+# the Python SDK refuses timestamps older than 300 s).
+bench-build:
+	cargo build --locked --release -p sandbox-bench --bins
+	cargo bench --locked -p sandbox-bench --benches --no-run
+	cargo build --locked --profile $(LAMBDA_PROFILE) -p sandbox-lambda --no-default-features --features webhook --bin webhook
+
+bench: venv bench-build
+	rm -rf $(BENCH_DIR) && mkdir -p $(BENCH_DIR)
+	$(BENCH_BIN) deliveries --out $(BENCH_DIR)/deliveries.json --count 1000
+	$(PY) scripts/bench/python_verify.py $(BENCH_DIR)/deliveries.json --out $(BENCH_DIR)/python.json
+	SANDBOX_BENCH_DELIVERIES=$(BENCH_DIR)/deliveries.json CRITERION_HOME=$(BENCH_DIR)/criterion \
+		cargo bench --locked -p sandbox-bench --benches > $(BENCH_DIR)/criterion.log
+	$(BENCH_BIN) cold-start --bootstrap $(WEBHOOK_BOOTSTRAP) --runs $(BENCH_COLD_RUNS) --out $(BENCH_DIR)/cold_start.json
+	$(BENCH_BIN) throughput --environments $(BENCH_ENVIRONMENTS) --duplicate-share 0.3 --workers 2 --storage /dev/shm --out $(BENCH_DIR)/throughput_tmpfs.json
+	$(BENCH_BIN) throughput --environments $(BENCH_ENVIRONMENTS) --duplicate-share 0.3 --workers 2 --out $(BENCH_DIR)/throughput.json
+	$(BENCH_BIN) transitions --out $(BENCH_DIR)/transitions.json
+	@$(BENCH_BIN) report --dir $(BENCH_DIR) --criterion $(BENCH_DIR)/criterion
+
+# The seed corpus (committed under fuzz/seeds): every events/webhooks fixture, signed.
+fuzz-seeds:
+	cargo run --locked --release -p sandbox-bench -- fuzz-seeds --events events/webhooks --out fuzz/seeds/webhook_entry
+
+fuzz:
+	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+	mkdir -p $(FUZZ_DIR)/corpus
+	@echo "fuzzing webhook_entry for $(FUZZ_SECONDS) s; log: $(FUZZ_DIR)/last-run.log"
+	cd fuzz && $(FUZZ_ENV) cargo fuzz run -O webhook_entry $(FUZZ_DIR)/corpus seeds/webhook_entry \
+		-- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 > $(FUZZ_DIR)/last-run.log 2>&1; \
+		rc=$$?; tail -n 25 $(FUZZ_DIR)/last-run.log; exit $$rc
+
+soak:
+	SIM_SCHEDULES=100000 cargo test --release -p sandbox-testkit --test simulation -- --nocapture
