@@ -185,8 +185,13 @@ async fn aws_row06_deleted_session_with_running_task_is_released_by_the_sweeper(
     .unwrap();
     let task = h.live(&env).await.unwrap().remove(0);
     h.client.delete_session(s.id.as_str(), None).await.unwrap();
-    sweep_until(&h, "release", || async {
-        Ok(h.live(&env).await?.is_empty())
+    // The stop is read back before the record is closed (record after the effect), and a
+    // background worker may be the one releasing: wait for both.
+    sweep_until(&h, "release recorded", || async {
+        Ok(h.live(&env).await?.is_empty()
+            && h.record(&env)
+                .await?
+                .is_some_and(|r| r.status == RecordStatus::Closed))
     })
     .await;
     assert_eq!(ecs_status(&h, &task).await, ComputeStatus::Stopped);

@@ -139,8 +139,13 @@ async fn row06_deleted_session_with_running_executor_is_released_by_the_sweeper(
     let (s, env) = running_session(&h).await;
     wait_idle(&h, &s).await;
     h.client.delete_session(s.id.as_str(), None).await.unwrap();
-    sweep_until(&h, "release", || async {
-        Ok(h.live(&env).await?.is_empty())
+    // The stop is read back before the record is closed, and a background worker may be
+    // the one releasing: wait for both.
+    sweep_until(&h, "release recorded", || async {
+        Ok(h.live(&env).await?.is_empty()
+            && h.record(&env)
+                .await?
+                .is_some_and(|r| r.status == RecordStatus::Closed))
     })
     .await;
     assert!(os_executors(Some(&env)).is_empty());
