@@ -18,12 +18,12 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, KeyInit, Mac};
 use http_body_util::BodyExt;
 use libfuzzer_sys::fuzz_target;
-use sandbox_controller::ports::{Clock, Outgoing, PortError, Queue, Received, Sent};
+use sandbox_controller::doubles::{FixedClock, RecordingQueue};
 use sandbox_controller::{Intake, router};
 use sandbox_core::webhook::WebhookVerifier;
 use sha2::Sha256;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 use tower::ServiceExt;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -31,56 +31,21 @@ const NOW: u64 = 1_764_400_000;
 const TOLERANCE: u64 = 300;
 const MAX_BODY: usize = 2048;
 
-struct FixedClock;
-impl Clock for FixedClock {
-    fn now(&self) -> u64 {
-        NOW
-    }
-}
-
-#[derive(Clone, Default)]
-struct MemoryQueue {
-    sent: Arc<Mutex<Vec<Outgoing>>>,
-    failing: Arc<AtomicBool>,
-}
-
-impl Queue for MemoryQueue {
-    async fn send(&self, msg: Outgoing) -> Result<Sent, PortError> {
-        if self.failing.load(Ordering::SeqCst) {
-            return Err(PortError::transient("queue", "send", "injected failure"));
-        }
-        self.sent.lock().unwrap().push(msg);
-        Ok(Sent::Queued)
-    }
-    async fn receive(&self, _: usize, _: u32, _: u64) -> Result<Vec<Received>, PortError> {
-        Ok(vec![])
-    }
-    async fn ack(&self, _: &str) -> Result<(), PortError> {
-        Ok(())
-    }
-    async fn retry_after(&self, _: &str, _: u32) -> Result<(), PortError> {
-        Ok(())
-    }
-    async fn dead_letter_count(&self) -> Result<u64, PortError> {
-        Ok(0)
-    }
-}
-
 struct Harness {
     rt: tokio::runtime::Runtime,
     app: axum::Router,
-    queue: MemoryQueue,
+    queue: RecordingQueue,
     key: Vec<u8>,
 }
 
 fn harness() -> &'static Harness {
     static H: OnceLock<Harness> = OnceLock::new();
     H.get_or_init(|| {
-        let queue = MemoryQueue::default();
+        let queue = RecordingQueue::default();
         let intake = Intake::new(
             WebhookVerifier::new(SECRET).unwrap(),
             queue.clone(),
-            Arc::new(FixedClock),
+            Arc::new(FixedClock(NOW)),
         )
         .with_max_body_bytes(MAX_BODY);
         Harness {

@@ -9,7 +9,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use hmac::{Hmac, KeyInit, Mac};
 use sandbox_bench::deliveries::DeliveryFile;
 use sandbox_bench::doubles::NullQueue;
-use sandbox_controller::ports::Clock;
+use sandbox_controller::doubles::FixedClock;
 use sandbox_controller::webhook::{Intake, Route, route};
 use sandbox_core::event::AgentEvent;
 use sandbox_core::webhook::WebhookVerifier;
@@ -18,13 +18,6 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-
-struct FixedClock(u64);
-impl Clock for FixedClock {
-    fn now(&self) -> u64 {
-        self.0
-    }
-}
 
 struct Prepared {
     id: String,

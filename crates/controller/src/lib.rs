@@ -17,6 +17,7 @@ pub mod config;
 pub mod consume;
 pub mod contract;
 pub mod crash_point;
+pub mod doubles;
 pub mod job;
 pub mod ports;
 pub mod sweep;

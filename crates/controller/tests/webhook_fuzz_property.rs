@@ -18,12 +18,12 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, KeyInit, Mac};
 use http_body_util::BodyExt;
 use proptest::prelude::*;
-use sandbox_controller::ports::{Clock, Outgoing, PortError, Queue, Received, Sent};
+use sandbox_controller::doubles::{FixedClock, RecordingQueue};
 use sandbox_controller::{Intake, router};
 use sandbox_core::webhook::WebhookVerifier;
 use sha2::Sha256;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use tower::ServiceExt;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -45,41 +45,6 @@ const FIXTURES: [&str; 10] = [
     include_str!("../../../events/webhooks/agent.session.idle.json"),
     include_str!("../../../events/webhooks/agent.session.in_progress.json"),
 ];
-
-struct FixedClock;
-impl Clock for FixedClock {
-    fn now(&self) -> u64 {
-        NOW
-    }
-}
-
-#[derive(Clone, Default)]
-struct MemoryQueue {
-    sent: Arc<Mutex<Vec<Outgoing>>>,
-    failing: Arc<AtomicBool>,
-}
-
-impl Queue for MemoryQueue {
-    async fn send(&self, msg: Outgoing) -> Result<Sent, PortError> {
-        if self.failing.load(Ordering::SeqCst) {
-            return Err(PortError::transient("queue", "send", "injected failure"));
-        }
-        self.sent.lock().unwrap().push(msg);
-        Ok(Sent::Queued)
-    }
-    async fn receive(&self, _: usize, _: u32, _: u64) -> Result<Vec<Received>, PortError> {
-        Ok(vec![])
-    }
-    async fn ack(&self, _: &str) -> Result<(), PortError> {
-        Ok(())
-    }
-    async fn retry_after(&self, _: &str, _: u32) -> Result<(), PortError> {
-        Ok(())
-    }
-    async fn dead_letter_count(&self) -> Result<u64, PortError> {
-        Ok(0)
-    }
-}
 
 fn key() -> Vec<u8> {
     BASE64.decode(SECRET.trim_start_matches("whsec_")).unwrap()
@@ -248,12 +213,12 @@ fn delivery(
 }
 
 fn check(headers: Vec<(HeaderName, HeaderValue)>, body: Vec<u8>, queue_fails: bool) {
-    let queue = MemoryQueue::default();
+    let queue = RecordingQueue::default();
     queue.failing.store(queue_fails, Ordering::SeqCst);
     let intake = Intake::new(
         WebhookVerifier::new(SECRET).unwrap(),
         queue.clone(),
-        Arc::new(FixedClock),
+        Arc::new(FixedClock(NOW)),
     )
     .with_max_body_bytes(MAX_BODY);
     let app = router(Arc::new(intake));

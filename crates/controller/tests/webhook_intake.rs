@@ -5,58 +5,23 @@
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use sandbox_controller::ports::{Clock, Outgoing, PortError, Queue, Received, Sent};
+use sandbox_controller::doubles::{FixedClock, RecordingQueue};
 use sandbox_controller::{Intake, router};
 use sandbox_core::observed::Trigger;
 use sandbox_core::webhook::WebhookVerifier;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use tower::ServiceExt;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const NOW: u64 = 1_800_000_000;
 
-struct FixedClock;
-impl Clock for FixedClock {
-    fn now(&self) -> u64 {
-        NOW
-    }
-}
-
-#[derive(Clone, Default)]
-struct MemoryQueue {
-    sent: Arc<Mutex<Vec<Outgoing>>>,
-    failing: Arc<AtomicBool>,
-}
-
-impl Queue for MemoryQueue {
-    async fn send(&self, msg: Outgoing) -> Result<Sent, PortError> {
-        if self.failing.load(Ordering::SeqCst) {
-            return Err(PortError::transient("queue", "send", "injected failure"));
-        }
-        self.sent.lock().unwrap().push(msg);
-        Ok(Sent::Queued)
-    }
-    async fn receive(&self, _: usize, _: u32, _: u64) -> Result<Vec<Received>, PortError> {
-        Ok(vec![])
-    }
-    async fn ack(&self, _: &str) -> Result<(), PortError> {
-        Ok(())
-    }
-    async fn retry_after(&self, _: &str, _: u32) -> Result<(), PortError> {
-        Ok(())
-    }
-    async fn dead_letter_count(&self) -> Result<u64, PortError> {
-        Ok(0)
-    }
-}
-
-fn app() -> (axum::Router, MemoryQueue) {
-    let q = MemoryQueue::default();
+fn app() -> (axum::Router, RecordingQueue) {
+    let q = RecordingQueue::default();
     let intake = Intake::new(
         WebhookVerifier::new(SECRET).unwrap(),
         q.clone(),
-        Arc::new(FixedClock),
+        Arc::new(FixedClock(NOW)),
     );
     (router(Arc::new(intake)), q)
 }

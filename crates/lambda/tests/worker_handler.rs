@@ -196,7 +196,7 @@ async fn busy_lock_on_an_events_record_hands_the_job_to_the_timers_queue_and_suc
 async fn failed_hand_off_retries_the_events_record_on_its_own_queue() {
     let c = controller();
     c.registry.busy.store(true, Ordering::SeqCst);
-    c.timers.down.store(true, Ordering::SeqCst);
+    c.timers.set_failing(true);
     let event = batch(vec![
         record("m1", &connection_job("msg_1"), true, 1),
         record("m2", &connection_job("msg_2"), true, 1),

@@ -3,8 +3,7 @@
 
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
-    AuditEntry, Clock, Compute, Outgoing, PortError, Queue, Receipt, Received, Registry, Sent,
-    Started, Write,
+    AuditEntry, Compute, PortError, Receipt, Registry, Started, Write,
 };
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
@@ -20,50 +19,9 @@ use std::sync::{Arc, Mutex};
 /// The fixtures' fixed time: `webhook-timestamp` 1764400000 (events/README.md).
 pub const FIXTURE_NOW: u64 = 1_764_400_000;
 
-/// A clock stopped at one instant, Unix seconds.
-pub struct FixedClock(pub u64);
-
-impl Clock for FixedClock {
-    fn now(&self) -> u64 {
-        self.0
-    }
-}
-
-/// A queue that keeps what was sent and every visibility change.
-#[derive(Clone, Default)]
-pub struct MemoryQueue {
-    pub sent: Arc<Mutex<Vec<Outgoing>>>,
-    /// `send` fails (a queue outage).
-    pub down: Arc<AtomicBool>,
-    /// `(receipt handle, delay seconds)` of every `retry_after`.
-    pub retries: Arc<Mutex<Vec<(String, u32)>>>,
-}
-
-impl Queue for MemoryQueue {
-    async fn send(&self, msg: Outgoing) -> Result<Sent, PortError> {
-        if self.down.load(Ordering::SeqCst) {
-            return Err(PortError::transient("sqs", "send", "queue down"));
-        }
-        self.sent.lock().unwrap().push(msg);
-        Ok(Sent::Queued)
-    }
-    async fn receive(&self, _: usize, _: u32, _: u64) -> Result<Vec<Received>, PortError> {
-        Ok(vec![])
-    }
-    async fn ack(&self, _: &str) -> Result<(), PortError> {
-        Ok(())
-    }
-    async fn retry_after(&self, receipt: &str, delay_secs: u32) -> Result<(), PortError> {
-        self.retries
-            .lock()
-            .unwrap()
-            .push((receipt.to_owned(), delay_secs));
-        Ok(())
-    }
-    async fn dead_letter_count(&self) -> Result<u64, PortError> {
-        Ok(0)
-    }
-}
+/// The controller's shared doubles: a stopped clock, and a queue that records sends and
+/// visibility changes (`MemoryQueue` in these tests).
+pub use sandbox_controller::doubles::{FixedClock, RecordingQueue as MemoryQueue};
 
 /// A registry in memory: records by effect key, locks, the delivery ledger.
 #[derive(Clone, Default)]
