@@ -18,7 +18,6 @@
 
 use crate::DEPLOYMENT;
 use agents_sim::{SimClient, SimConfig, SimHandle, Url};
-use anyhow::bail;
 use aws_config::SdkConfig;
 use sandbox_agents_api::{AgentsClient, ClientConfig};
 use sandbox_aws::bootstrap::{Queues, create_ecs, create_queues, moto_pin_ecs_tasks};
@@ -33,7 +32,7 @@ use sandbox_core::webhook::WebhookVerifier;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -323,22 +322,13 @@ impl AwsHarness {
         &self,
         what: &str,
         timeout: Duration,
-        mut check: F,
+        check: F,
     ) -> anyhow::Result<()>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = anyhow::Result<bool>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if check().await? {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("timed out after {timeout:?} waiting for {what}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        crate::wait_until(what, timeout, check).await
     }
 
     /// Every ECS task of this deployment (ListTasks + DescribeTasks via the adapter).

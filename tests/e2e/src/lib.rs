@@ -184,22 +184,13 @@ impl Harness {
         &self,
         what: &str,
         timeout: Duration,
-        mut check: F,
+        check: F,
     ) -> anyhow::Result<()>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = anyhow::Result<bool>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if check().await? {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("timed out after {timeout:?} waiting for {what}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        crate::wait_until(what, timeout, check).await
     }
 
     /// Every instance the provider reports for this deployment.
@@ -284,4 +275,25 @@ pub fn os_executors(env: Option<&str>) -> Vec<u32> {
         }
     }
     pids
+}
+
+/// Polls `check` every 100 ms until it holds or `timeout` passes (both harnesses' waits).
+///
+/// # Errors
+/// The check's error, or a timeout naming `what`.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
