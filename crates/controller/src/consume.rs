@@ -26,6 +26,15 @@ pub fn failure_backoff_secs(receive_count: u32) -> u32 {
     2u32.saturating_pow(receive_count.min(16)).min(300)
 }
 
+/// What [`Controller::settle`] left for the caller to do with a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// Delete it: done, or its job was handed off to the timers queue.
+    Delete,
+    /// Keep it: it becomes visible again after its retry delay.
+    Kept,
+}
+
 /// Largest delay of a standard queue's message (SQS `DelaySeconds`), seconds.
 pub const MAX_DELAY_SECS: u32 = 900;
 
@@ -59,34 +68,83 @@ where
             result = ?result.as_ref().map(|p| (p.disposition, p.note)),
             "settling"
         );
-        let settle = match &result {
+        let settled = match self
+            .settle(
+                queue,
+                &msg.job,
+                &msg.message_id,
+                msg.receive_count,
+                Some(&msg.receipt),
+                &result,
+            )
+            .await
+        {
+            Settled::Delete => queue.ack(&msg.receipt).await,
+            Settled::Kept => Ok(()),
+        };
+        if let Err(e) = settled {
+            // The visibility timeout returns the message on its own.
+            tracing::warn!(message_id = %msg.message_id, error = %e, "ack failed");
+        }
+        result
+    }
+
+    /// What becomes of a received message once its job was processed (`result`), shared by
+    /// the queue loop above and the Lambda worker:
+    /// - done → [`Settled::Delete`];
+    /// - [`Disposition::RetryAfter`] → the job is handed off ([`Controller::hand_off`]) →
+    ///   [`Settled::Delete`]; when the hand-off fails, the message itself is made visible
+    ///   again after the delay → [`Settled::Kept`];
+    /// - a port error → visible again after [`failure_backoff_secs`]`(receive_count)` →
+    ///   [`Settled::Kept`] (the redrive policy bounds these retries).
+    ///
+    /// Deleting is the caller's part (an ack here, a success in the Lambda's partial batch
+    /// response). A failed visibility change (or no `receipt`) is logged: the queue's
+    /// visibility timeout then returns the message.
+    pub async fn settle(
+        &self,
+        queue: &Q,
+        job: &Job,
+        message_id: &str,
+        receive_count: u32,
+        receipt: Option<&str>,
+        result: &Result<Processed, PortError>,
+    ) -> Settled {
+        let delay = match result {
             Ok(p) => match p.disposition {
-                Disposition::Done => queue.ack(&msg.receipt).await,
+                Disposition::Done => return Settled::Delete,
                 Disposition::RetryAfter(secs) => {
-                    match self
-                        .hand_off(&msg.job, &msg.message_id, msg.receive_count, secs)
-                        .await
-                    {
-                        Ok(()) => queue.ack(&msg.receipt).await,
+                    match self.hand_off(job, message_id, receive_count, secs).await {
+                        Ok(()) => {
+                            tracing::info!(
+                                message_id,
+                                retry_after_secs = secs,
+                                "job handed off to the timers queue"
+                            );
+                            return Settled::Delete;
+                        }
                         Err(e) => {
-                            tracing::warn!(message_id = %msg.message_id, error = %e, "hand-off failed; retrying the message itself");
-                            queue.retry_after(&msg.receipt, secs).await
+                            tracing::warn!(message_id, error = %e, "hand-off failed; retrying the message itself");
+                            secs
                         }
                     }
                 }
             },
             Err(e) => {
-                tracing::warn!(message_id = %msg.message_id, error = %e, "job failed; will retry");
-                queue
-                    .retry_after(&msg.receipt, failure_backoff_secs(msg.receive_count))
-                    .await
+                let secs = failure_backoff_secs(receive_count);
+                tracing::warn!(message_id, error = %e, retry_after_secs = secs, "job failed; will retry");
+                secs
             }
         };
-        if let Err(e) = settle {
-            // The visibility timeout returns the message on its own.
-            tracing::warn!(message_id = %msg.message_id, error = %e, "ack/retry failed");
+        match receipt {
+            Some(receipt) => {
+                if let Err(e) = queue.retry_after(receipt, delay).await {
+                    tracing::warn!(message_id, error = %e, "visibility change failed; the queue's timeout applies");
+                }
+            }
+            None => tracing::warn!(message_id, "no receipt handle; the queue's timeout applies"),
         }
-        result
+        Settled::Kept
     }
 
     /// Sends `job` (a job not processed now) to the timers queue as a new message with

@@ -22,8 +22,8 @@ use sandbox_controller::doubles::{FixedClock, RecordingQueue};
 use sandbox_controller::{Intake, router};
 use sandbox_core::webhook::WebhookVerifier;
 use sha2::Sha256;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use tower::ServiceExt;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";

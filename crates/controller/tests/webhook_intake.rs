@@ -9,8 +9,8 @@ use sandbox_controller::doubles::{FixedClock, RecordingQueue};
 use sandbox_controller::{Intake, router};
 use sandbox_core::observed::Trigger;
 use sandbox_core::webhook::WebhookVerifier;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use tower::ServiceExt;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";

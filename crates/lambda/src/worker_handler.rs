@@ -8,8 +8,9 @@
 //!   `maxReceiveCount` receives, where an operator can see it. Reporting it as a success
 //!   would delete it silently; a job is a hint, but a lost hint is only repaired by the
 //!   next sweep;
-//! - [`Disposition::Done`] → success (Lambda deletes the message);
-//! - [`Disposition::RetryAfter`]`(secs)` (busy lock, missing evidence, a failed effect)
+//! - then [`Controller::settle`] (the same code as local mode's queue loop):
+//! - `Disposition::Done` → success (Lambda deletes the message);
+//! - `Disposition::RetryAfter(secs)` (busy lock, missing evidence, a failed effect)
 //!   → the same job is **handed off** to the timers queue as a new message with
 //!   `DelaySeconds` = `secs` (≤ 900; [`Controller::hand_off`]), then success. A retry
 //!   through the message itself would count toward its queue's `maxReceiveCount` — and on
@@ -18,7 +19,7 @@
 //!   docs). When the hand-off send fails, `ChangeMessageVisibility` to `secs` on the
 //!   record's own queue, then failure;
 //! - `Err` (a port failed) → `ChangeMessageVisibility` to
-//!   [`failure_backoff_secs`]`(ApproximateReceiveCount)` (2^n s, ≤ 300, as local mode's
+//!   `failure_backoff_secs(ApproximateReceiveCount)` (2^n s, ≤ 300, as local mode's
 //!   queue loop), then failure; the redrive policy bounds the retries.
 //!
 //! A failed `ChangeMessageVisibility` is logged and the message is still reported: it then
@@ -35,9 +36,9 @@ use crate::settings::queue_name_of_url;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use lambda_runtime::{LambdaEvent, service_fn};
 use sandbox_agents_api::SessionsApi;
-use sandbox_controller::consume::failure_backoff_secs;
+use sandbox_controller::consume::Settled;
 use sandbox_controller::ports::{Compute, Queue, Registry};
-use sandbox_controller::{Controller, Disposition, Job};
+use sandbox_controller::{Controller, Job};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -177,43 +178,19 @@ where
         receive_count,
     );
     async {
-        let delay = match controller.process(&job).await {
-            Ok(p) => {
-                let outcome = p.outcome().map(|o| o.to_string());
-                match p.disposition {
-                    Disposition::Done => {
-                        tracing::info!(outcome, note = p.note, applied = p.applied.len(), "job done");
-                        return ItemOutcome::Succeeded;
-                    }
-                    Disposition::RetryAfter(secs) => {
-                        match controller.hand_off(&job, message_id, receive_count, secs).await {
-                            Ok(()) => {
-                                tracing::info!(outcome, note = p.note, error = p.error, retry_after_secs = secs, "job handed off to the timers queue");
-                                return ItemOutcome::Succeeded;
-                            }
-                            Err(e) => {
-                                tracing::warn!(error = %e, retry_after_secs = secs, "hand-off to the timers queue failed; retrying the message itself");
-                                secs
-                            }
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                let secs = failure_backoff_secs(receive_count);
-                tracing::warn!(error = %e, retry_after_secs = secs, "job failed");
-                secs
-            }
-        };
-        match record.receipt_handle.as_deref() {
-            Some(receipt) => {
-                if let Err(e) = queue.retry_after(receipt, delay).await {
-                    tracing::warn!(error = %e, "visibility change failed; the queue's timeout applies");
-                }
-            }
-            None => tracing::warn!("record without a receipt handle; the queue's timeout applies"),
+        let result = controller.process(&job).await;
+        if let Ok(p) = &result {
+            let outcome = p.outcome().map(|o| o.to_string());
+            tracing::info!(outcome, note = p.note, error = p.error, applied = p.applied.len(), disposition = ?p.disposition, "job processed");
         }
-        ItemOutcome::Failed
+        let receipt = record.receipt_handle.as_deref();
+        match controller
+            .settle(queue, &job, message_id, receive_count, receipt, &result)
+            .await
+        {
+            Settled::Delete => ItemOutcome::Succeeded,
+            Settled::Kept => ItemOutcome::Failed,
+        }
     }
     .instrument(span)
     .await
