@@ -16,24 +16,32 @@
 //!
 //! | item | `pk` | `sk` | other attributes |
 //! |---|---|---|---|
-//! | record | effect key `agents-api:environment:{id}:compute` | `record` | `record` (S: the [`Record`] as JSON), `version`, `session_id` (S), `environment_id` (S), `updated_at_ms` |
-//! | lock | effect key | `lock` | `owner` (S), `lock_until`, `expires_at` = `lock_until` + 1 day (TTL clean-up) |
+//! | record (and lock) | effect key `agents-api:environment:{id}:compute` | `record` | `record` (S: the [`Record`] as JSON), `version`, `session_id` (S), `environment_id` (S), `updated_at_ms`; the lock: `lock_owner` (S), `lock_until` |
 //! | delivery ledger | `webhook#{webhook-id}` | `ledger` | `expires_at` |
 //! | audit entry | effect key | `audit#{epoch ms, 15 digits}#{seq, 6 digits}#{16 hex}` | `entry` (S: [`AuditEntry`] JSON), `at` |
 //! | receipt | effect key | `receipt#{epoch ms, 15 digits}#{seq, 6 digits}#{16 hex}` | `receipt` (S: [`Receipt`] JSON), `at` |
 //!
 //! Only record items carry `session_id`, so the `by_session` index is sparse: it holds
-//! the records and nothing else.
+//! the records and nothing else. The lock lives on the record item, so taking it reads the
+//! record in the same call; a key locked before its first record write has an item with
+//! the lock attributes only, which reads as no record (and is never listed). The record
+//! item has no `expires_at`: TTL never deletes a record or a lock.
 //!
 //! # Rules
 //!
-//! - Every write is conditional. Record create: `attribute_not_exists(pk)`; record update:
-//!   `version = :expected` (a missing item fails it too); a failed condition is
-//!   [`Write::Conflict`]. Lock: `attribute_not_exists(lock_until) OR lock_until < :now`
-//!   (absent or expired; held at `now == lock_until`); unlock: delete on `owner = :owner`,
-//!   a failed condition is a no-op. Audit and receipt appends: `attribute_not_exists(pk)`,
-//!   so a sort-key collision never overwrites (it is retried with a new suffix). The ledger
-//!   put is the only unconditional write: remembering again extends an entry.
+//! - Every write is conditional. Lock: `UpdateItem` with
+//!   `attribute_not_exists(lock_until) OR lock_until < :now` (absent or expired; held at
+//!   `now == lock_until`) and `ReturnValues=ALL_OLD`: the old item is the record, and an
+//!   old `lock_until` means the take is `recovered`. Every write under the lock is fenced:
+//!   `lock_owner = :owner AND lock_until >= :now`, plus, for a record write,
+//!   `attribute_not_exists(version)` (create) or `version = :expected` (update); a failed
+//!   condition is [`Write::Conflict`] (or `false` for a release). A release is one
+//!   `UpdateItem` on the record item (record attributes set, lock attributes removed — or
+//!   `lock_until` set to 0 for an unclean release) or, with an audit entry or a ledger
+//!   entry, one `TransactWriteItems` of that update and the puts. Audit and receipt appends:
+//!   `attribute_not_exists(pk)`, so a sort-key collision never overwrites (it is retried
+//!   with a new suffix). The ledger put is the only unconditional write: remembering again
+//!   extends an entry.
 //! - DynamoDB TTL deletes expired items late (typically within days) and moto never
 //!   deletes them, so reads compare `expires_at` with `now` themselves: a ledger entry with
 //!   `expires_at <= now` reads as absent.
@@ -48,16 +56,21 @@
 //!
 //! Sources: the Amazon DynamoDB Developer Guide (condition expressions, reserved words —
 //! every attribute name here goes through an `#name` placeholder —, TTL, GSI
-//! consistency) and the API Reference (PutItem, DeleteItem, Query, Scan).
+//! consistency, transactions) and the API Reference (PutItem, UpdateItem,
+//! TransactWriteItems and its `CancellationReasons`, Query, Scan).
 
 use crate::sdk_error::port_error;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement,
-    KeyType, Projection, ProjectionType, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
+    KeyType, Projection, ProjectionType, Put, ReturnValue, ScalarAttributeType, TableStatus,
+    TimeToLiveSpecification, TransactWriteItem, Update,
 };
-use sandbox_controller::ports::{AuditEntry, PortError, Receipt, Registry, Write};
+use sandbox_controller::ports::{
+    AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, Write,
+};
 use sandbox_core::ids::{EffectKey, SessionId};
 use sandbox_core::record::Record;
 use std::collections::HashMap;
@@ -79,12 +92,9 @@ pub const SESSION_ATTR: &str = "session_id";
 pub const TTL_ATTR: &str = "expires_at";
 
 const SK_RECORD: &str = "record";
-const SK_LOCK: &str = "lock";
 const SK_LEDGER: &str = "ledger";
 const AUDIT_PREFIX: &str = "audit#";
 const RECEIPT_PREFIX: &str = "receipt#";
-/// How long after its expiry a lock item is left for TTL to delete, seconds (1 day).
-const LOCK_TTL_MARGIN_SECS: u64 = 86_400;
 /// How long [`create_table`] waits for the table to become `ACTIVE`.
 const CREATE_WAIT: Duration = Duration::from_secs(120);
 
@@ -182,6 +192,125 @@ fn decode_record(item: &Item, operation: &'static str) -> Result<Record, PortErr
     })?;
     record.version = version;
     Ok(record)
+}
+
+/// The record item's update and condition for a fenced write: `SET` of the record
+/// attributes (when `record` is given) plus `extra` clauses, conditioned on the fence and
+/// the version.
+struct FencedUpdate {
+    set: Vec<&'static str>,
+    remove: Vec<&'static str>,
+    condition: String,
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+impl FencedUpdate {
+    fn new(fence: &Fence, now: u64) -> Self {
+        Self {
+            set: vec![],
+            remove: vec![],
+            condition: "#lock_owner = :lock_owner AND #lock_until >= :now".to_owned(),
+            names: HashMap::from([
+                ("#lock_owner".to_owned(), "lock_owner".to_owned()),
+                ("#lock_until".to_owned(), "lock_until".to_owned()),
+            ]),
+            values: HashMap::from([
+                (":lock_owner".to_owned(), s(fence.owner.as_str())),
+                (":now".to_owned(), n(now)),
+            ]),
+        }
+    }
+
+    /// Adds the record write at `expected + 1` (or 1); returns the new version.
+    fn record(
+        &mut self,
+        fence: &Fence,
+        record: &Record,
+        expected: Option<u64>,
+        op: &'static str,
+    ) -> Result<u64, PortError> {
+        if record.environment_id.effect_key() != fence.key {
+            return Err(PortError::permanent(
+                DEP,
+                op,
+                "record belongs to another effect key than the lock",
+            ));
+        }
+        let version = match expected {
+            None => 1,
+            Some(v) => v
+                .checked_add(1)
+                .ok_or_else(|| PortError::permanent(DEP, op, "record version overflow"))?,
+        };
+        let mut stored = record.clone();
+        stored.version = version;
+        let json = serde_json::to_string(&stored).map_err(|e| {
+            PortError::permanent(DEP, op, format!("record could not be encoded: {e}"))
+        })?;
+        self.set.extend([
+            "#record = :record",
+            "#version = :version",
+            "#session_id = :session_id",
+            "#environment_id = :environment_id",
+            "#updated_at_ms = :updated_at_ms",
+        ]);
+        for name in [
+            "record",
+            "version",
+            SESSION_ATTR,
+            "environment_id",
+            "updated_at_ms",
+        ] {
+            self.names.insert(format!("#{name}"), name.to_owned());
+        }
+        self.values.extend([
+            (":record".to_owned(), s(json)),
+            (":version".to_owned(), n(version)),
+            (":session_id".to_owned(), s(record.session_id.as_str())),
+            (
+                ":environment_id".to_owned(),
+                s(record.environment_id.as_str()),
+            ),
+            (":updated_at_ms".to_owned(), n(now_ms())),
+        ]);
+        match expected {
+            None => self
+                .condition
+                .push_str(" AND attribute_not_exists(#version)"),
+            Some(expected) => {
+                self.condition.push_str(" AND #version = :expected");
+                self.values.insert(":expected".to_owned(), n(expected));
+            }
+        }
+        Ok(version)
+    }
+
+    /// Adds the lock's release: removed (clean) or left expired at 0 (unclean).
+    fn release_lock(&mut self, clean: bool) {
+        if clean {
+            self.remove.extend(["#lock_owner", "#lock_until"]);
+        } else {
+            self.set.push("#lock_until = :released");
+            self.values.insert(":released".to_owned(), n(0));
+        }
+    }
+
+    fn expression(&self) -> String {
+        let mut out = String::new();
+        if !self.set.is_empty() {
+            out.push_str("SET ");
+            out.push_str(&self.set.join(", "));
+        }
+        if !self.remove.is_empty() {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str("REMOVE ");
+            out.push_str(&self.remove.join(", "));
+        }
+        out
+    }
 }
 
 fn is_condition_failed<E>(err: &SdkError<E>) -> bool
@@ -389,12 +518,130 @@ impl DynamoRegistry {
             .await
             .map_err(|e| port_error(DEP, op, &e))?;
         match out.item() {
-            None => Ok(None),
-            Some(item) => {
+            // A key locked before its first record write has the lock attributes only.
+            Some(item) if item.contains_key("record") => {
                 let updated = get_n(item, "updated_at_ms", op).unwrap_or(0);
                 Ok(Some((decode_record(item, op)?, updated)))
             }
+            _ => Ok(None),
         }
+    }
+
+    /// One fenced `UpdateItem` on the record item; whether the condition held.
+    async fn update_fenced(
+        &self,
+        key: &EffectKey,
+        update: FencedUpdate,
+        op: &'static str,
+    ) -> Result<bool, PortError> {
+        let res = self
+            .client
+            .update_item()
+            .table_name(self.table.as_ref())
+            .key(PK, s(key.as_str()))
+            .key(SK, s(SK_RECORD))
+            .update_expression(update.expression())
+            .condition_expression(update.condition)
+            .set_expression_attribute_names(Some(update.names))
+            .set_expression_attribute_values(Some(update.values))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failed(&e) => Ok(false),
+            Err(e) => Err(port_error(DEP, op, &e)),
+        }
+    }
+
+    /// The release as one transaction: the fenced update of the record item, the audit
+    /// entry (a fresh sort key, never overwriting) and the ledger entry.
+    async fn release_transaction(
+        &self,
+        key: &EffectKey,
+        update: FencedUpdate,
+        audit: Option<&AuditEntry>,
+        delivery: Option<(&str, u64)>,
+    ) -> Result<bool, PortError> {
+        let op = "release";
+        let build = |what: &str, e: aws_sdk_dynamodb::error::BuildError| {
+            PortError::permanent(DEP, op, format!("{what} could not be built: {e}"))
+        };
+        let update = Update::builder()
+            .table_name(self.table.as_ref())
+            .key(PK, s(key.as_str()))
+            .key(SK, s(SK_RECORD))
+            .update_expression(update.expression())
+            .condition_expression(update.condition)
+            .set_expression_attribute_names(Some(update.names))
+            .set_expression_attribute_values(Some(update.values))
+            .build()
+            .map_err(|e| build("update", e))?;
+        let audit_json = audit
+            .map(|entry| {
+                serde_json::to_string(entry).map_err(|e| {
+                    PortError::permanent(DEP, op, format!("entry could not be encoded: {e}"))
+                })
+            })
+            .transpose()?;
+        // A sort-key collision (same ms, sequence and 64 random bits) cancels the
+        // transaction on the audit put: one retry with a new key suffices.
+        for _ in 0..2 {
+            let mut items = vec![TransactWriteItem::builder().update(update.clone()).build()];
+            let audit_at = items.len();
+            if let (Some(entry), Some(json)) = (audit, &audit_json) {
+                let put = Put::builder()
+                    .table_name(self.table.as_ref())
+                    .item(PK, s(key.as_str()))
+                    .item(SK, s(self.sort_keys.next(AUDIT_PREFIX)))
+                    .item("entry", s(json.as_str()))
+                    .item("at", n(entry.at))
+                    .condition_expression("attribute_not_exists(#pk)")
+                    .expression_attribute_names("#pk", PK)
+                    .build()
+                    .map_err(|e| build("audit put", e))?;
+                items.push(TransactWriteItem::builder().put(put).build());
+            }
+            if let Some((id, expires_at)) = delivery {
+                let put = Put::builder()
+                    .table_name(self.table.as_ref())
+                    .item(PK, s(format!("webhook#{id}")))
+                    .item(SK, s(SK_LEDGER))
+                    .item(TTL_ATTR, n(expires_at))
+                    .build()
+                    .map_err(|e| build("ledger put", e))?;
+                items.push(TransactWriteItem::builder().put(put).build());
+            }
+            let res = self
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items))
+                .send()
+                .await;
+            let err = match res {
+                Ok(_) => return Ok(true),
+                Err(e) => e,
+            };
+            let failed = |i: usize| match err.as_service_error() {
+                Some(TransactWriteItemsError::TransactionCanceledException(c)) => c
+                    .cancellation_reasons()
+                    .get(i)
+                    .and_then(|r| r.code())
+                    .is_some_and(|code| code == "ConditionalCheckFailed"),
+                _ => false,
+            };
+            if failed(0) {
+                return Ok(false);
+            }
+            if audit.is_some() && failed(audit_at) {
+                continue;
+            }
+            return Err(port_error(DEP, op, &err));
+        }
+        Err(PortError::transient(
+            DEP,
+            op,
+            "audit sort key collided twice; try again",
+        ))
     }
 }
 
@@ -445,46 +692,19 @@ impl Registry for DynamoRegistry {
 
     async fn put(
         &self,
+        fence: &Fence,
+        now: u64,
         record: &Record,
         expected_version: Option<u64>,
     ) -> Result<Write, PortError> {
         let op = "put";
-        let new_version = match expected_version {
-            None => 1,
-            Some(v) => v
-                .checked_add(1)
-                .ok_or_else(|| PortError::permanent(DEP, op, "record version overflow"))?,
-        };
-        let mut stored = record.clone();
-        stored.version = new_version;
-        let json = serde_json::to_string(&stored).map_err(|e| {
-            PortError::permanent(DEP, op, format!("record could not be encoded: {e}"))
-        })?;
-        let mut req = self
-            .client
-            .put_item()
-            .table_name(self.table.as_ref())
-            .item(PK, s(record.environment_id.effect_key().as_str()))
-            .item(SK, s(SK_RECORD))
-            .item("record", s(json))
-            .item("version", n(new_version))
-            .item(SESSION_ATTR, s(record.session_id.as_str()))
-            .item("environment_id", s(record.environment_id.as_str()))
-            .item("updated_at_ms", n(now_ms()));
-        req = match expected_version {
-            None => req
-                .condition_expression("attribute_not_exists(#pk)")
-                .expression_attribute_names("#pk", PK),
-            Some(expected) => req
-                .condition_expression("#v = :expected")
-                .expression_attribute_names("#v", "version")
-                .expression_attribute_values(":expected", n(expected)),
-        };
-        match req.send().await {
-            Ok(_) => Ok(Write::Written(new_version)),
-            Err(e) if is_condition_failed(&e) => Ok(Write::Conflict),
-            Err(e) => Err(port_error(DEP, op, &e)),
-        }
+        let mut update = FencedUpdate::new(fence, now);
+        let version = update.record(fence, record, expected_version, op)?;
+        Ok(if self.update_fenced(&fence.key, update, op).await? {
+            Write::Written(version)
+        } else {
+            Write::Conflict
+        })
     }
 
     async fn list(&self) -> Result<Vec<Record>, PortError> {
@@ -494,8 +714,9 @@ impl Registry for DynamoRegistry {
             .scan()
             .table_name(self.table.as_ref())
             .consistent_read(true)
-            .filter_expression("#sk = :record")
+            .filter_expression("#sk = :record AND attribute_exists(#record)")
             .expression_attribute_names("#sk", SK)
+            .expression_attribute_names("#record", "record")
             .expression_attribute_values(":record", s(SK_RECORD))
             .into_paginator()
             .send();
@@ -516,46 +737,57 @@ impl Registry for DynamoRegistry {
         owner: &str,
         until: u64,
         now: u64,
-    ) -> Result<bool, PortError> {
+    ) -> Result<Option<Locked>, PortError> {
+        let op = "lock";
         let res = self
             .client
-            .put_item()
-            .table_name(self.table.as_ref())
-            .item(PK, s(key.as_str()))
-            .item(SK, s(SK_LOCK))
-            .item("owner", s(owner))
-            .item("lock_until", n(until))
-            .item(TTL_ATTR, n(until.saturating_add(LOCK_TTL_MARGIN_SECS)))
-            .condition_expression("attribute_not_exists(#until) OR #until < :now")
-            .expression_attribute_names("#until", "lock_until")
-            .expression_attribute_values(":now", n(now))
-            .send()
-            .await;
-        match res {
-            Ok(_) => Ok(true),
-            Err(e) if is_condition_failed(&e) => Ok(false),
-            Err(e) => Err(port_error(DEP, "lock", &e)),
-        }
-    }
-
-    async fn unlock(&self, key: &EffectKey, owner: &str) -> Result<(), PortError> {
-        let res = self
-            .client
-            .delete_item()
+            .update_item()
             .table_name(self.table.as_ref())
             .key(PK, s(key.as_str()))
-            .key(SK, s(SK_LOCK))
-            .condition_expression("#owner = :owner")
-            .expression_attribute_names("#owner", "owner")
+            .key(SK, s(SK_RECORD))
+            .update_expression("SET #lock_owner = :owner, #lock_until = :until")
+            .condition_expression("attribute_not_exists(#lock_until) OR #lock_until < :now")
+            .expression_attribute_names("#lock_owner", "lock_owner")
+            .expression_attribute_names("#lock_until", "lock_until")
             .expression_attribute_values(":owner", s(owner))
+            .expression_attribute_values(":until", n(until))
+            .expression_attribute_values(":now", n(now))
+            .return_values(ReturnValue::AllOld)
             .send()
             .await;
-        match res {
-            Ok(_) => Ok(()),
-            // Held by someone else, or not held at all: nothing to release.
-            Err(e) if is_condition_failed(&e) => Ok(()),
-            Err(e) => Err(port_error(DEP, "unlock", &e)),
+        let old = match res {
+            Ok(out) => out.attributes.unwrap_or_default(),
+            Err(e) if is_condition_failed(&e) => return Ok(None),
+            Err(e) => return Err(port_error(DEP, op, &e)),
+        };
+        let record = if old.contains_key("record") {
+            Some(decode_record(&old, op)?)
+        } else {
+            None
+        };
+        Ok(Some(Locked {
+            record,
+            recovered: old.contains_key("lock_until"),
+        }))
+    }
+
+    async fn release(
+        &self,
+        fence: &Fence,
+        now: u64,
+        release: Release<'_>,
+    ) -> Result<bool, PortError> {
+        let op = "release";
+        let mut update = FencedUpdate::new(fence, now);
+        if let Some((record, expected)) = release.record {
+            update.record(fence, record, expected, op)?;
         }
+        update.release_lock(release.clean);
+        if release.audit.is_none() && release.delivery.is_none() {
+            return self.update_fenced(&fence.key, update, op).await;
+        }
+        self.release_transaction(&fence.key, update, release.audit, release.delivery)
+            .await
     }
 
     async fn seen_delivery(&self, webhook_id: &str, now: u64) -> Result<bool, PortError> {

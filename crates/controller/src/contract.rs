@@ -26,13 +26,13 @@
 
 use crate::job::Job;
 use crate::ports::{
-    AuditEntry, Clock, Compute, Outgoing, Queue, Receipt, ReceiptKind, Received, Registry, Sent,
-    Started, SystemClock, Write,
+    AuditEntry, Clock, Compute, Fence, Locked, Outgoing, Queue, Receipt, ReceiptKind, Received,
+    Registry, Release, Sent, Started, SystemClock, Write,
 };
 use sandbox_core::compute::{ComputeInstance, ComputeStatus, InstanceRef};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{
-    DeploymentId, EnvironmentId, Generation, InstanceId, SessionId, idempotency_token,
+    DeploymentId, EffectKey, EnvironmentId, Generation, InstanceId, SessionId, idempotency_token,
 };
 use sandbox_core::observed::Trigger;
 use sandbox_core::record::{Record, RecordStatus, ShutdownLease};
@@ -472,15 +472,65 @@ fn registry_fail(rule: &str, e: impl std::fmt::Display) -> String {
     format!("registry contract [{rule}]: call failed: {e}")
 }
 
-/// The registry contract: conditional record writes, locks, the delivery ledger, audit
-/// and receipts. Safe to run concurrently with other calls on one backend (unique keys).
+/// Takes the lock on `key` for `owner` (panics on a port error), returning what it read.
+async fn take<R: Registry>(
+    r: &R,
+    key: &EffectKey,
+    owner: &str,
+    until: u64,
+    at: u64,
+) -> Option<Locked> {
+    r.lock(key, owner, until, at)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail("lock", e)))
+}
+
+async fn fenced_put<R: Registry>(
+    r: &R,
+    fence: &Fence,
+    at: u64,
+    record: &Record,
+    expected: Option<u64>,
+    rule: &str,
+) -> Write {
+    r.put(fence, at, record, expected)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)))
+}
+
+async fn release<R: Registry>(
+    r: &R,
+    fence: &Fence,
+    at: u64,
+    release: Release<'_>,
+    rule: &str,
+) -> bool {
+    r.release(fence, at, release)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)))
+}
+
+fn fence(key: &EffectKey, owner: &str) -> Fence {
+    Fence {
+        key: key.clone(),
+        owner: owner.to_owned(),
+    }
+}
+
+/// The registry contract: fenced conditional record writes, locks that read the record,
+/// the atomic release, the delivery ledger, audit and receipts. Safe to run concurrently
+/// with other calls on one backend (unique keys).
 ///
-/// Checks: `put` with `None` creates once (version 1) and conflicts the second time; a
-/// write at the current version succeeds and increments it; stale or future versions
-/// conflict and change nothing; `get`, `find_by_session` and `list` return the stored
-/// record with its stored version; a lock is taken once, refused to a second owner while
-/// held (also at `now == until`), taken by another owner once expired (`until < now`), and
-/// released only by its owner; a remembered delivery is seen until it expires and then reads
+/// Checks: a lock on a fresh key reads no record and is not `recovered`; `put` under the
+/// lock with `None` creates once (version 1) and conflicts the second time; a write at
+/// the current version succeeds and increments it; stale or future versions conflict and
+/// change nothing; `get`, `find_by_session` and `list` return the stored record with its
+/// stored version (and `list` no lock-only key); a lock is refused to a second owner while
+/// held (also at `now == until`) and taken by another owner once expired (`until < now`),
+/// reading the record and saying `recovered`; every write of a former owner or after
+/// expiry is refused (fencing); a release writes record, audit and ledger entry and frees
+/// the lock all or nothing; an unclean release leaves the lock taken-but-expired, so the
+/// next take is `recovered`; a remembered delivery is seen until it expires and then reads
 /// as absent; audit entries append; receipts list per key, oldest first.
 pub async fn registry_contract<R: Registry>(r: &R) {
     let run = unique();
@@ -488,30 +538,30 @@ pub async fn registry_contract<R: Registry>(r: &R) {
     let env = EnvironmentId::new(format!("env_ct_{run}"));
     let session = SessionId::new(format!("sess_ct_{run}"));
     let key = env.effect_key();
+    let w0 = format!("owner-w-{run}");
+    let f0 = fence(&key, &w0);
+
+    // A lock on a fresh key.
+    let rule = "lock-reads-record";
+    assert_eq!(
+        take(r, &key, &w0, now + 600, now).await,
+        Some(Locked {
+            record: None,
+            recovered: false
+        }),
+        "registry contract [{rule}]: a free lock on a fresh key is taken, reads no record and is not recovered"
+    );
 
     // Conditional create.
     let rule = "put-create-once";
-    assert_eq!(
-        r.get(&key)
-            .await
-            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e))),
-        None,
-        "registry contract [{rule}]: a fresh key has no record"
-    );
     let mut record = Record::new(env.clone(), session.clone());
-    let w = r
-        .put(&record, None)
-        .await
-        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    let w = fenced_put(r, &f0, now, &record, None, rule).await;
     assert_eq!(
         w,
         Write::Written(1),
         "registry contract [{rule}]: the first create writes version 1"
     );
-    let w = r
-        .put(&record, None)
-        .await
-        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    let w = fenced_put(r, &f0, now, &record, None, rule).await;
     assert_eq!(
         w,
         Write::Conflict,
@@ -546,10 +596,7 @@ pub async fn registry_contract<R: Registry>(r: &R) {
         requested_at: now,
         due_at: now + 300,
     });
-    let w = r
-        .put(&record, Some(1))
-        .await
-        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    let w = fenced_put(r, &f0, now, &record, Some(1), rule).await;
     assert_eq!(
         w,
         Write::Written(2),
@@ -558,10 +605,7 @@ pub async fn registry_contract<R: Registry>(r: &R) {
     let mut stale = record.clone();
     stale.status = RecordStatus::Closed;
     for expected in [Some(1), Some(3), None] {
-        let w = r
-            .put(&stale, expected)
-            .await
-            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+        let w = fenced_put(r, &f0, now, &stale, expected, rule).await;
         assert_eq!(
             w,
             Write::Conflict,
@@ -579,14 +623,54 @@ pub async fn registry_contract<R: Registry>(r: &R) {
         stored, expected_record,
         "registry contract [{rule}]: get returns the last written record with its version; conflicts change nothing"
     );
-    let w = r
-        .put(&stored, Some(2))
-        .await
-        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    let w = fenced_put(r, &f0, now, &stored, Some(2), rule).await;
     assert_eq!(
         w,
         Write::Written(3),
         "registry contract [{rule}]: versions keep incrementing"
+    );
+
+    // Fencing of puts.
+    let rule = "put-fenced";
+    let stranger = fence(&key, &format!("owner-x-{run}"));
+    assert_eq!(
+        fenced_put(r, &stranger, now, &stale, Some(3), rule).await,
+        Write::Conflict,
+        "registry contract [{rule}]: a write by an owner that does not hold the lock is refused"
+    );
+    assert_eq!(
+        fenced_put(r, &f0, now + 601, &stale, Some(3), rule).await,
+        Write::Conflict,
+        "registry contract [{rule}]: a write after the lock expired (until < now) is refused"
+    );
+    let env_other = EnvironmentId::new(format!("env_ct_{run}_other"));
+    assert!(
+        r.put(&fence(&env_other.effect_key(), &w0), now, &stale, Some(3))
+            .await
+            .is_err(),
+        "registry contract [{rule}]: a record of another effect key than the fence's is an error"
+    );
+    assert_eq!(
+        r.get(&key)
+            .await
+            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)))
+            .map(|rec| rec.version),
+        Some(3),
+        "registry contract [{rule}]: refused writes change nothing"
+    );
+    assert!(
+        release(
+            r,
+            &f0,
+            now,
+            Release {
+                clean: true,
+                ..Release::default()
+            },
+            rule
+        )
+        .await,
+        "registry contract [{rule}]: the holder releases"
     );
 
     // Lookups.
@@ -615,11 +699,28 @@ pub async fn registry_contract<R: Registry>(r: &R) {
     let rule = "list";
     let env2 = EnvironmentId::new(format!("env_ct_{run}_2"));
     let session2 = SessionId::new(format!("sess_ct_{run}_2"));
-    let w = r
-        .put(&Record::new(env2.clone(), session2), None)
-        .await
-        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
-    assert_eq!(w, Write::Written(1), "registry contract [{rule}]");
+    let f2 = fence(&env2.effect_key(), &w0);
+    assert!(take(r, &f2.key, &w0, now + 60, now).await.is_some());
+    let created = Record::new(env2.clone(), session2);
+    assert!(
+        release(
+            r,
+            &f2,
+            now,
+            Release {
+                record: Some((&created, None)),
+                clean: true,
+                ..Release::default()
+            },
+            rule
+        )
+        .await,
+        "registry contract [{rule}]: a release may create the record"
+    );
+    // A key that was only ever locked has no record.
+    let env3 = EnvironmentId::new(format!("env_ct_{run}_3"));
+    let f3 = fence(&env3.effect_key(), &w0);
+    assert!(take(r, &f3.key, &w0, now + 60, now).await.is_some());
     let all = r
         .list()
         .await
@@ -636,58 +737,229 @@ pub async fn registry_contract<R: Registry>(r: &R) {
             "registry contract [{rule}]: listed with its stored version"
         );
     }
+    assert!(
+        !all.iter().any(|rec| rec.environment_id == env3),
+        "registry contract [{rule}]: a locked key without a record lists nothing"
+    );
+    assert_eq!(
+        r.get(&f3.key)
+            .await
+            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e))),
+        None,
+        "registry contract [{rule}]: a locked key without a record reads as no record"
+    );
+    assert!(
+        release(
+            r,
+            &f3,
+            now,
+            Release {
+                clean: true,
+                ..Release::default()
+            },
+            rule
+        )
+        .await
+    );
 
-    // Locks.
+    // Locks, fencing and the atomic release.
     let rule = "lock";
     let (a, b, c) = (
         format!("owner-a-{run}"),
         format!("owner-b-{run}"),
         format!("owner-c-{run}"),
     );
-    let lock = |owner: &str, until: u64, at: u64| {
-        let (key, owner) = (key.clone(), owner.to_owned());
-        async move {
-            r.lock(&key, &owner, until, at)
-                .await
-                .unwrap_or_else(|e| panic!("{}", registry_fail("lock", e)))
-        }
-    };
-    assert!(
-        lock(&a, now + 30, now).await,
-        "registry contract [{rule}]: a free lock is taken"
+    let (fa, fb, fc) = (fence(&key, &a), fence(&key, &b), fence(&key, &c));
+    let taken = take(r, &key, &a, now + 30, now).await.unwrap_or_else(|| {
+        panic!("registry contract [{rule}]: a cleanly released lock is taken again")
+    });
+    assert_eq!(
+        (taken.record.map(|rec| rec.version), taken.recovered),
+        (Some(3), false),
+        "registry contract [{rule}]: the take reads the record; after a clean release it is not recovered"
     );
     assert!(
-        !lock(&b, now + 30, now).await,
+        take(r, &key, &b, now + 30, now).await.is_none(),
         "registry contract [{rule}]: a held lock is refused to another owner"
     );
     assert!(
-        !lock(&b, now + 60, now + 30).await,
+        take(r, &key, &b, now + 60, now + 30).await.is_none(),
         "registry contract [{rule}]: a lock is still held at now == until (expired means until < now)"
     );
-    assert!(
-        lock(&b, now + 100, now + 31).await,
-        "registry contract [{rule}]: an expired lock (until < now) can be taken by another owner"
-    );
-    r.unlock(&key, &a)
+    let taken = take(r, &key, &b, now + 100, now + 31)
         .await
-        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+        .unwrap_or_else(|| {
+            panic!("registry contract [{rule}]: an expired lock (until < now) can be taken by another owner")
+        });
     assert!(
-        !lock(&c, now + 100, now + 40).await,
-        "registry contract [{rule}]: unlock by a former owner must not release the current owner's lock"
+        taken.recovered,
+        "registry contract [{rule}]: taking an expired lock is recovered"
     );
-    r.unlock(&key, &b)
-        .await
-        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    let rule = "fencing";
+    assert_eq!(
+        fenced_put(r, &fa, now + 32, &stored, Some(3), rule).await,
+        Write::Conflict,
+        "registry contract [{rule}]: the former owner's write is refused"
+    );
+    let wh_a = format!("msg_ct_{run}_a");
+    let entry = AuditEntry {
+        at: now,
+        effect_key: key.clone(),
+        session_id: session.clone(),
+        trigger: serde_json::json!({"kind": "sweep"}),
+        observed: serde_json::json!({"record_version": 3}),
+        outcome: "start".to_owned(),
+        reason: format!("contract {run}"),
+        applied: vec![],
+        error: None,
+    };
     assert!(
-        lock(&c, now + 100, now + 40).await,
-        "registry contract [{rule}]: the owner's unlock frees the lock"
+        !release(
+            r,
+            &fa,
+            now + 32,
+            Release {
+                record: Some((&stored, Some(3))),
+                audit: Some(&entry),
+                delivery: Some((&wh_a, now + 1000)),
+                clean: true,
+            },
+            rule
+        )
+        .await,
+        "registry contract [{rule}]: the former owner's release is refused"
     );
-    r.unlock(&key, &c)
+    assert!(
+        !r.seen_delivery(&wh_a, now + 33)
+            .await
+            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e))),
+        "registry contract [{rule}]: a refused release remembers no delivery"
+    );
+    assert!(
+        take(r, &key, &c, now + 100, now + 40).await.is_none(),
+        "registry contract [{rule}]: a former owner's release must not free the current owner's lock"
+    );
+    assert_eq!(
+        fenced_put(r, &fb, now + 40, &stored, Some(3), rule).await,
+        Write::Written(4),
+        "registry contract [{rule}]: the holder writes"
+    );
+    let rule = "release";
+    let wh_b = format!("msg_ct_{run}_b");
+    let mut closing = stored.clone();
+    closing.status = RecordStatus::Stopped;
+    assert!(
+        release(
+            r,
+            &fb,
+            now + 41,
+            Release {
+                record: Some((&closing, Some(4))),
+                audit: Some(&entry),
+                delivery: Some((&wh_b, now + 1000)),
+                clean: false,
+            },
+            rule
+        )
+        .await,
+        "registry contract [{rule}]: the holder's release is applied"
+    );
+    assert!(
+        r.seen_delivery(&wh_b, now + 42)
+            .await
+            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e))),
+        "registry contract [{rule}]: the release remembers the delivery"
+    );
+    let taken = take(r, &key, &c, now + 100, now + 42)
         .await
-        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
-    r.unlock(&env2.effect_key(), &a).await.unwrap_or_else(|e| {
-        panic!("registry contract [{rule}]: unlocking a never-locked key is a no-op: {e}")
-    });
+        .unwrap_or_else(|| panic!("registry contract [{rule}]: a released lock is free"));
+    let read = taken
+        .record
+        .unwrap_or_else(|| panic!("registry contract [{rule}]: the record is still there"));
+    assert_eq!(
+        (read.version, read.status, taken.recovered),
+        (5, RecordStatus::Stopped, true),
+        "registry contract [{rule}]: the release wrote the record; an unclean release leaves the next take recovered"
+    );
+    let wh_c = format!("msg_ct_{run}_c");
+    assert!(
+        !release(
+            r,
+            &fc,
+            now + 43,
+            Release {
+                record: Some((&closing, Some(4))),
+                audit: Some(&entry),
+                delivery: Some((&wh_c, now + 1000)),
+                clean: true,
+            },
+            rule
+        )
+        .await,
+        "registry contract [{rule}]: a release with a stale record version is refused"
+    );
+    assert!(
+        !r.seen_delivery(&wh_c, now + 43)
+            .await
+            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e))),
+        "registry contract [{rule}]: all or nothing: a refused release remembers no delivery"
+    );
+    assert!(
+        take(r, &key, &a, now + 100, now + 43).await.is_none(),
+        "registry contract [{rule}]: a refused release keeps the lock held"
+    );
+    assert!(
+        release(
+            r,
+            &fc,
+            now + 44,
+            Release {
+                clean: true,
+                ..Release::default()
+            },
+            rule
+        )
+        .await,
+        "registry contract [{rule}]: a release without writes frees the lock"
+    );
+    let taken = take(r, &key, &a, now + 100, now + 45).await;
+    assert_eq!(
+        taken.map(|t| (t.record.map(|rec| rec.version), t.recovered)),
+        Some((Some(5), false)),
+        "registry contract [{rule}]: after a clean release the lock is free and not recovered"
+    );
+    assert!(
+        release(
+            r,
+            &fa,
+            now + 45,
+            Release {
+                clean: true,
+                ..Release::default()
+            },
+            rule
+        )
+        .await
+    );
+    let rule = "release-unlocked";
+    let never = fence(
+        &EnvironmentId::new(format!("env_ct_{run}_never")).effect_key(),
+        &a,
+    );
+    assert!(
+        !release(
+            r,
+            &never,
+            now,
+            Release {
+                clean: true,
+                ..Release::default()
+            },
+            rule
+        )
+        .await,
+        "registry contract [{rule}]: releasing a never-locked key is refused and changes nothing"
+    );
 
     // Delivery ledger.
     let rule = "ledger";

@@ -199,10 +199,53 @@ pub enum ReceiptKind {
     },
 }
 
+/// Proof of a held effect-key lock, carried by every registry write made under it (a
+/// fencing token): the registry refuses the write unless `owner` still holds the lock on
+/// `key`, unexpired, at the writer's `now`.
+///
+/// Why: a worker paused past its lease (GC, a stopped process, a slow network) must not
+/// overwrite what the next holder decided (the soak of issue 6 found exactly that: a
+/// record write landing after the sweeper had released the compute it named).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    /// The effect key the lock is on.
+    pub key: EffectKey,
+    /// The owner string the lock was taken with (unique per attempt).
+    pub owner: String,
+}
+
+/// What [`Registry::lock`] found when it took the lock, read atomically with the take.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Locked {
+    /// The record under the key (`None`: no record yet).
+    pub record: Option<Record>,
+    /// The previous holder did not release cleanly: its lock had expired, or it released
+    /// with [`Release::clean`] `false` (a start whose outcome is unknown). Whatever it
+    /// started may be unrecorded, so the provider's inventory must be read.
+    pub recovered: bool,
+}
+
+/// The final write of a decision, applied atomically with the lock's release.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Release<'a> {
+    /// The record to write and the version it must still have (`None`: no record may
+    /// exist), when the decision changed it.
+    pub record: Option<(&'a Record, Option<u64>)>,
+    /// The decision's audit entry.
+    pub audit: Option<&'a AuditEntry>,
+    /// A delivery to remember as processed: webhook id and expiry (Unix seconds).
+    pub delivery: Option<(&'a str, u64)>,
+    /// `true`: the holder knows everything it started is recorded, so the lock is
+    /// deleted. `false`: the lock is left expired, so the next holder sees
+    /// [`Locked::recovered`] and reads the provider's inventory.
+    pub clean: bool,
+}
+
 /// The registry: records under effect keys, locks, the delivery ledger, audit and receipts.
 ///
-/// Every record change is a conditional write on the record's `version`; locks are leases
-/// with an expiry in Unix seconds and an expired lock counts as absent.
+/// Every record change is a conditional write on the record's `version` *and* on the lock
+/// ([`Fence`]); locks are leases with an expiry in Unix seconds and an expired lock counts
+/// as absent for [`Registry::lock`] and as lost for every fenced write.
 pub trait Registry: Send + Sync + 'static {
     /// The record under `key`, if any.
     fn get(
@@ -215,30 +258,43 @@ pub trait Registry: Send + Sync + 'static {
         &self,
         session: &SessionId,
     ) -> impl Future<Output = Result<Option<Record>, PortError>> + Send;
-    /// Writes `record` if the stored version equals `expected_version` (`None`: no record
-    /// may exist). The stored version becomes `expected_version + 1` (or 1).
+    /// Writes `record` (under `fence.key`) if `fence.owner` holds the lock with
+    /// `until >= now` and the stored version equals `expected_version` (`None`: no record
+    /// may exist). The stored version becomes `expected_version + 1` (or 1). Either
+    /// condition failing is [`Write::Conflict`] and changes nothing.
+    ///
+    /// # Errors
+    /// A permanent [`PortError`] when `record` belongs to another effect key than the fence.
     fn put(
         &self,
+        fence: &Fence,
+        now: u64,
         record: &Record,
         expected_version: Option<u64>,
     ) -> impl Future<Output = Result<Write, PortError>> + Send;
     /// Every record (the sweep reads them all, page by page).
     fn list(&self) -> impl Future<Output = Result<Vec<Record>, PortError>> + Send;
     /// Takes the lock on `key` for `owner` until `until` (Unix seconds) if it is free or
-    /// expired at `now`. Returns whether it was taken.
+    /// expired at `now` (held while `now <= until`), and reads the record in the same
+    /// atomic step. `None`: another owner holds it.
     fn lock(
         &self,
         key: &EffectKey,
         owner: &str,
         until: u64,
         now: u64,
-    ) -> impl Future<Output = Result<bool, PortError>> + Send;
-    /// Releases the lock if `owner` still holds it.
-    fn unlock(
+    ) -> impl Future<Output = Result<Option<Locked>, PortError>> + Send;
+    /// Applies `release` and releases the lock, all or nothing, if `fence.owner` still
+    /// holds the lock at `now` and the record (if any) still has the expected version.
+    /// Returns `false` when either condition failed: nothing was written, the lock left
+    /// as it was (it expires on its own). One remote call (DynamoDB: one
+    /// `TransactWriteItems` or `UpdateItem`; SQLite: one transaction).
+    fn release(
         &self,
-        key: &EffectKey,
-        owner: &str,
-    ) -> impl Future<Output = Result<(), PortError>> + Send;
+        fence: &Fence,
+        now: u64,
+        release: Release<'_>,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
     /// Whether `webhook_id` was processed already (ledger entries expire at their
     /// `expires_at`; an expired entry reads as absent).
     fn seen_delivery(
@@ -246,7 +302,8 @@ pub trait Registry: Send + Sync + 'static {
         webhook_id: &str,
         now: u64,
     ) -> impl Future<Output = Result<bool, PortError>> + Send;
-    /// Records `webhook_id` as processed until `expires_at` (Unix seconds).
+    /// Records `webhook_id` as processed until `expires_at` (Unix seconds), outside any
+    /// lock (deliveries that name no environment).
     fn remember_delivery(
         &self,
         webhook_id: &str,

@@ -6,21 +6,30 @@
 //!    written (one registry read);
 //! 2. retrieve the session (404 = deleted; errors = unavailable evidence) and resolve the
 //!    environment (event, session or record);
-//! 3. take the lock on `agents-api:environment:{id}:compute` (a lease with an expiry);
-//! 4. read the record and the provider's instances (and, when they matter, the
-//!    environment status and the latest turn) and call [`sandbox_core::decide`];
-//! 5. apply the effects in order; a started compute's instance id and generation are
-//!    written before anything else happens; a stop is read back before its receipt;
-//! 6. audit, remember the webhook-id, release the lock;
-//! 7. say what to do with the message: done (and maybe schedule a recheck on the timers
-//!    queue), or retry the same message later (missing evidence, a failed effect).
+//! 3. take the lock on `agents-api:environment:{id}:compute` (a lease with an expiry),
+//!    which reads the record in the same call;
+//! 4. read the provider's instances — skipped when nothing can be unrecorded: the
+//!    previous holder released cleanly, the record names no instance and the job is not
+//!    a sweep — (and, when they matter, the environment status and the latest turn) and
+//!    call [`sandbox_core::decide`];
+//! 5. apply the effects in order; every write under the lock is fenced ([`Fence`]); the
+//!    record is written before any further side effect and before the lock is released;
+//!    a stop is read back before its receipt;
+//! 6. schedule a recheck if the decision asks for one, then one atomic release: record,
+//!    audit entry, the webhook-id in the ledger, the lock deleted (or left expired when a
+//!    start's outcome is unknown, so the next holder reads the inventory);
+//! 7. say what to do with the message: done, or retry the same message later (missing
+//!    evidence, a failed effect, a lost lock).
+//!
+//! Remote calls of a first start: ledger read, session read, lock (+ record), provider
+//! start, release = 5 (`crates/testkit/tests/call_budgets.rs`).
 
 use crate::config::ControllerConfig;
 use crate::crash_point::crash_point;
 use crate::job::Job;
 use crate::ports::{
-    AuditEntry, Clock, Compute, Outgoing, PortError, Queue, Receipt, ReceiptKind, Registry,
-    Started, Write, instances_of,
+    AuditEntry, Clock, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, ReceiptKind,
+    Registry, Release, Started, Write, instances_of,
 };
 use sandbox_agents_api::{ApiError, PageParams, SessionsApi};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
@@ -189,23 +198,48 @@ where
             self.config.worker_id,
             self.nonce.fetch_add(1, Ordering::Relaxed)
         );
-        if !self
+        let Some(locked) = self
             .registry
             .lock(&key, &owner, now + self.config.lock_ttl_secs, now)
             .await?
-        {
+        else {
             return Ok(Processed::skipped(
                 "effect key locked by another worker",
                 Disposition::RetryAfter(self.config.lock_busy_retry_secs),
             ));
-        }
+        };
         crash_point("after-lock");
-        let result = self.decide_and_act(job, env, session).await;
-        if let Err(e) = self.registry.unlock(&key, &owner).await {
-            // The lock expires on its own; the next worker waits at most lock_ttl_secs.
-            tracing::warn!(effect_key = %key, error = %e, "unlock failed");
+        // Every path of decide_and_act ends in one release; if this future is dropped
+        // (crash, timeout) the lock expires on its own and the next holder recovers.
+        self.decide_and_act(job, env, session, locked, Fence { key, owner })
+            .await
+    }
+
+    /// The provider's instances of `env`, or `None` when nothing can be unrecorded: the
+    /// previous lock holder released cleanly (so everything it started is in the record),
+    /// the record names no instance, and the job is not a sweep (the sweep job is how
+    /// orphans the registry never knew of are found). Then the inventory is known empty.
+    async fn inventory(
+        &self,
+        job: &Job,
+        env: &EnvironmentId,
+        locked: &Locked,
+    ) -> Option<Inventory> {
+        let unrecorded_possible = locked.recovered
+            || job.trigger == Trigger::Sweep
+            || locked.record.as_ref().is_some_and(|r| r.instance.is_some());
+        if !unrecorded_possible {
+            return None;
         }
-        result
+        Some(
+            match instances_of(&self.compute, &self.config.deployment, env).await {
+                Ok(instances) => Inventory::Known { instances },
+                Err(e) => {
+                    tracing::warn!(effect_key = %env.effect_key(), error = %e, "inventory unavailable");
+                    Inventory::Unavailable
+                }
+            },
+        )
     }
 
     async fn decide_and_act(
@@ -213,20 +247,15 @@ where
         job: &Job,
         env: EnvironmentId,
         session: SessionView,
+        locked: Locked,
+        fence: Fence,
     ) -> Result<Processed, PortError> {
         let now = self.clock.now();
-        let key = env.effect_key();
-        let record = self.registry.get(&key).await?;
-        let instances = instances_of(&self.compute, &self.config.deployment, &env).await;
-        let inventory = match &instances {
-            Ok(instances) => Inventory::Known {
-                instances: instances.clone(),
-            },
-            Err(e) => {
-                tracing::warn!(effect_key = %key, error = %e, "inventory unavailable");
-                Inventory::Unavailable
-            }
-        };
+        let read = self.inventory(job, &env, &locked).await;
+        let inventory_read = read.is_some();
+        let inventory = read.unwrap_or(Inventory::Known { instances: vec![] });
+        let recovered = locked.recovered;
+        let record = locked.record;
         let (environment_status, latest_turn) =
             self.evidence(job, &env, &session, &inventory).await;
         let observed = Observed {
@@ -254,20 +283,21 @@ where
                 .unwrap_or_else(|| job.session_id.clone()),
         };
         let mut act = Act {
+            fence,
             record: record.clone(),
             fresh: record.unwrap_or_else(|| Record::new(env.clone(), session_id.clone())),
             dirty: false,
+            clean: true,
             applied: vec![],
             error: None,
             deferred_error: None,
             retry_after: None,
         };
         self.apply(&decision, &mut act, now).await;
-        let error = act.error.clone().or(act.deferred_error.clone());
-        self.audit(job, &observed, &decision, &act, error.clone())
-            .await;
+        let mut error = act.error.clone().or(act.deferred_error.clone());
+        act.clean &= !inventory_read || act.reconciled(&observed.inventory, recovered);
 
-        let disposition = if let Some(secs) = act.retry_after {
+        let mut disposition = if let Some(secs) = act.retry_after {
             Disposition::RetryAfter(capped_delay(secs))
         } else if error.is_some() {
             Disposition::RetryAfter(capped_delay(self.config.policy.recheck_secs))
@@ -278,13 +308,59 @@ where
                     .unwrap_or(self.config.policy.uncertain_retry_secs),
             ))
         } else {
-            if let Some(secs) = decision.recheck_after_secs {
-                self.schedule_recheck(job, &env, &session_id, &decision, now, secs)
-                    .await?;
-            }
-            self.remember(job, now).await?;
             Disposition::Done
         };
+        // The recheck is sent before the release that remembers the delivery: if the send
+        // fails the job is retried (not yet a duplicate) and the recheck sent then.
+        let mut send_error = None;
+        if disposition == Disposition::Done
+            && let Some(secs) = decision.recheck_after_secs
+            && let Err(e) = self
+                .schedule_recheck(job, &env, &session_id, &decision, now, secs)
+                .await
+        {
+            send_error = Some(e);
+        }
+        let remember = match (&job.webhook_id, disposition, &send_error) {
+            (Some(id), Disposition::Done, None) => {
+                Some((id.as_str(), now + self.config.ledger_ttl_secs))
+            }
+            _ => None,
+        };
+        let entry = audit_entry(job, &observed, &decision, &act, error.clone());
+        let release = Release {
+            record: act
+                .dirty
+                .then(|| (&act.fresh, act.record.as_ref().map(|r| r.version))),
+            audit: Some(&entry),
+            delivery: remember,
+            clean: act.clean,
+        };
+        let released = self
+            .registry
+            .release(&act.fence, self.clock.now(), release)
+            .await;
+        match released {
+            Ok(true) => {}
+            Ok(false) => {
+                // The lock was lost (paused past its lease) or the record changed: nothing
+                // of this decision was written. The next holder decides again.
+                let lost = "lock lost or record changed before the release: nothing written";
+                tracing::warn!(effect_key = %act.fence.key, "{lost}");
+                error = Some(lost.into());
+                disposition =
+                    Disposition::RetryAfter(capped_delay(self.config.policy.recheck_secs));
+                let entry = audit_entry(job, &observed, &decision, &act, error.clone());
+                if let Err(e) = self.registry.audit(&entry).await {
+                    tracing::warn!(error = %e, "audit write failed");
+                }
+            }
+            // The lock expires on its own; the message is retried.
+            Err(e) => return Err(e),
+        }
+        if let Some(e) = send_error {
+            return Err(e);
+        }
         Ok(Processed {
             decision: Some(decision),
             applied: act.applied,
@@ -392,11 +468,7 @@ where
                 }
             }
         }
-        if act.error.is_none()
-            && let Err(e) = self.flush(act).await
-        {
-            act.error = Some(e);
-        }
+        // What is still dirty is written by the release, atomically with the unlock.
     }
 
     async fn start(
@@ -415,9 +487,8 @@ where
                 crash_point("after-compute-start");
                 act.change(&Effect::AdoptCompute(instance.as_ref()));
                 act.fresh.generation = act.fresh.generation.max(spec.generation);
-                // Record before anything else (DESIGN.md principle 3).
-                self.flush(act).await?;
-                crash_point("after-record");
+                // Recorded before anything else (DESIGN.md principle 3): every later side
+                // effect flushes first, and the release writes it with the lock's release.
                 Ok(())
             }
             Ok(Started::Failed { reason }) => {
@@ -434,12 +505,15 @@ where
                     reason: reason.clone(),
                 });
                 act.dirty = true;
-                self.flush(act).await?;
                 // Ack and recheck after the backoff: the next decision waits it out.
                 act.retry_after = Some(self.config.policy.start_backoff_secs(attempts));
                 Err(format!("start failed: {reason}"))
             }
-            Err(e) => Err(format!("start outcome unknown: {e}")),
+            Err(e) => {
+                // The provider may have started it: the next holder must read the inventory.
+                act.clean = false;
+                Err(format!("start outcome unknown: {e}"))
+            }
         }
     }
 
@@ -504,20 +578,28 @@ where
             .map_err(|e| format!("receipt write failed: {e}"))
     }
 
-    /// Writes the record if changed, conditional on the version read under the lock.
+    /// Writes the record if changed, conditional on the version read under the lock and on
+    /// the lock itself (fenced).
     async fn flush(&self, act: &mut Act) -> Result<(), String> {
         if !act.dirty {
             return Ok(());
         }
         let expected = act.record.as_ref().map(|r| r.version);
-        match self.registry.put(&act.fresh, expected).await {
+        let now = self.clock.now();
+        match self
+            .registry
+            .put(&act.fence, now, &act.fresh, expected)
+            .await
+        {
             Ok(Write::Written(version)) => {
                 act.fresh.version = version;
                 act.record = Some(act.fresh.clone());
                 act.dirty = false;
                 Ok(())
             }
-            Ok(Write::Conflict) => Err("record changed concurrently (version conflict)".into()),
+            Ok(Write::Conflict) => {
+                Err("lock lost or record changed concurrently (fenced write refused)".into())
+            }
             Err(e) => Err(format!("record write failed: {e}")),
         }
     }
@@ -572,56 +654,57 @@ where
         }
         Ok(())
     }
+}
 
-    async fn audit(
-        &self,
-        job: &Job,
-        observed: &Observed,
-        decision: &Decision,
-        act: &Act,
-        error: Option<String>,
-    ) {
-        let session_status = match &observed.session {
-            SessionView::Found { session } => json!(session.status),
-            SessionView::Deleted => json!("deleted"),
-            SessionView::Unavailable { cause } => json!({"unavailable": cause}),
-        };
-        let instances = match &observed.inventory {
-            Inventory::Known { instances } => json!(instances
-                .iter()
-                .map(|i| json!({"instance_id": i.instance_id, "generation": i.generation, "status": i.status}))
-                .collect::<Vec<_>>()),
-            Inventory::Unavailable => json!("unavailable"),
-        };
-        let entry = AuditEntry {
-            at: observed.now,
-            effect_key: observed.environment_id.effect_key(),
-            session_id: job.session_id.clone(),
-            trigger: json!(job.trigger),
-            observed: json!({
-                "session": session_status,
-                "record": observed.record,
-                "instances": instances,
-                "environment_status": observed.environment_status,
-            }),
-            outcome: decision.outcome.to_string(),
-            reason: decision.reason.to_string(),
-            applied: act.applied.iter().map(|e| json!(e)).collect(),
-            error,
-        };
-        if let Err(e) = self.registry.audit(&entry).await {
-            tracing::warn!(error = %e, "audit write failed");
-        }
+/// The audit entry of one decision.
+fn audit_entry(
+    job: &Job,
+    observed: &Observed,
+    decision: &Decision,
+    act: &Act,
+    error: Option<String>,
+) -> AuditEntry {
+    let session_status = match &observed.session {
+        SessionView::Found { session } => json!(session.status),
+        SessionView::Deleted => json!("deleted"),
+        SessionView::Unavailable { cause } => json!({"unavailable": cause}),
+    };
+    let instances = match &observed.inventory {
+        Inventory::Known { instances } => json!(instances
+            .iter()
+            .map(|i| json!({"instance_id": i.instance_id, "generation": i.generation, "status": i.status}))
+            .collect::<Vec<_>>()),
+        Inventory::Unavailable => json!("unavailable"),
+    };
+    AuditEntry {
+        at: observed.now,
+        effect_key: observed.environment_id.effect_key(),
+        session_id: job.session_id.clone(),
+        trigger: json!(job.trigger),
+        observed: json!({
+            "session": session_status,
+            "record": observed.record,
+            "instances": instances,
+            "environment_status": observed.environment_status,
+        }),
+        outcome: decision.outcome.to_string(),
+        reason: decision.reason.to_string(),
+        applied: act.applied.iter().map(|e| json!(e)).collect(),
+        error,
     }
 }
 
 /// The record being changed by one decision, and what was applied.
 struct Act {
+    /// The lock every write carries.
+    fence: Fence,
     /// The record as last read or written (its version is the write condition).
     record: Option<Record>,
     /// The record with the changes so far.
     fresh: Record,
     dirty: bool,
+    /// `false` once a start's outcome is unknown: the lock is left expired on release.
+    clean: bool,
     applied: Vec<Effect>,
     error: Option<String>,
     /// A failure of an independent effect (session delete): keep going, never finalize.
@@ -631,6 +714,26 @@ struct Act {
 }
 
 impl Act {
+    /// Whether, after this decision, nothing this environment runs is unrecorded: every
+    /// live instance in the inventory is the one the record names or was stopped now. An
+    /// unreadable inventory counts as reconciled unless the lock was `recovered` (then it
+    /// is the only evidence, and the next holder must read it).
+    fn reconciled(&self, inventory: &Inventory, recovered: bool) -> bool {
+        let Inventory::Known { instances } = inventory else {
+            return !recovered;
+        };
+        let named = self.fresh.instance.as_ref().map(|r| &r.instance_id);
+        instances
+            .iter()
+            .filter(|i| i.status != ComputeStatus::Stopped)
+            .all(|i| {
+                named == Some(&i.instance_id)
+                    || self.applied.iter().any(|e| {
+                        matches!(e, Effect::StopCompute(s) if s.target.instance_id == i.instance_id)
+                    })
+            })
+    }
+
     /// Applies a record-only effect to `fresh`.
     fn change(&mut self, effect: &Effect) {
         let r = &mut self.fresh;

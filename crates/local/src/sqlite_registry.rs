@@ -6,17 +6,22 @@
 //!   as JSON, last write time. A create is `INSERT ... ON CONFLICT DO NOTHING` (DynamoDB:
 //!   `attribute_not_exists`); an update is `UPDATE ... WHERE version = ?expected`
 //!   (DynamoDB: `version = :expected`); zero changed rows is [`Write::Conflict`].
-//! - `registry_locks`: effect key, owner, `until` (Unix seconds). Taken with an upsert
-//!   whose update only applies when `until < now` (absent OR expired); released only by a
-//!   delete matching the owner.
+//! - `registry_locks`: effect key, owner, `until` (Unix seconds). Taken in an `IMMEDIATE`
+//!   transaction when absent or expired (`until < now`), reading the record in the same
+//!   transaction (a row found expired makes the take `recovered`). Every write under the
+//!   lock (`put`, `release`) runs in one `IMMEDIATE` transaction that first checks the
+//!   fence (`owner` matches and `until >= now`). A clean release deletes the row; an
+//!   unclean one sets `until = 0` (expired, so the next take is `recovered`).
 //! - `registry_ledger`: webhook id, `expires_at` (Unix seconds); an entry with
 //!   `expires_at <= now` reads as absent (DynamoDB TTL deletes late, so the same rule).
 //! - `registry_audit`: append-only, ordered by an autoincrement id.
 //! - `registry_receipts`: per effect key, ordered by an autoincrement id.
 
 use crate::db::{Db, DbError, from_sql_int, now_ms, to_sql_int};
-use rusqlite::{OptionalExtension, params};
-use sandbox_controller::ports::{AuditEntry, PortError, Receipt, Registry, Write};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use sandbox_controller::ports::{
+    AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, Write,
+};
 use sandbox_core::ids::{EffectKey, SessionId};
 use sandbox_core::record::Record;
 use std::path::Path;
@@ -72,6 +77,142 @@ fn decode_record(json: &str, version: i64) -> Result<Record, DbError> {
     let mut record: Record = serde_json::from_str(json)?;
     record.version = from_sql_int(version);
     Ok(record)
+}
+
+fn read_record(conn: &Connection, key: &str) -> Result<Option<Record>, DbError> {
+    let row: Option<(String, i64)> = conn
+        .query_row(
+            "SELECT record, version FROM registry_records WHERE effect_key = ?1",
+            params![key],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    row.map(|(json, v)| decode_record(&json, v)).transpose()
+}
+
+/// Whether `fence.owner` holds the lock on `fence.key` at `now` (held while `now <= until`).
+fn holds(conn: &Connection, fence: &Fence, now: u64) -> Result<bool, DbError> {
+    Ok(conn
+        .query_row(
+            "SELECT 1 FROM registry_locks WHERE effect_key = ?1 AND owner = ?2 AND until >= ?3",
+            params![fence.key.as_str(), fence.owner, to_sql_int(now)],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some())
+}
+
+fn remember(conn: &Connection, webhook_id: &str, expires_at: u64) -> Result<(), DbError> {
+    conn.execute(
+        "INSERT INTO registry_ledger (webhook_id, expires_at) VALUES (?1, ?2)
+         ON CONFLICT (webhook_id) DO UPDATE SET expires_at = excluded.expires_at",
+        params![webhook_id, to_sql_int(expires_at)],
+    )?;
+    Ok(())
+}
+
+/// A record encoded for a conditional write.
+struct RecordRow {
+    key: String,
+    env: String,
+    session: String,
+    json: String,
+    expected: Option<u64>,
+    version: u64,
+}
+
+impl RecordRow {
+    fn encode(
+        fence: &Fence,
+        record: &Record,
+        expected: Option<u64>,
+        operation: &'static str,
+    ) -> Result<Self, PortError> {
+        if record.environment_id.effect_key() != fence.key {
+            return Err(PortError::permanent(
+                DEP,
+                operation,
+                "record belongs to another effect key than the lock",
+            ));
+        }
+        let version = match expected {
+            None => 1,
+            Some(v) => v
+                .checked_add(1)
+                .ok_or_else(|| PortError::permanent(DEP, operation, "record version overflow"))?,
+        };
+        let mut stored = record.clone();
+        stored.version = version;
+        let json = serde_json::to_string(&stored).map_err(|e| {
+            PortError::permanent(DEP, operation, format!("record could not be encoded: {e}"))
+        })?;
+        Ok(Self {
+            key: fence.key.as_str().to_owned(),
+            env: record.environment_id.as_str().to_owned(),
+            session: record.session_id.as_str().to_owned(),
+            json,
+            expected,
+            version,
+        })
+    }
+
+    /// Writes the row if the stored version is the expected one; whether it was written.
+    fn write(&self, conn: &Connection) -> Result<bool, DbError> {
+        let now = now_ms();
+        let changed = match self.expected {
+            None => conn.execute(
+                "INSERT INTO registry_records
+                   (effect_key, environment_id, session_id, version, record, updated_at_ms)
+                 VALUES (?1, ?2, ?3, 1, ?4, ?5)
+                 ON CONFLICT (effect_key) DO NOTHING",
+                params![self.key, self.env, self.session, self.json, now],
+            )?,
+            Some(expected) => conn.execute(
+                "UPDATE registry_records
+                 SET session_id = ?2, version = ?3, record = ?4, updated_at_ms = ?5
+                 WHERE effect_key = ?1 AND version = ?6",
+                params![
+                    self.key,
+                    self.session,
+                    to_sql_int(self.version),
+                    self.json,
+                    now,
+                    to_sql_int(expected)
+                ],
+            )?,
+        };
+        Ok(changed == 1)
+    }
+}
+
+/// An audit entry encoded for the append.
+struct AuditRow {
+    key: String,
+    session: String,
+    at: i64,
+    json: String,
+}
+
+impl AuditRow {
+    fn encode(entry: &AuditEntry) -> Result<Self, PortError> {
+        let json = serde_json::to_string(entry).map_err(|e| {
+            PortError::permanent(DEP, "audit", format!("entry could not be encoded: {e}"))
+        })?;
+        Ok(Self {
+            key: entry.effect_key.as_str().to_owned(),
+            session: entry.session_id.as_str().to_owned(),
+            at: to_sql_int(entry.at),
+            json,
+        })
+    }
+
+    fn insert(&self, conn: &Connection) -> Result<(), DbError> {
+        conn.execute(
+            "INSERT INTO registry_audit (effect_key, session_id, at, entry) VALUES (?1, ?2, ?3, ?4)",
+            params![self.key, self.session, self.at, self.json],
+        )?;
+        Ok(())
+    }
 }
 
 impl SqliteRegistry {
@@ -199,16 +340,7 @@ impl Registry for SqliteRegistry {
     async fn get(&self, key: &EffectKey) -> Result<Option<Record>, PortError> {
         let key = key.as_str().to_owned();
         self.db
-            .call(DEP, "get", move |conn| {
-                let row: Option<(String, i64)> = conn
-                    .query_row(
-                        "SELECT record, version FROM registry_records WHERE effect_key = ?1",
-                        params![key],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .optional()?;
-                row.map(|(json, v)| decode_record(&json, v)).transpose()
-            })
+            .call(DEP, "get", move |conn| read_record(conn, &key))
             .await
     }
 
@@ -231,53 +363,21 @@ impl Registry for SqliteRegistry {
 
     async fn put(
         &self,
+        fence: &Fence,
+        now: u64,
         record: &Record,
         expected_version: Option<u64>,
     ) -> Result<Write, PortError> {
-        let new_version = match expected_version {
-            None => 1,
-            Some(v) => v
-                .checked_add(1)
-                .ok_or_else(|| PortError::permanent(DEP, "put", "record version overflow"))?,
-        };
-        let mut stored = record.clone();
-        stored.version = new_version;
-        let json = serde_json::to_string(&stored).map_err(|e| {
-            PortError::permanent(DEP, "put", format!("record could not be encoded: {e}"))
-        })?;
-        let key = record.environment_id.effect_key().as_str().to_owned();
-        let env = record.environment_id.as_str().to_owned();
-        let session = record.session_id.as_str().to_owned();
+        let row = RecordRow::encode(fence, record, expected_version, "put")?;
+        let fence = fence.clone();
         self.db
             .call(DEP, "put", move |conn| {
-                let now = now_ms();
-                let changed = match expected_version {
-                    None => conn.execute(
-                        "INSERT INTO registry_records
-                           (effect_key, environment_id, session_id, version, record, updated_at_ms)
-                         VALUES (?1, ?2, ?3, 1, ?4, ?5)
-                         ON CONFLICT (effect_key) DO NOTHING",
-                        params![key, env, session, json, now],
-                    )?,
-                    Some(expected) => conn.execute(
-                        "UPDATE registry_records
-                         SET session_id = ?2, version = ?3, record = ?4, updated_at_ms = ?5
-                         WHERE effect_key = ?1 AND version = ?6",
-                        params![
-                            key,
-                            session,
-                            to_sql_int(new_version),
-                            json,
-                            now,
-                            to_sql_int(expected)
-                        ],
-                    )?,
-                };
-                Ok(if changed == 1 {
-                    Write::Written(new_version)
-                } else {
-                    Write::Conflict
-                })
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                if !holds(&tx, &fence, now)? || !row.write(&tx)? {
+                    return Ok(Write::Conflict);
+                }
+                tx.commit()?;
+                Ok(Write::Written(row.version))
             })
             .await
     }
@@ -306,33 +406,83 @@ impl Registry for SqliteRegistry {
         owner: &str,
         until: u64,
         now: u64,
-    ) -> Result<bool, PortError> {
+    ) -> Result<Option<Locked>, PortError> {
         let key = key.as_str().to_owned();
         let owner = owner.to_owned();
         self.db
             .call(DEP, "lock", move |conn| {
-                let changed = conn.execute(
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let previous: Option<i64> = tx
+                    .query_row(
+                        "SELECT until FROM registry_locks WHERE effect_key = ?1",
+                        params![key],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                if previous.is_some_and(|until| from_sql_int(until) >= now) {
+                    return Ok(None);
+                }
+                tx.execute(
                     "INSERT INTO registry_locks (effect_key, owner, until) VALUES (?1, ?2, ?3)
                      ON CONFLICT (effect_key) DO UPDATE
-                       SET owner = excluded.owner, until = excluded.until
-                       WHERE registry_locks.until < ?4",
-                    params![key, owner, to_sql_int(until), to_sql_int(now)],
+                       SET owner = excluded.owner, until = excluded.until",
+                    params![key, owner, to_sql_int(until)],
                 )?;
-                Ok(changed == 1)
+                let record = read_record(&tx, &key)?;
+                tx.commit()?;
+                Ok(Some(Locked {
+                    record,
+                    recovered: previous.is_some(),
+                }))
             })
             .await
     }
 
-    async fn unlock(&self, key: &EffectKey, owner: &str) -> Result<(), PortError> {
-        let key = key.as_str().to_owned();
-        let owner = owner.to_owned();
+    async fn release(
+        &self,
+        fence: &Fence,
+        now: u64,
+        release: Release<'_>,
+    ) -> Result<bool, PortError> {
+        let row = release
+            .record
+            .map(|(record, expected)| RecordRow::encode(fence, record, expected, "release"))
+            .transpose()?;
+        let audit = release.audit.map(AuditRow::encode).transpose()?;
+        let delivery = release.delivery.map(|(id, at)| (id.to_owned(), at));
+        let clean = release.clean;
+        let fence = fence.clone();
         self.db
-            .call(DEP, "unlock", move |conn| {
-                conn.execute(
-                    "DELETE FROM registry_locks WHERE effect_key = ?1 AND owner = ?2",
-                    params![key, owner],
-                )?;
-                Ok(())
+            .call(DEP, "release", move |conn| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                if !holds(&tx, &fence, now)? {
+                    return Ok(false);
+                }
+                if let Some(row) = &row
+                    && !row.write(&tx)?
+                {
+                    return Ok(false);
+                }
+                if let Some(audit) = &audit {
+                    audit.insert(&tx)?;
+                }
+                if let Some((id, expires_at)) = &delivery {
+                    remember(&tx, id, *expires_at)?;
+                }
+                if clean {
+                    tx.execute(
+                        "DELETE FROM registry_locks WHERE effect_key = ?1",
+                        params![fence.key.as_str()],
+                    )?;
+                } else {
+                    // Left expired: the next holder sees `recovered`.
+                    tx.execute(
+                        "UPDATE registry_locks SET until = 0 WHERE effect_key = ?1",
+                        params![fence.key.as_str()],
+                    )?;
+                }
+                tx.commit()?;
+                Ok(true)
             })
             .await
     }
@@ -357,31 +507,15 @@ impl Registry for SqliteRegistry {
         let webhook_id = webhook_id.to_owned();
         self.db
             .call(DEP, "remember_delivery", move |conn| {
-                conn.execute(
-                    "INSERT INTO registry_ledger (webhook_id, expires_at) VALUES (?1, ?2)
-                     ON CONFLICT (webhook_id) DO UPDATE SET expires_at = excluded.expires_at",
-                    params![webhook_id, to_sql_int(expires_at)],
-                )?;
-                Ok(())
+                remember(conn, &webhook_id, expires_at)
             })
             .await
     }
 
     async fn audit(&self, entry: &AuditEntry) -> Result<(), PortError> {
-        let json = serde_json::to_string(entry).map_err(|e| {
-            PortError::permanent(DEP, "audit", format!("entry could not be encoded: {e}"))
-        })?;
-        let key = entry.effect_key.as_str().to_owned();
-        let session = entry.session_id.as_str().to_owned();
-        let at = to_sql_int(entry.at);
+        let row = AuditRow::encode(entry)?;
         self.db
-            .call(DEP, "audit", move |conn| {
-                conn.execute(
-                    "INSERT INTO registry_audit (effect_key, session_id, at, entry) VALUES (?1, ?2, ?3, ?4)",
-                    params![key, session, at, json],
-                )?;
-                Ok(())
-            })
+            .call(DEP, "audit", move |conn| row.insert(conn))
             .await
     }
 

@@ -1,7 +1,7 @@
 //! SqliteRegistry: the shared registry contract plus local specifics.
 
 use sandbox_controller::contract::registry_contract;
-use sandbox_controller::ports::{AuditEntry, Registry, Write};
+use sandbox_controller::ports::{AuditEntry, Fence, Registry, Release, Write};
 use sandbox_core::ids::{EnvironmentId, SessionId};
 use sandbox_core::record::Record;
 use sandbox_local::SqliteRegistry;
@@ -32,15 +32,30 @@ async fn concurrent_conditional_writes_from_two_handles_have_one_winner() {
     let a = SqliteRegistry::open(&path).unwrap();
     let b = SqliteRegistry::open(&path).unwrap();
     let record = Record::new(EnvironmentId::new("env_race"), SessionId::new("sess_race"));
-    assert_eq!(a.put(&record, None).await.unwrap(), Write::Written(1));
+    let fence = Fence {
+        key: record.environment_id.effect_key(),
+        owner: "w-race".to_owned(),
+    };
+    assert!(
+        a.lock(&fence.key, &fence.owner, 90, 10)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        a.put(&fence, 10, &record, None).await.unwrap(),
+        Write::Written(1)
+    );
+    // The same holder's writes racing through two handles (a retried request).
     let mut tasks = Vec::new();
     for i in 0..16 {
         let r = if i % 2 == 0 { a.clone() } else { b.clone() };
         let mut rec = record.clone();
         rec.generation = sandbox_core::ids::Generation(i);
-        tasks.push(tokio::spawn(
-            async move { r.put(&rec, Some(1)).await.unwrap() },
-        ));
+        let fence = fence.clone();
+        tasks.push(tokio::spawn(async move {
+            r.put(&fence, 11, &rec, Some(1)).await.unwrap()
+        }));
     }
     let mut written = 0;
     for t in tasks {
@@ -64,7 +79,7 @@ async fn concurrent_conditional_writes_from_two_handles_have_one_winner() {
     }
     let mut taken = 0;
     for t in tasks {
-        taken += usize::from(t.await.unwrap());
+        taken += usize::from(t.await.unwrap().is_some());
     }
     assert_eq!(taken, 1);
     assert!(
@@ -83,12 +98,23 @@ async fn audit_entries_list_per_key_in_order_and_everything_survives_a_reopen() 
     let key = env.effect_key();
     {
         let r = SqliteRegistry::open(&path).unwrap();
-        r.put(
-            &Record::new(env.clone(), SessionId::new("sess_audit")),
-            None,
-        )
-        .await
-        .unwrap();
+        let fence = Fence {
+            key: key.clone(),
+            owner: "w-audit".to_owned(),
+        };
+        assert!(
+            r.lock(&key, &fence.owner, 200, 100)
+                .await
+                .unwrap()
+                .is_some()
+        );
+        let record = Record::new(env.clone(), SessionId::new("sess_audit"));
+        let release = Release {
+            record: Some((&record, None)),
+            clean: true,
+            ..Release::default()
+        };
+        assert!(r.release(&fence, 100, release).await.unwrap());
         for (i, outcome) in ["start", "wait", "schedule-stop"].iter().enumerate() {
             r.audit(&AuditEntry {
                 at: 100 + i as u64,

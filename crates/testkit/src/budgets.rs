@@ -15,7 +15,7 @@
 use crate::counting::CallCounts;
 use crate::sessions::TwinSessions;
 use crate::world::World;
-use sandbox_controller::ports::Queue;
+use sandbox_controller::ports::{Clock, Queue, Registry};
 use sandbox_core::ids::{EnvironmentId, SessionId};
 use sandbox_core::observed::Trigger;
 use sandbox_core::session::SessionStatus;
@@ -170,6 +170,42 @@ pub async fn measure_transitions_async() -> Vec<Transition> {
         counts: world.calls.take(),
     });
     out
+}
+
+/// A start after a crashed lock holder: the same job as the `start` transition, but the
+/// effect key's lock was taken by a worker that never released it and has expired. The
+/// take is `recovered`, so the worker reads the provider's inventory before it starts.
+pub async fn measure_recovered_start() -> Transition {
+    let world = World::new();
+    let c = world.controller("bench");
+    let session = SessionId::new("sess_bench");
+    let env = EnvironmentId::new("env_bench");
+    add_requiring(&world.sessions, &session, &env);
+    let now = world.clock.now();
+    let crashed = world
+        .registry
+        .lock(&env.effect_key(), "crashed-worker", now - 1, now)
+        .await;
+    assert!(
+        matches!(crashed, Ok(Some(_))),
+        "the crashed holder's lock is taken"
+    );
+    let _ = world
+        .deliver(
+            Trigger::ConnectionRequested,
+            &session,
+            Some(&env),
+            "wh_bench_1",
+            "wh_bench_1",
+        )
+        .await;
+    let outcome = handle_next(&world, &c, false).await;
+    Transition {
+        name: "start after a crashed holder",
+        description: "environment_connection webhook job, the lock left expired by a crash",
+        outcome,
+        counts: world.calls.take(),
+    }
 }
 
 fn add_requiring(sessions: &TwinSessions, session: &SessionId, env: &EnvironmentId) {

@@ -6,8 +6,8 @@
 
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
-    AuditEntry, Compute, Outgoing, PortError, Queue, Receipt, Received, Registry, Sent, Started,
-    Write,
+    AuditEntry, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, Received, Registry,
+    Release, Sent, Started, Write,
 };
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
@@ -55,7 +55,7 @@ impl fmt::Display for Call {
 /// | port | reads | writes |
 /// |---|---|---|
 /// | `agents_api` | `retrieve_session`, `retrieve_environment`, `list_turns`, `list_turn_items` | `delete_session` |
-/// | `registry` | `get`, `find_by_session`, `list`, `seen_delivery`, `receipts` | `put`, `lock`, `unlock`, `remember_delivery`, `audit`, `receipt` |
+/// | `registry` | `get`, `find_by_session`, `list`, `seen_delivery`, `receipts` | `put`, `lock` (it also reads the record), `release`, `remember_delivery`, `audit`, `receipt` |
 /// | `compute` | `describe`, `list` | `start`, `stop` |
 /// | `queue` | `receive`, `dead_letter_count` | `send`, `ack`, `retry_after` |
 pub fn classify(port: &str, op: &str) -> Access {
@@ -273,11 +273,13 @@ impl<R: Registry> Registry for Counting<R> {
     }
     async fn put(
         &self,
+        fence: &Fence,
+        now: u64,
         record: &Record,
         expected_version: Option<u64>,
     ) -> Result<Write, PortError> {
         self.log.record("registry", "put");
-        self.inner.put(record, expected_version).await
+        self.inner.put(fence, now, record, expected_version).await
     }
     async fn list(&self) -> Result<Vec<Record>, PortError> {
         self.log.record("registry", "list");
@@ -289,13 +291,18 @@ impl<R: Registry> Registry for Counting<R> {
         owner: &str,
         until: u64,
         now: u64,
-    ) -> Result<bool, PortError> {
+    ) -> Result<Option<Locked>, PortError> {
         self.log.record("registry", "lock");
         self.inner.lock(key, owner, until, now).await
     }
-    async fn unlock(&self, key: &EffectKey, owner: &str) -> Result<(), PortError> {
-        self.log.record("registry", "unlock");
-        self.inner.unlock(key, owner).await
+    async fn release(
+        &self,
+        fence: &Fence,
+        now: u64,
+        release: Release<'_>,
+    ) -> Result<bool, PortError> {
+        self.log.record("registry", "release");
+        self.inner.release(fence, now, release).await
     }
     async fn seen_delivery(&self, webhook_id: &str, now: u64) -> Result<bool, PortError> {
         self.log.record("registry", "seen_delivery");

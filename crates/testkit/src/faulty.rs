@@ -12,15 +12,15 @@
 //! | [`Fault::LostResponse`] | every call | **made**, then the answer is lost: a timeout |
 //! | [`Fault::FailedStart`] | `compute.start` | not made; `Started::Failed` (RunTask `failures` with HTTP 200) |
 //! | [`Fault::Missing`] | `compute.describe` | not made; `None` (ECS `MISSING`) |
-//! | [`Fault::Conflict`] | `registry.put`, `registry.lock` | not made; `Write::Conflict` / `false` |
+//! | [`Fault::Conflict`] | `registry.put`, `registry.lock`, `registry.release` | not made; `Write::Conflict` / `None` / `false` |
 //!
 //! Port names are those of [`crate::counting`]: `agents_api`, `registry`, `compute`,
 //! `queue`.
 
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
-    AuditEntry, Compute, Outgoing, PortError, Queue, Receipt, Received, Registry, Sent, Started,
-    Write,
+    AuditEntry, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, Received, Registry,
+    Release, Sent, Started, Write,
 };
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
@@ -46,7 +46,8 @@ pub enum Fault {
     FailedStart(String),
     /// `compute.describe` answered `MISSING`: `None`.
     Missing,
-    /// A conditional write failed: `registry.put` conflicts, `registry.lock` is refused.
+    /// A conditional write failed: `registry.put` conflicts, `registry.lock` is refused,
+    /// `registry.release` is refused (lock lost or record changed).
     Conflict,
 }
 
@@ -56,7 +57,7 @@ impl Fault {
             Self::Throttled | Self::Timeout | Self::ServerError | Self::LostResponse => true,
             Self::FailedStart(_) => port == "compute" && op == "start",
             Self::Missing => port == "compute" && op == "describe",
-            Self::Conflict => port == "registry" && matches!(op, "put" | "lock"),
+            Self::Conflict => port == "registry" && matches!(op, "put" | "lock" | "release"),
         }
     }
 }
@@ -335,6 +336,8 @@ impl<R: Registry> Registry for Faulty<R> {
     }
     async fn put(
         &self,
+        fence: &Fence,
+        now: u64,
         record: &Record,
         expected_version: Option<u64>,
     ) -> Result<Write, PortError> {
@@ -345,7 +348,7 @@ impl<R: Registry> Registry for Faulty<R> {
             self,
             "registry",
             "put",
-            self.inner.put(record, expected_version)
+            self.inner.put(fence, now, record, expected_version)
         )
     }
     async fn list(&self) -> Result<Vec<Record>, PortError> {
@@ -357,9 +360,9 @@ impl<R: Registry> Registry for Faulty<R> {
         owner: &str,
         until: u64,
         now: u64,
-    ) -> Result<bool, PortError> {
+    ) -> Result<Option<Locked>, PortError> {
         if self.plan.check_peek_conflict("lock") {
-            return Ok(false);
+            return Ok(None);
         }
         guarded!(
             self,
@@ -368,8 +371,21 @@ impl<R: Registry> Registry for Faulty<R> {
             self.inner.lock(key, owner, until, now)
         )
     }
-    async fn unlock(&self, key: &EffectKey, owner: &str) -> Result<(), PortError> {
-        guarded!(self, "registry", "unlock", self.inner.unlock(key, owner))
+    async fn release(
+        &self,
+        fence: &Fence,
+        now: u64,
+        release: Release<'_>,
+    ) -> Result<bool, PortError> {
+        if self.plan.check_peek_conflict("release") {
+            return Ok(false);
+        }
+        guarded!(
+            self,
+            "registry",
+            "release",
+            self.inner.release(fence, now, release)
+        )
     }
     async fn seen_delivery(&self, webhook_id: &str, now: u64) -> Result<bool, PortError> {
         guarded!(

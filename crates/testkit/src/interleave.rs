@@ -11,8 +11,8 @@
 
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
-    AuditEntry, Compute, Outgoing, PortError, Queue, Receipt, Received, Registry, Sent, Started,
-    Write,
+    AuditEntry, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, Received, Registry,
+    Release, Sent, Started, Write,
 };
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
@@ -103,11 +103,13 @@ impl<R: Registry> Registry for Interleaved<R> {
     }
     async fn put(
         &self,
+        fence: &Fence,
+        now: u64,
         record: &Record,
         expected_version: Option<u64>,
     ) -> Result<Write, PortError> {
         yield_once().await;
-        self.inner.put(record, expected_version).await
+        self.inner.put(fence, now, record, expected_version).await
     }
     async fn list(&self) -> Result<Vec<Record>, PortError> {
         yield_once().await;
@@ -119,13 +121,18 @@ impl<R: Registry> Registry for Interleaved<R> {
         owner: &str,
         until: u64,
         now: u64,
-    ) -> Result<bool, PortError> {
+    ) -> Result<Option<Locked>, PortError> {
         yield_once().await;
         self.inner.lock(key, owner, until, now).await
     }
-    async fn unlock(&self, key: &EffectKey, owner: &str) -> Result<(), PortError> {
+    async fn release(
+        &self,
+        fence: &Fence,
+        now: u64,
+        release: Release<'_>,
+    ) -> Result<bool, PortError> {
         yield_once().await;
-        self.inner.unlock(key, owner).await
+        self.inner.release(fence, now, release).await
     }
     async fn seen_delivery(&self, webhook_id: &str, now: u64) -> Result<bool, PortError> {
         yield_once().await;

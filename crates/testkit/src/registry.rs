@@ -2,7 +2,9 @@
 //! the delivery ledger, the audit trail and receipts, in memory (DynamoDB semantics as
 //! `sandbox-aws` uses them).
 
-use sandbox_controller::ports::{AuditEntry, PortError, Receipt, Registry, Write};
+use sandbox_controller::ports::{
+    AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, Write,
+};
 use sandbox_core::ids::{EffectKey, SessionId};
 use sandbox_core::record::Record;
 use std::collections::BTreeMap;
@@ -25,6 +27,41 @@ struct State {
     ledger: BTreeMap<String, u64>,
     audit: Vec<AuditEntry>,
     receipts: Vec<Receipt>,
+}
+
+impl State {
+    /// Whether `fence.owner` holds the lock at `now` (held while `now <= until`).
+    fn holds(&self, fence: &Fence, now: u64) -> bool {
+        self.locks
+            .get(&fence.key)
+            .is_some_and(|l| l.owner == fence.owner && l.until >= now)
+    }
+
+    fn version(&self, key: &EffectKey) -> Option<u64> {
+        self.records.get(key).map(|r| r.version)
+    }
+
+    /// Stores `record` at `expected + 1` (or 1); the caller checked the condition.
+    fn store(&mut self, record: &Record, expected: Option<u64>) -> u64 {
+        let version = expected.map_or(1, |v| v + 1);
+        let mut stored = record.clone();
+        stored.version = version;
+        self.records
+            .insert(record.environment_id.effect_key(), stored);
+        version
+    }
+}
+
+fn check_key(fence: &Fence, record: &Record) -> Result<(), PortError> {
+    if record.environment_id.effect_key() == fence.key {
+        Ok(())
+    } else {
+        Err(PortError::permanent(
+            "registry",
+            "put",
+            "record belongs to another effect key than the lock",
+        ))
+    }
 }
 
 /// An in-memory registry. Clones share the same state.
@@ -85,19 +122,17 @@ impl Registry for TwinRegistry {
 
     async fn put(
         &self,
+        fence: &Fence,
+        now: u64,
         record: &Record,
         expected_version: Option<u64>,
     ) -> Result<Write, PortError> {
-        let key = record.environment_id.effect_key();
+        check_key(fence, record)?;
         let mut s = self.state();
-        if s.records.get(&key).map(|r| r.version) != expected_version {
+        if !s.holds(fence, now) || s.version(&fence.key) != expected_version {
             return Ok(Write::Conflict);
         }
-        let version = expected_version.map_or(1, |v| v + 1);
-        let mut stored = record.clone();
-        stored.version = version;
-        s.records.insert(key, stored);
-        Ok(Write::Written(version))
+        Ok(Write::Written(s.store(record, expected_version)))
     }
 
     async fn list(&self) -> Result<Vec<Record>, PortError> {
@@ -110,30 +145,58 @@ impl Registry for TwinRegistry {
         owner: &str,
         until: u64,
         now: u64,
-    ) -> Result<bool, PortError> {
+    ) -> Result<Option<Locked>, PortError> {
         let mut s = self.state();
-        let free = s
-            .locks
-            .get(key)
-            .is_none_or(|l| l.until < now || l.owner == owner);
-        if free {
-            s.locks.insert(
-                key.clone(),
-                HeldLock {
-                    owner: owner.to_owned(),
-                    until,
-                },
-            );
+        let previous = s.locks.get(key);
+        if previous.is_some_and(|l| l.until >= now) {
+            return Ok(None);
         }
-        Ok(free)
+        let recovered = previous.is_some();
+        s.locks.insert(
+            key.clone(),
+            HeldLock {
+                owner: owner.to_owned(),
+                until,
+            },
+        );
+        Ok(Some(Locked {
+            record: s.records.get(key).cloned(),
+            recovered,
+        }))
     }
 
-    async fn unlock(&self, key: &EffectKey, owner: &str) -> Result<(), PortError> {
-        let mut s = self.state();
-        if s.locks.get(key).is_some_and(|l| l.owner == owner) {
-            s.locks.remove(key);
+    async fn release(
+        &self,
+        fence: &Fence,
+        now: u64,
+        release: Release<'_>,
+    ) -> Result<bool, PortError> {
+        if let Some((record, _)) = release.record {
+            check_key(fence, record)?;
         }
-        Ok(())
+        let mut s = self.state();
+        if !s.holds(fence, now) {
+            return Ok(false);
+        }
+        if let Some((record, expected)) = release.record {
+            if s.version(&fence.key) != expected {
+                return Ok(false);
+            }
+            s.store(record, expected);
+        }
+        if let Some(entry) = release.audit {
+            s.audit.push(entry.clone());
+        }
+        if let Some((id, expires_at)) = release.delivery {
+            s.ledger.insert(id.to_owned(), expires_at);
+        }
+        if release.clean {
+            s.locks.remove(&fence.key);
+        } else if let Some(lock) = s.locks.get_mut(&fence.key) {
+            // Left expired: the next holder sees `recovered`.
+            lock.until = 0;
+        }
+        Ok(true)
     }
 
     async fn seen_delivery(&self, webhook_id: &str, now: u64) -> Result<bool, PortError> {

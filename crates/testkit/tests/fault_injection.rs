@@ -4,7 +4,7 @@
 //! waits, observably, in simulated time), and never starts or stops on missing evidence.
 
 use sandbox_controller::Disposition;
-use sandbox_controller::ports::Queue;
+use sandbox_controller::ports::{Clock, Queue, Registry};
 use sandbox_core::compute::ComputeStatus;
 use sandbox_core::ids::{EnvironmentId, SessionId};
 use sandbox_core::observed::Trigger;
@@ -297,12 +297,23 @@ async fn a_running_compute_is_never_stopped_while_the_session_cannot_be_read() {
     assert_eq!(run.stops(), 1);
 }
 
+/// The inventory is the evidence whenever something may be unrecorded: here a crashed
+/// worker's lock (it may have started a compute it never recorded). Without the inventory
+/// nothing starts. (A first start after a clean release needs no inventory: everything the
+/// previous holder started is in the record; `call_budgets.rs` pins both sequences.)
 #[tokio::test]
 async fn provider_inventory_outage_starts_and_stops_nothing() {
     let world = World::new();
     world
         .faults
         .fail_always("compute", Some("list"), Fault::Throttled);
+    let (_, e) = s1();
+    let now = world.clock.now();
+    let crashed = world
+        .registry
+        .lock(&e.effect_key(), "crashed-worker", now - 1, now)
+        .await;
+    assert!(matches!(crashed, Ok(Some(_))));
     connection_requested(&world).await;
     let mut run = Run::new(world);
     run.run_for(300).await;

@@ -8,7 +8,9 @@ use aws_sdk_dynamodb::types::{
 };
 use sandbox_aws::{DynamoRegistry, create_table};
 use sandbox_controller::contract::registry_contract;
-use sandbox_controller::ports::{AuditEntry, Receipt, ReceiptKind, Registry, Write};
+use sandbox_controller::ports::{
+    AuditEntry, Fence, Receipt, ReceiptKind, Registry, Release, Write,
+};
 use sandbox_core::ids::{EnvironmentId, InstanceId, SessionId};
 use sandbox_core::record::Record;
 
@@ -113,38 +115,106 @@ async fn an_expired_ledger_item_still_stored_reads_absent() {
     );
 }
 
-/// A lock is a lease on `lock_until` (epoch seconds): held through `until`, free after,
-/// and released only by its owner.
+/// A lock is a lease on `lock_until` (epoch seconds) stored on the record item: held
+/// through `until`, free after; a clean release removes the lock attributes, an unclean
+/// one leaves `lock_until` at 0 (the next take is `recovered`); the record item never gets
+/// a TTL attribute.
 #[tokio::test]
-async fn locks_expire_and_only_the_owner_unlocks() {
+async fn locks_live_on_the_record_item() {
     let (r, ddb, table) = registry().await;
-    let key = EnvironmentId::new(format!("env_{}", unique())).effect_key();
+    let env = EnvironmentId::new(format!("env_{}", unique()));
+    let key = env.effect_key();
     let t = now();
-    assert!(r.lock(&key, "a", t + 5, t).await.unwrap());
+    let taken = r.lock(&key, "a", t + 5, t).await.unwrap().expect("free");
+    assert_eq!((taken.record, taken.recovered), (None, false));
     assert!(
-        !r.lock(&key, "b", t + 10, t + 5).await.unwrap(),
+        r.lock(&key, "b", t + 10, t + 5).await.unwrap().is_none(),
         "held at now == until"
     );
     assert!(
-        !r.lock(&key, "a", t + 10, t + 1).await.unwrap(),
+        r.lock(&key, "a", t + 10, t + 1).await.unwrap().is_none(),
         "not re-entrant"
     );
-    assert!(
-        r.lock(&key, "b", t + 10, t + 6).await.unwrap(),
-        "free once until < now"
-    );
-    r.unlock(&key, "a").await.unwrap();
-    let item = raw_item(&ddb, &table, key.as_str(), "lock")
+    let taken = r
+        .lock(&key, "b", t + 10, t + 6)
         .await
-        .expect("lock item");
-    assert_eq!(item.get("owner"), Some(&AttributeValue::S("b".to_owned())));
+        .unwrap()
+        .expect("free once until < now");
+    assert!(taken.recovered, "taken over from an expired holder");
+    let item = raw_item(&ddb, &table, key.as_str(), "record")
+        .await
+        .expect("lock attributes on the record item");
+    assert_eq!(
+        item.get("lock_owner"),
+        Some(&AttributeValue::S("b".to_owned()))
+    );
     assert_eq!(
         item.get("lock_until"),
         Some(&AttributeValue::N((t + 10).to_string()))
     );
-    r.unlock(&key, "b").await.unwrap();
-    assert!(raw_item(&ddb, &table, key.as_str(), "lock").await.is_none());
-    assert!(r.lock(&key, "c", t + 1, t).await.unwrap());
+    assert!(
+        !item.contains_key("expires_at"),
+        "no TTL on the record item"
+    );
+    let fence = Fence {
+        key: key.clone(),
+        owner: "b".to_owned(),
+    };
+    let record = Record::new(env.clone(), SessionId::new("sess_lock"));
+    let release = Release {
+        record: Some((&record, None)),
+        clean: false,
+        ..Release::default()
+    };
+    assert!(r.release(&fence, t + 7, release).await.unwrap());
+    let item = raw_item(&ddb, &table, key.as_str(), "record")
+        .await
+        .unwrap();
+    assert_eq!(item.get("lock_until"), Some(&AttributeValue::N("0".into())));
+    let taken = r
+        .lock(&key, "c", t + 20, t + 8)
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(
+        taken.recovered,
+        "an unclean release makes the next take recovered"
+    );
+    assert_eq!(taken.record.map(|rec| rec.version), Some(1));
+    let fence = Fence {
+        key: key.clone(),
+        owner: "c".to_owned(),
+    };
+    let release = Release {
+        clean: true,
+        ..Release::default()
+    };
+    assert!(r.release(&fence, t + 9, release).await.unwrap());
+    let item = raw_item(&ddb, &table, key.as_str(), "record")
+        .await
+        .unwrap();
+    assert!(!item.contains_key("lock_owner") && !item.contains_key("lock_until"));
+    assert!(item.contains_key("record"), "the record stays");
+}
+
+/// Writes `record` under a lock taken and released around it (the registry fences every
+/// record write).
+async fn put_locked(r: &DynamoRegistry, record: &Record, expected: Option<u64>) -> Write {
+    let key = record.environment_id.effect_key();
+    let t = now();
+    let owner = format!("w-{}", unique());
+    r.lock(&key, &owner, t + 60, t)
+        .await
+        .unwrap()
+        .expect("lock free");
+    let fence = Fence { key, owner };
+    let w = r.put(&fence, t, record, expected).await.unwrap();
+    let release = Release {
+        clean: true,
+        ..Release::default()
+    };
+    assert!(r.release(&fence, t, release).await.unwrap());
+    w
 }
 
 /// Receipts and audit entries written back to back (many within one millisecond) read
@@ -184,9 +254,7 @@ async fn appends_read_back_in_write_order() {
         r.audit(&entry).await.unwrap();
     }
     // Written after 1.2 MB of other items: moto scans in insertion order.
-    r.put(&Record::new(other.clone(), session.clone()), None)
-        .await
-        .unwrap();
+    put_locked(&r, &Record::new(other.clone(), session.clone()), None).await;
     assert_eq!(r.receipts(&key).await.unwrap(), receipts);
     let audit = r.audit_entries(&key).await.unwrap();
     assert_eq!(
@@ -214,13 +282,13 @@ async fn find_by_session_follows_the_stored_record() {
         SessionId::new(format!("sess_{u}_2")),
     );
     let mut record = Record::new(env.clone(), s1.clone());
-    assert_eq!(r.put(&record, None).await.unwrap(), Write::Written(1));
+    assert_eq!(put_locked(&r, &record, None).await, Write::Written(1));
     assert_eq!(
         r.find_by_session(&s1).await.unwrap().map(|x| x.version),
         Some(1)
     );
     record.session_id = s2.clone();
-    assert_eq!(r.put(&record, Some(1)).await.unwrap(), Write::Written(2));
+    assert_eq!(put_locked(&r, &record, Some(1)).await, Write::Written(2));
     assert_eq!(r.find_by_session(&s1).await.unwrap(), None);
     let found = r.find_by_session(&s2).await.unwrap().unwrap();
     assert_eq!((found.environment_id, found.version), (env, 2));

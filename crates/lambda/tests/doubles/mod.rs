@@ -3,7 +3,7 @@
 
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
-    AuditEntry, Compute, PortError, Receipt, Registry, Started, Write,
+    AuditEntry, Compute, Fence, Locked, PortError, Receipt, Registry, Release, Started, Write,
 };
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
@@ -35,6 +35,19 @@ pub struct MemoryRegistry {
 }
 
 impl MemoryRegistry {
+    fn store(&self, record: &Record, expected: Option<u64>) -> Write {
+        let mut records = self.records.lock().unwrap();
+        let key = record.environment_id.effect_key();
+        if records.get(&key).map(|r| r.version) != expected {
+            return Write::Conflict;
+        }
+        let version = expected.map_or(1, |v| v + 1);
+        let mut stored = record.clone();
+        stored.version = version;
+        records.insert(key, stored);
+        Write::Written(version)
+    }
+
     fn up(&self) -> Result<(), PortError> {
         if self.down.load(Ordering::SeqCst) {
             Err(PortError::transient("registry", "call", "injected outage"))
@@ -59,29 +72,48 @@ impl Registry for MemoryRegistry {
             .find(|r| &r.session_id == session)
             .cloned())
     }
-    async fn put(&self, record: &Record, expected: Option<u64>) -> Result<Write, PortError> {
+    async fn put(
+        &self,
+        _: &Fence,
+        _: u64,
+        record: &Record,
+        expected: Option<u64>,
+    ) -> Result<Write, PortError> {
         self.up()?;
-        let mut records = self.records.lock().unwrap();
-        let key = record.environment_id.effect_key();
-        if records.get(&key).map(|r| r.version) != expected {
-            return Ok(Write::Conflict);
-        }
-        let version = expected.map_or(1, |v| v + 1);
-        let mut stored = record.clone();
-        stored.version = version;
-        records.insert(key, stored);
-        Ok(Write::Written(version))
+        Ok(self.store(record, expected))
     }
     async fn list(&self) -> Result<Vec<Record>, PortError> {
         self.up()?;
         Ok(self.records.lock().unwrap().values().cloned().collect())
     }
-    async fn lock(&self, _: &EffectKey, _: &str, _: u64, _: u64) -> Result<bool, PortError> {
+    /// Lock ownership is not modelled (one worker per test): free unless `busy`.
+    async fn lock(
+        &self,
+        key: &EffectKey,
+        _: &str,
+        _: u64,
+        _: u64,
+    ) -> Result<Option<Locked>, PortError> {
         self.up()?;
-        Ok(!self.busy.load(Ordering::SeqCst))
+        if self.busy.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        Ok(Some(Locked {
+            record: self.records.lock().unwrap().get(key).cloned(),
+            recovered: false,
+        }))
     }
-    async fn unlock(&self, _: &EffectKey, _: &str) -> Result<(), PortError> {
-        self.up()
+    async fn release(&self, _: &Fence, _: u64, release: Release<'_>) -> Result<bool, PortError> {
+        self.up()?;
+        if let Some((record, expected)) = release.record
+            && self.store(record, expected) == Write::Conflict
+        {
+            return Ok(false);
+        }
+        if let Some((id, _)) = release.delivery {
+            self.ledger.lock().unwrap().push(id.to_owned());
+        }
+        Ok(true)
     }
     async fn seen_delivery(&self, webhook_id: &str, _: u64) -> Result<bool, PortError> {
         self.up()?;
