@@ -45,7 +45,7 @@ use aws_sdk_ecs::types::{
     AssignPublicIp, AwsVpcConfiguration, ContainerOverride, DesiredStatus, KeyValuePair,
     LaunchType, NetworkConfiguration, PropagateTags, Tag, Task, TaskField, TaskOverride,
 };
-use sandbox_controller::ports::{Compute, PortError, Started};
+use sandbox_controller::ports::{Clock, Compute, PortError, Started, SystemClock, check_deadline};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, InstanceId, SessionId};
@@ -332,6 +332,7 @@ impl Compute for EcsCompute {
         &self,
         spec: &StartSpec,
         deployment: &DeploymentId,
+        not_after: u64,
     ) -> Result<Started, PortError> {
         let op = "start";
         check_tag_value(op, TAG_DEPLOYMENT, deployment.as_str())?;
@@ -385,6 +386,7 @@ impl Compute for EcsCompute {
                     .build(),
             )
             .build();
+        check_deadline(DEP, op, SystemClock.now(), not_after)?;
         let out = self
             .client
             .run_task()
@@ -508,7 +510,8 @@ impl Compute for EcsCompute {
         Ok(out)
     }
 
-    async fn stop(&self, id: &InstanceId, reason: &str) -> Result<(), PortError> {
+    async fn stop(&self, id: &InstanceId, reason: &str, not_after: u64) -> Result<(), PortError> {
+        check_deadline(DEP, "stop", SystemClock.now(), not_after)?;
         self.client
             .stop_task()
             .cluster(&self.config.cluster)

@@ -3,7 +3,10 @@
 //! executor by writing a row (the throughput bench: spawning processes would measure
 //! `fork`/`exec`, not the worker).
 
-use sandbox_controller::ports::{Compute, Outgoing, PortError, Queue, Received, Sent, Started};
+use sandbox_controller::ports::{
+    Clock, Compute, Outgoing, PortError, Queue, Received, Sent, Started, SystemClock,
+    check_deadline,
+};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, InstanceId};
@@ -63,7 +66,13 @@ fn poisoned(operation: &'static str) -> PortError {
 }
 
 impl Compute for MemoryCompute {
-    async fn start(&self, spec: &StartSpec, _: &DeploymentId) -> Result<Started, PortError> {
+    async fn start(
+        &self,
+        spec: &StartSpec,
+        _: &DeploymentId,
+        not_after: u64,
+    ) -> Result<Started, PortError> {
+        check_deadline("compute", "start", SystemClock.now(), not_after)?;
         let mut instances = self.instances.lock().map_err(|_| poisoned("start"))?;
         let instance = ComputeInstance {
             instance_id: InstanceId::new(format!("mem-{}", instances.len() + 1)),
@@ -89,7 +98,8 @@ impl Compute for MemoryCompute {
     async fn list(&self, _: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
         Ok(self.instances.lock().map_err(|_| poisoned("list"))?.clone())
     }
-    async fn stop(&self, id: &InstanceId, _: &str) -> Result<(), PortError> {
+    async fn stop(&self, id: &InstanceId, _: &str, not_after: u64) -> Result<(), PortError> {
+        check_deadline("compute", "stop", SystemClock.now(), not_after)?;
         let mut instances = self.instances.lock().map_err(|_| poisoned("stop"))?;
         for i in instances.iter_mut().filter(|i| &i.instance_id == id) {
             i.status = ComputeStatus::Stopped;

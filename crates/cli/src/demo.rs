@@ -12,7 +12,7 @@ use agents_sim::{SessionEnvironment, SimClient, SimConfig, SimHandle, Url};
 use anyhow::{Context as _, bail};
 use sandbox_agents_api::ClientConfig;
 use sandbox_controller::ControllerConfig;
-use sandbox_controller::ports::{Compute as _, Receipt, ReceiptKind};
+use sandbox_controller::ports::{Compute as _, NO_DEADLINE, Receipt, ReceiptKind};
 use sandbox_core::decision::{Effect, StartSpec};
 use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, SessionId, idempotency_token};
 use sandbox_core::observed::Policy;
@@ -333,6 +333,7 @@ impl Demo {
                     previous: None,
                 },
                 &c.config.deployment,
+                NO_DEADLINE,
             )
             .await?;
         self.say(format!(

@@ -26,8 +26,8 @@
 
 use crate::job::Job;
 use crate::ports::{
-    AuditEntry, Clock, Compute, Fence, Locked, Outgoing, Queue, Receipt, ReceiptKind, Received,
-    Registry, Release, Sent, Started, SystemClock, Write,
+    AuditEntry, Clock, Compute, Fence, Locked, NO_DEADLINE, Outgoing, Queue, Receipt, ReceiptKind,
+    Received, Registry, Release, Sent, Started, SystemClock, Write,
 };
 use sandbox_core::compute::{ComputeInstance, ComputeStatus, InstanceRef};
 use sandbox_core::decision::StartSpec;
@@ -1114,7 +1114,7 @@ fn other_deployment(d: &DeploymentId) -> DeploymentId {
 async fn start_instance<C: Compute>(c: &C, spec: &StartSpec, d: &DeploymentId) -> ComputeInstance {
     let rule = "start";
     match c
-        .start(spec, d)
+        .start(spec, d, NO_DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("compute contract [{rule}]: start failed: {e}"))
     {
@@ -1164,7 +1164,7 @@ async fn list<C: Compute>(c: &C, d: &DeploymentId, rule: &str) -> Vec<ComputeIns
 /// Stops `id` and polls `describe` until it reads back `Stopped` (bounded).
 async fn stop_and_confirm<C: Compute>(c: &C, id: &InstanceId) -> ComputeInstance {
     let rule = "stop";
-    c.stop(id, "contract")
+    c.stop(id, "contract", NO_DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("compute contract [{rule}]: stop failed: {e}"));
     let deadline = Instant::now() + STOP_READ_BACK_TIMEOUT;
@@ -1192,7 +1192,8 @@ async fn stop_and_confirm<C: Compute>(c: &C, id: &InstanceId) -> ComputeInstance
 /// `list(deployment)` finds it and not the other deployment's instance (and vice versa);
 /// `stop` is accepted and `describe` reads back `Stopped` within 30 s (polling every
 /// 100 ms), keeping the tags; a stopped instance, if still listed, is listed `Stopped`;
-/// `describe` of an unknown id (the started id with a `0` appended) is `None`. Both
+/// `describe` of an unknown id (the started id with a `0` appended) is `None`; a start or
+/// stop whose deadline (`not_after`) passed is refused and starts or stops nothing. Both
 /// instances are stopped before returning.
 pub async fn compute_contract<C: Compute>(c: &C, deployment: &DeploymentId) {
     let run = unique();
@@ -1200,8 +1201,26 @@ pub async fn compute_contract<C: Compute>(c: &C, deployment: &DeploymentId) {
     let other_spec = contract_spec(&run, "_o");
     let other_deployment = other_deployment(deployment);
 
+    let rule = "deadline";
+    let late_spec = contract_spec(&run, "_late");
+    assert!(
+        c.start(&late_spec, deployment, 0).await.is_err(),
+        "compute contract [{rule}]: a start whose deadline passed is refused"
+    );
+
     let inst = start_instance(c, &spec, deployment).await;
     let other = start_instance(c, &other_spec, &other_deployment).await;
+    assert!(
+        c.stop(&inst.instance_id, "contract", 0).await.is_err(),
+        "compute contract [{rule}]: a stop whose deadline passed is refused"
+    );
+    assert!(
+        list(c, deployment, rule)
+            .await
+            .iter()
+            .all(|i| i.environment_id != late_spec.environment_id),
+        "compute contract [{rule}]: a refused start started nothing"
+    );
 
     let rule = "describe";
     let read = describe(c, &inst.instance_id, rule)

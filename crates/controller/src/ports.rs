@@ -214,6 +214,7 @@ pub struct Fence {
     pub owner: String,
 }
 
+
 /// What [`Registry::lock`] found when it took the lock, read atomically with the take.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Locked {
@@ -333,17 +334,51 @@ pub enum Started {
     },
 }
 
+/// No deadline: for callers that hold no effect-key lock (tests, operator tools).
+pub const NO_DEADLINE: u64 = u64::MAX;
+
+/// Refuses an effect whose deadline passed: `Err` (transient, nothing sent) when
+/// `now > not_after` (both Unix seconds). Adapters call it immediately before sending a
+/// start or stop, so a worker paused past its lock's lease (a stopped process, a laptop
+/// that slept) cannot act on a decision the next holder may have replaced: the window
+/// shrinks from "any pause" to the request's own transit time (DynamoDB fences the
+/// registry; ECS has no fencing token, so the deadline is the next best thing).
+///
+/// # Errors
+/// A transient [`PortError`] naming `dependency` and `operation`.
+pub fn check_deadline(
+    dependency: &'static str,
+    operation: &'static str,
+    now: u64,
+    not_after: u64,
+) -> Result<(), PortError> {
+    if now > not_after {
+        return Err(PortError::transient(
+            dependency,
+            operation,
+            format!(
+                "not sent: the effect's deadline passed {} s ago (the effect-key lock may be lost)",
+                now - not_after
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The compute provider: ECS Fargate tasks, or local child processes.
 ///
 /// Every instance is tagged with deployment, environment, session and generation, so the
-/// controller can find (and adopt) what a crashed worker started.
+/// controller can find (and adopt) what a crashed worker started. Starts and stops carry
+/// a deadline, `not_after` (Unix seconds): the adapter sends nothing once it passed (see
+/// [`check_deadline`]).
 pub trait Compute: Send + Sync + 'static {
     /// Starts the executor for `spec` (environment id, remote URL unchanged, generation,
-    /// idempotency token), tagged with `deployment`.
+    /// idempotency token), tagged with `deployment`, unless `not_after` passed.
     fn start(
         &self,
         spec: &StartSpec,
         deployment: &DeploymentId,
+        not_after: u64,
     ) -> impl Future<Output = Result<Started, PortError>> + Send;
     /// Reads one instance back. `None`: the provider does not know it (on ECS, `MISSING`
     /// long after the start; never treated as stopped right after a start).
@@ -358,11 +393,13 @@ pub trait Compute: Send + Sync + 'static {
         deployment: &DeploymentId,
     ) -> impl Future<Output = Result<Vec<ComputeInstance>, PortError>> + Send;
     /// Asks the provider to stop `id` (SIGTERM, then SIGKILL after a grace; ECS StopTask
-    /// with `reason`). Returns once the request is accepted; read back with `describe`.
+    /// with `reason`), unless `not_after` passed. Returns once the request is accepted;
+    /// read back with `describe`.
     fn stop(
         &self,
         id: &InstanceId,
         reason: &str,
+        not_after: u64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
 }
 

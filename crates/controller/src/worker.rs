@@ -117,6 +117,10 @@ fn session_view(result: Result<sandbox_core::session::Session, ApiError>) -> Ses
     }
 }
 
+/// Seconds before the lock's expiry after which no start or stop is sent (room for the
+/// request itself and the release).
+const EFFECT_MARGIN_SECS: u64 = 15;
+
 fn capped_delay(secs: u64) -> u32 {
     secs.clamp(1, 900) as u32
 }
@@ -211,7 +215,10 @@ where
         crash_point("after-lock");
         // Every path of decide_and_act ends in one release; if this future is dropped
         // (crash, timeout) the lock expires on its own and the next holder recovers.
-        self.decide_and_act(job, env, session, locked, Fence { key, owner })
+        // Starts and stops are not sent after this (the lease minus a margin for the
+        // request's own transit and the release).
+        let not_after = (now + self.config.lock_ttl_secs).saturating_sub(EFFECT_MARGIN_SECS);
+        self.decide_and_act(job, env, session, locked, Fence { key, owner }, not_after)
             .await
     }
 
@@ -249,6 +256,7 @@ where
         session: SessionView,
         locked: Locked,
         fence: Fence,
+        not_after: u64,
     ) -> Result<Processed, PortError> {
         let now = self.clock.now();
         let read = self.inventory(job, &env, &locked).await;
@@ -284,6 +292,7 @@ where
         };
         let mut act = Act {
             fence,
+            not_after,
             record: record.clone(),
             fresh: record.unwrap_or_else(|| Record::new(env.clone(), session_id.clone())),
             dirty: false,
@@ -478,7 +487,11 @@ where
         now: u64,
     ) -> Result<(), String> {
         self.flush(act).await?;
-        match self.compute.start(spec, &self.config.deployment).await {
+        match self
+            .compute
+            .start(spec, &self.config.deployment, act.not_after)
+            .await
+        {
             Ok(Started::Instance(instance)) => {
                 tracing::info!(
                     environment_id = %spec.environment_id, instance_id = %instance.instance_id,
@@ -524,7 +537,7 @@ where
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
         self.compute
-            .stop(&stop.target.instance_id, &reason)
+            .stop(&stop.target.instance_id, &reason, act.not_after)
             .await
             .map_err(|e| format!("stop failed: {e}"))?;
         let deadline = tokio::time::Instant::now() + self.config.stop_readback_timeout;
@@ -698,6 +711,8 @@ fn audit_entry(
 struct Act {
     /// The lock every write carries.
     fence: Fence,
+    /// Starts and stops are not sent after this, Unix seconds.
+    not_after: u64,
     /// The record as last read or written (its version is the write condition).
     record: Option<Record>,
     /// The record with the changes so far.

@@ -33,7 +33,7 @@ use crate::db::{Db, DbError, from_sql_int, now_ms, to_sql_int};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
-use sandbox_controller::ports::{Compute, PortError, Started};
+use sandbox_controller::ports::{Clock, Compute, PortError, Started, SystemClock, check_deadline};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, InstanceId, SessionId};
@@ -828,7 +828,9 @@ impl Compute for ProcessCompute {
         &self,
         spec: &StartSpec,
         deployment: &DeploymentId,
+        not_after: u64,
     ) -> Result<Started, PortError> {
+        check_deadline(DEP, "start", SystemClock.now(), not_after)?;
         let dir_name = workspace_name(&spec.environment_id)?;
         let workspace = self.inner.config.workspace_root.join(dir_name);
         let key = self.inner.config.key_source.read()?;
@@ -1040,7 +1042,8 @@ impl Compute for ProcessCompute {
             .await
     }
 
-    async fn stop(&self, id: &InstanceId, reason: &str) -> Result<(), PortError> {
+    async fn stop(&self, id: &InstanceId, reason: &str, not_after: u64) -> Result<(), PortError> {
+        check_deadline(DEP, "stop", SystemClock.now(), not_after)?;
         let Some(row) = self.inner.load_refreshed("stop", id.as_str()).await? else {
             return Err(PortError::permanent(
                 DEP,

@@ -2,7 +2,7 @@
 //! and key hand-over, SIGKILL after the grace, adoption after a restart, idempotent start).
 
 use sandbox_controller::contract::{compute_contract, compute_idempotency_contract};
-use sandbox_controller::ports::{Compute, Started};
+use sandbox_controller::ports::{Compute, NO_DEADLINE, Started};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{
@@ -98,7 +98,7 @@ fn deployment() -> DeploymentId {
 }
 
 async fn start(c: &ProcessCompute, spec: &StartSpec) -> ComputeInstance {
-    match c.start(spec, &deployment()).await.unwrap() {
+    match c.start(spec, &deployment(), NO_DEADLINE).await.unwrap() {
         Started::Instance(i) => i,
         Started::Failed { reason } => panic!("start failed: {reason}"),
     }
@@ -219,12 +219,17 @@ async fn the_executor_gets_remote_url_environment_id_and_key_and_the_key_leaks_n
         format!("{:?}", KeySource::Value(ExecutorKey::new(secret))),
     ];
     let bad = spec("../escape", 1);
-    outputs.push(c.start(&bad, &deployment()).await.unwrap_err().to_string());
+    outputs.push(
+        c.start(&bad, &deployment(), NO_DEADLINE)
+            .await
+            .unwrap_err()
+            .to_string(),
+    );
     let missing =
         ProcessCompute::open(f.config(sh("exit 0"), KeySource::File(f.dir.path().join("nope"))))
             .unwrap();
     let err = missing
-        .start(&spec("env_missing", 1), &deployment())
+        .start(&spec("env_missing", 1), &deployment(), NO_DEADLINE)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("nope"), "{err}");
@@ -236,12 +241,14 @@ async fn the_executor_gets_remote_url_environment_id_and_key_and_the_key_leaks_n
     .unwrap();
     outputs.push(
         unset
-            .start(&spec("env_unset", 1), &deployment())
+            .start(&spec("env_unset", 1), &deployment(), NO_DEADLINE)
             .await
             .unwrap_err()
             .to_string(),
     );
-    c.stop(&inst.instance_id, "test").await.unwrap();
+    c.stop(&inst.instance_id, "test", NO_DEADLINE)
+        .await
+        .unwrap();
     wait_for(
         &c,
         &inst.instance_id,
@@ -282,7 +289,9 @@ async fn the_key_can_come_from_an_environment_variable() {
     let inst = start(&c, &spec("env_var_key", 1)).await;
     let env = wait_for_file(&f.root().join("env_var_key/env.txt")).await;
     assert_eq!(env, format!("CODEX_API_KEY={}\nEND\n", expected.trim()));
-    c.stop(&inst.instance_id, "test").await.unwrap();
+    c.stop(&inst.instance_id, "test", NO_DEADLINE)
+        .await
+        .unwrap();
     wait_for(
         &c,
         &inst.instance_id,
@@ -299,7 +308,9 @@ async fn sigterm_stops_a_cooperative_child_and_records_the_signal() {
     let inst = start(&c, &spec("env_term", 1)).await;
     assert_eq!(inst.status, ComputeStatus::Running);
     let started = Instant::now();
-    c.stop(&inst.instance_id, "lease_expired").await.unwrap();
+    c.stop(&inst.instance_id, "lease_expired", NO_DEADLINE)
+        .await
+        .unwrap();
     wait_for(
         &c,
         &inst.instance_id,
@@ -323,8 +334,14 @@ async fn sigterm_stops_a_cooperative_child_and_records_the_signal() {
     assert_eq!(info.stop_reason.as_deref(), Some("lease_expired"));
     assert!(!os_alive(info.pid));
     // Stopping again is accepted; an unknown id is an error.
-    c.stop(&inst.instance_id, "again").await.unwrap();
-    assert!(c.stop(&InstanceId::new("local-1-2"), "x").await.is_err());
+    c.stop(&inst.instance_id, "again", NO_DEADLINE)
+        .await
+        .unwrap();
+    assert!(
+        c.stop(&InstanceId::new("local-1-2"), "x", NO_DEADLINE)
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,7 +361,9 @@ async fn a_child_ignoring_sigterm_is_killed_after_the_grace() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let started = Instant::now();
-    c.stop(&inst.instance_id, "test").await.unwrap();
+    c.stop(&inst.instance_id, "test", NO_DEADLINE)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mid = c.describe(&inst.instance_id).await.unwrap().unwrap();
     assert_eq!(
@@ -454,7 +473,9 @@ async fn a_restarted_controller_adopts_live_children_and_reaps_dead_ones() {
     let again = start(&c, &spec("env_adopt_a", 1)).await;
     assert_eq!(again.instance_id, a.instance.instance_id);
     // And the new controller can stop it.
-    c.stop(&a.instance.instance_id, "test").await.unwrap();
+    c.stop(&a.instance.instance_id, "test", NO_DEADLINE)
+        .await
+        .unwrap();
     wait_for(
         &c,
         &a.instance.instance_id,
@@ -526,7 +547,7 @@ async fn a_missing_program_is_a_failed_start_and_a_bad_environment_id_an_error()
     ))
     .unwrap();
     match c
-        .start(&spec("env_missing_program", 1), &deployment())
+        .start(&spec("env_missing_program", 1), &deployment(), NO_DEADLINE)
         .await
         .unwrap()
     {
@@ -538,7 +559,10 @@ async fn a_missing_program_is_a_failed_start_and_a_bad_environment_id_an_error()
         "nothing recorded"
     );
     for bad in ["../x", ".hidden", "a/b", ""] {
-        let err = c.start(&spec(bad, 1), &deployment()).await.unwrap_err();
+        let err = c
+            .start(&spec(bad, 1), &deployment(), NO_DEADLINE)
+            .await
+            .unwrap_err();
         assert!(!err.retryable, "{err}");
     }
 }

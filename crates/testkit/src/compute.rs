@@ -8,7 +8,7 @@
 //! and in which state the provider was.
 
 use crate::clock::SimClock;
-use sandbox_controller::ports::{Compute, PortError, Started};
+use sandbox_controller::ports::{Compute, PortError, Started, check_deadline};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, InstanceId};
@@ -176,8 +176,10 @@ impl Compute for TwinCompute {
         &self,
         spec: &StartSpec,
         deployment: &DeploymentId,
+        not_after: u64,
     ) -> Result<Started, PortError> {
         let now = self.clock.now_ms();
+        check_deadline("compute", "start", now / 1000, not_after)?;
         let mut s = self.state();
         if let Some(i) = s
             .instances
@@ -233,8 +235,9 @@ impl Compute for TwinCompute {
             .collect())
     }
 
-    async fn stop(&self, id: &InstanceId, reason: &str) -> Result<(), PortError> {
+    async fn stop(&self, id: &InstanceId, reason: &str, not_after: u64) -> Result<(), PortError> {
         let now = self.clock.now_ms();
+        check_deadline("compute", "stop", now / 1000, not_after)?;
         let mut s = self.state();
         let pos = s.instances.iter().position(|i| &i.id == id);
         let before = pos.map(|p| self.view(&s.instances[p], now));

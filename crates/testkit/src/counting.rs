@@ -331,9 +331,10 @@ impl<C: Compute> Compute for Counting<C> {
         &self,
         spec: &StartSpec,
         deployment: &DeploymentId,
+        not_after: u64,
     ) -> Result<Started, PortError> {
         self.log.record("compute", "start");
-        self.inner.start(spec, deployment).await
+        self.inner.start(spec, deployment, not_after).await
     }
     async fn describe(&self, id: &InstanceId) -> Result<Option<ComputeInstance>, PortError> {
         self.log.record("compute", "describe");
@@ -343,9 +344,9 @@ impl<C: Compute> Compute for Counting<C> {
         self.log.record("compute", "list");
         self.inner.list(deployment).await
     }
-    async fn stop(&self, id: &InstanceId, reason: &str) -> Result<(), PortError> {
+    async fn stop(&self, id: &InstanceId, reason: &str, not_after: u64) -> Result<(), PortError> {
         self.log.record("compute", "stop");
-        self.inner.stop(id, reason).await
+        self.inner.stop(id, reason, not_after).await
     }
 }
 

@@ -447,12 +447,13 @@ impl<C: Compute> Compute for Faulty<C> {
         &self,
         spec: &StartSpec,
         deployment: &DeploymentId,
+        not_after: u64,
     ) -> Result<Started, PortError> {
         match self.plan.check("compute", "start") {
-            None => self.inner.start(spec, deployment).await,
+            None => self.inner.start(spec, deployment, not_after).await,
             Some(Fault::FailedStart(reason)) => Ok(Started::Failed { reason }),
             Some(Fault::LostResponse) => {
-                let _ = self.inner.start(spec, deployment).await;
+                let _ = self.inner.start(spec, deployment, not_after).await;
                 Err(port_error("compute", "start", &Fault::LostResponse))
             }
             Some(f) => Err(port_error("compute", "start", &f)),
@@ -472,8 +473,13 @@ impl<C: Compute> Compute for Faulty<C> {
     async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
         guarded!(self, "compute", "list", self.inner.list(deployment))
     }
-    async fn stop(&self, id: &InstanceId, reason: &str) -> Result<(), PortError> {
-        guarded!(self, "compute", "stop", self.inner.stop(id, reason))
+    async fn stop(&self, id: &InstanceId, reason: &str, not_after: u64) -> Result<(), PortError> {
+        guarded!(
+            self,
+            "compute",
+            "stop",
+            self.inner.stop(id, reason, not_after)
+        )
     }
 }
 

@@ -161,9 +161,10 @@ impl<C: Compute> Compute for Interleaved<C> {
         &self,
         spec: &StartSpec,
         deployment: &DeploymentId,
+        not_after: u64,
     ) -> Result<Started, PortError> {
         yield_once().await;
-        self.inner.start(spec, deployment).await
+        self.inner.start(spec, deployment, not_after).await
     }
     async fn describe(&self, id: &InstanceId) -> Result<Option<ComputeInstance>, PortError> {
         yield_once().await;
@@ -173,9 +174,9 @@ impl<C: Compute> Compute for Interleaved<C> {
         yield_once().await;
         self.inner.list(deployment).await
     }
-    async fn stop(&self, id: &InstanceId, reason: &str) -> Result<(), PortError> {
+    async fn stop(&self, id: &InstanceId, reason: &str, not_after: u64) -> Result<(), PortError> {
         yield_once().await;
-        self.inner.stop(id, reason).await
+        self.inner.stop(id, reason, not_after).await
     }
 }
 

@@ -22,7 +22,9 @@ use aws_config::SdkConfig;
 use sandbox_agents_api::{AgentsClient, ClientConfig};
 use sandbox_aws::bootstrap::{Queues, create_ecs, create_queues, moto_pin_ecs_tasks};
 use sandbox_aws::{DynamoRegistry, EcsCompute, SqsQueue, create_table, load_sdk_config};
-use sandbox_controller::ports::{Clock, Compute as _, PortError, Registry as _, SystemClock};
+use sandbox_controller::ports::{
+    Clock, Compute as _, NO_DEADLINE, PortError, Registry as _, SystemClock,
+};
 use sandbox_controller::{Controller, ControllerConfig, Intake, SweepReport, router};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::ids::{DeploymentId, EnvironmentId};
@@ -393,7 +395,9 @@ impl AwsHarness {
         let mut stopped = 0;
         for i in c.compute.list(&c.config.deployment).await? {
             if i.status.is_live() {
-                c.compute.stop(&i.instance_id, "harness shutdown").await?;
+                c.compute
+                    .stop(&i.instance_id, "harness shutdown", NO_DEADLINE)
+                    .await?;
                 stopped += 1;
             }
         }

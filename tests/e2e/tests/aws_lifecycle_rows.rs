@@ -6,7 +6,7 @@
 //!
 //! Run with `tests/moto/run.sh cargo nextest run -p sandbox-e2e -E 'test(aws)'`.
 
-use sandbox_controller::ports::{Compute as _, ReceiptKind, Registry as _};
+use sandbox_controller::ports::{Compute as _, NO_DEADLINE, ReceiptKind, Registry as _};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{EnvironmentId, Generation, SessionId, idempotency_token};
@@ -365,7 +365,10 @@ async fn aws_row26_sweep_releases_a_task_no_record_owns() {
         idempotency_token: idempotency_token(&env, Generation(1)),
         previous: None,
     };
-    c.compute.start(&spec, &c.config.deployment).await.unwrap();
+    c.compute
+        .start(&spec, &c.config.deployment, NO_DEADLINE)
+        .await
+        .unwrap();
     h.wait_until("orphan running", T, || h.connected(env.as_str()))
         .await
         .unwrap();

@@ -2,7 +2,7 @@
 //! least once) → intake → SQLite events queue → workers → decide → child-process
 //! executors, and the sweeper.
 
-use sandbox_controller::ports::{Compute as _, ReceiptKind, Registry as _};
+use sandbox_controller::ports::{Compute as _, NO_DEADLINE, ReceiptKind, Registry as _};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{EnvironmentId, Generation, SessionId, idempotency_token};
 use sandbox_core::record::RecordStatus;
@@ -316,6 +316,7 @@ async fn row26_sweep_releases_an_executor_no_record_owns() {
                 previous: None,
             },
             &c.config.deployment,
+            NO_DEADLINE,
         )
         .await
         .unwrap();
@@ -342,7 +343,11 @@ async fn row27_record_says_running_but_executor_gone_marks_stopped_and_starts_no
     wait_idle(&h, &s).await;
     // The executor dies behind the controller's back.
     let id = h.live(&env).await.unwrap()[0].instance_id.clone();
-    h.controller().compute.stop(&id, "test").await.unwrap();
+    h.controller()
+        .compute
+        .stop(&id, "test", NO_DEADLINE)
+        .await
+        .unwrap();
     h.wait_until("gone", T, || async { Ok(h.live(&env).await?.is_empty()) })
         .await
         .unwrap();

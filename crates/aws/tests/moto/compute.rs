@@ -7,7 +7,7 @@ use crate::support::{
 use aws_sdk_ecs::types::TaskField;
 use sandbox_aws::{EcsCompute, EcsConfig};
 use sandbox_controller::contract::{compute_contract, compute_idempotency_contract};
-use sandbox_controller::ports::{Compute, Started};
+use sandbox_controller::ports::{Compute, NO_DEADLINE, Started};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{
@@ -53,7 +53,7 @@ fn spec(env: &str, generation: u64) -> StartSpec {
 }
 
 async fn started(c: &EcsCompute, spec: &StartSpec, d: &DeploymentId) -> ComputeInstance {
-    match c.start(spec, d).await.unwrap() {
+    match c.start(spec, d, NO_DEADLINE).await.unwrap() {
         Started::Instance(i) => i,
         Started::Failed { reason } => panic!("start failed: {reason}"),
     }
@@ -94,7 +94,9 @@ async fn a_repeated_start_adopts_the_task_by_tags() {
         .await
         .unwrap();
     assert_eq!(arns.task_arns().len(), 1, "{:?}", arns.task_arns());
-    c.stop(&first.instance_id, "test").await.unwrap();
+    c.stop(&first.instance_id, "test", NO_DEADLINE)
+        .await
+        .unwrap();
 }
 
 /// What RunTask was asked for, read back from moto: FARGATE, startedBy, tags, the
@@ -154,7 +156,9 @@ async fn run_task_carries_tags_overrides_and_no_key() {
             ("ENVIRONMENT_ID", s.environment_id.as_str())
         ]
     );
-    c.stop(&i.instance_id, &"r".repeat(300)).await.unwrap();
+    c.stop(&i.instance_id, &"r".repeat(300), NO_DEADLINE)
+        .await
+        .unwrap();
     let stopped = ecs
         .describe_tasks()
         .cluster(&cluster)
@@ -196,8 +200,12 @@ async fn list_and_describe_never_cross_into_a_cluster_whose_name_contains_ours()
         .collect();
     assert_eq!(listed, vec![in_xx.instance_id.clone()]);
     assert_eq!(x.describe(&in_xx.instance_id).await.unwrap(), None);
-    x.stop(&in_x.instance_id, "test").await.unwrap();
-    xx.stop(&in_xx.instance_id, "test").await.unwrap();
+    x.stop(&in_x.instance_id, "test", NO_DEADLINE)
+        .await
+        .unwrap();
+    xx.stop(&in_xx.instance_id, "test", NO_DEADLINE)
+        .await
+        .unwrap();
 }
 
 fn stub_config() -> EcsConfig {
@@ -250,7 +258,7 @@ async fn run_task_failures_with_status_200_are_started_failed() {
     let c = EcsCompute::new(stub.client().await, stub_config());
     let d = deployment();
     let s = spec("env_stub", 2);
-    let Started::Failed { reason } = c.start(&s, &d).await.unwrap() else {
+    let Started::Failed { reason } = c.start(&s, &d, NO_DEADLINE).await.unwrap() else {
         panic!("expected Started::Failed");
     };
     assert!(reason.contains("Capacity is unavailable"), "{reason}");
@@ -372,7 +380,10 @@ async fn throttling_is_transient_and_validation_permanent() {
     endpoint();
     let throttled = axum_error_stub(400, "ThrottlingException", "Rate exceeded").await;
     let c = EcsCompute::new(throttled.client().await, stub_config());
-    let err = c.stop(&InstanceId::new(STUB_TASK), "x").await.unwrap_err();
+    let err = c
+        .stop(&InstanceId::new(STUB_TASK), "x", NO_DEADLINE)
+        .await
+        .unwrap_err();
     assert!(err.retryable, "{err}");
     let invalid = axum_error_stub(
         400,
@@ -381,7 +392,10 @@ async fn throttling_is_transient_and_validation_permanent() {
     )
     .await;
     let c = EcsCompute::new(invalid.client().await, stub_config());
-    let err = c.stop(&InstanceId::new(STUB_TASK), "x").await.unwrap_err();
+    let err = c
+        .stop(&InstanceId::new(STUB_TASK), "x", NO_DEADLINE)
+        .await
+        .unwrap_err();
     assert!(!err.retryable, "{err}");
     assert!(
         err.to_string().contains("InvalidParameterException"),

@@ -142,8 +142,14 @@ pub struct MemoryCompute {
     pub instances: Arc<Mutex<Vec<ComputeInstance>>>,
 }
 
+/// Deadlines (`not_after`) are not modelled: the tests' clock is fixed.
 impl Compute for MemoryCompute {
-    async fn start(&self, spec: &StartSpec, _: &DeploymentId) -> Result<Started, PortError> {
+    async fn start(
+        &self,
+        spec: &StartSpec,
+        _: &DeploymentId,
+        _: u64,
+    ) -> Result<Started, PortError> {
         let mut instances = self.instances.lock().unwrap();
         let instance = ComputeInstance {
             instance_id: InstanceId::new(format!("task-{}", instances.len() + 1)),
@@ -168,7 +174,7 @@ impl Compute for MemoryCompute {
     async fn list(&self, _: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
         Ok(self.instances.lock().unwrap().clone())
     }
-    async fn stop(&self, id: &InstanceId, _: &str) -> Result<(), PortError> {
+    async fn stop(&self, id: &InstanceId, _: &str, _: u64) -> Result<(), PortError> {
         for i in self.instances.lock().unwrap().iter_mut() {
             if &i.instance_id == id {
                 i.status = ComputeStatus::Stopped;
