@@ -24,11 +24,18 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use hmac::digest::{CtOutput, Output};
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 use std::fmt;
 
 type HmacSha256 = Hmac<Sha256>;
+
+/// Length of an HMAC-SHA256 tag, bytes.
+const TAG_BYTES: usize = 32;
+/// Stack buffer for decoding one signature entry: room for a 32-byte tag (44 base64
+/// characters) with margin; an entry that decodes to more is too long to match anyway.
+const TAG_DECODE_BUF: usize = 64;
 
 /// Default timestamp tolerance, in seconds, in both directions (official SDK: 300 s).
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
@@ -206,7 +213,7 @@ impl WebhookVerifier {
             let text = std::str::from_utf8(raw)
                 .ok()
                 .map(str::trim)
-                .filter(|t| !t.is_empty() && t.bytes().all(|b| (0x20..0x7f).contains(&b)))
+                .filter(|t| !t.is_empty() && is_visible_ascii(t.as_bytes()))
                 .ok_or(VerifyError::InvalidHeader(names[i]))?;
             Ok(text)
         };
@@ -232,7 +239,8 @@ impl WebhookVerifier {
         }
         let ts = parse_timestamp(timestamp)?;
         self.check_window(ts, now)?;
-        let expected = self.tag(webhook_id, timestamp, body);
+        // The tag is finalized once, however many entries there are.
+        let expected = self.tag(webhook_id, timestamp, body).finalize();
         let mut saw_v1 = false;
         let mut matched = false;
         for entry in signature.split(' ').filter(|e| !e.is_empty()) {
@@ -240,10 +248,15 @@ impl WebhookVerifier {
                 continue;
             };
             saw_v1 = true;
-            // Decoding failures just mean "this entry does not match". Every v1 entry is
-            // checked (no early exit) so timing does not reveal which one matched.
-            if let Ok(candidate) = BASE64.decode(b64) {
-                matched |= expected.clone().verify_slice(&candidate).is_ok();
+            // Decoding failures (including "longer than the buffer") and any length other
+            // than 32 bytes just mean "this entry does not match". Every v1 entry is
+            // checked (no early exit) so timing does not reveal which one matched; the
+            // comparison itself is `CtOutput`'s constant-time one over all 32 bytes.
+            let mut candidate = [0u8; TAG_DECODE_BUF];
+            if let Ok(TAG_BYTES) = BASE64.decode_slice(b64, &mut candidate) {
+                let mut tag = Output::<HmacSha256>::default();
+                tag.copy_from_slice(&candidate[..TAG_BYTES]);
+                matched |= expected == CtOutput::new(tag);
             }
         }
         if matched {
@@ -303,4 +316,12 @@ fn parse_timestamp(s: &str) -> Result<u64, VerifyError> {
         return Err(VerifyError::InvalidTimestamp);
     }
     s.parse::<u64>().map_err(|_| VerifyError::InvalidTimestamp)
+}
+
+/// Every byte is visible ASCII or a space (0x20..=0x7e). Without an early exit: header
+/// values are short and valid ones are read to the end anyway.
+fn is_visible_ascii(bytes: &[u8]) -> bool {
+    bytes
+        .iter()
+        .fold(true, |ok, &b| ok & (0x20..0x7f).contains(&b))
 }
