@@ -17,7 +17,9 @@ pub struct ControllerConfig {
     /// Identifies this worker in lock owners and logs.
     pub worker_id: String,
     /// Effect-key lock lease, seconds (default 120). Must exceed the longest act step
-    /// (a stop read-back included); an expired lock is treated as absent.
+    /// (a stop read-back included); an expired lock is treated as absent, and every write
+    /// made under it is refused (fencing). No start or stop is sent in the lease's last
+    /// eighth (at most 15 s): the compute port's `not_after` deadline.
     pub lock_ttl_secs: u64,
     /// How long a processed webhook-id is remembered, seconds (default 86,400).
     pub ledger_ttl_secs: u64,

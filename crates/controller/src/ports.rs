@@ -214,7 +214,6 @@ pub struct Fence {
     pub owner: String,
 }
 
-
 /// What [`Registry::lock`] found when it took the lock, read atomically with the take.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Locked {

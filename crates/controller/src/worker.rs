@@ -118,7 +118,8 @@ fn session_view(result: Result<sandbox_core::session::Session, ApiError>) -> Ses
 }
 
 /// Seconds before the lock's expiry after which no start or stop is sent (room for the
-/// request itself and the release).
+/// request itself and the release): an eighth of the lock's lease, at most this (15 s of
+/// the default 120 s).
 const EFFECT_MARGIN_SECS: u64 = 15;
 
 fn capped_delay(secs: u64) -> u32 {
@@ -215,9 +216,10 @@ where
         crash_point("after-lock");
         // Every path of decide_and_act ends in one release; if this future is dropped
         // (crash, timeout) the lock expires on its own and the next holder recovers.
-        // Starts and stops are not sent after this (the lease minus a margin for the
-        // request's own transit and the release).
-        let not_after = (now + self.config.lock_ttl_secs).saturating_sub(EFFECT_MARGIN_SECS);
+        // Starts and stops are not sent after this: the lease minus a margin for the
+        // request's own transit and the release.
+        let ttl = self.config.lock_ttl_secs;
+        let not_after = now + ttl - (ttl / 8).min(EFFECT_MARGIN_SECS);
         self.decide_and_act(job, env, session, locked, Fence { key, owner }, not_after)
             .await
     }
