@@ -16,6 +16,8 @@ LAMBDA_PROFILE := lambda-bootstrap
 WEBHOOK_BOOTSTRAP := $(TARGET_DIR)/$(LAMBDA_PROFILE)/webhook
 BENCH_COLD_RUNS ?= 25
 BENCH_ENVIRONMENTS ?= 2100
+# Worker loops of the third throughput run (`sandboxctl serve --workers`; the default is 2).
+BENCH_MANY_WORKERS ?= 16
 FUZZ_SECONDS ?= 600
 FUZZ_DIR := $(abspath $(TARGET_DIR))/fuzz
 # cargo-fuzz needs nightly flags; the machine has stable only.
@@ -37,6 +39,7 @@ bench: venv bench-build
 	$(BENCH_BIN) cold-start --bootstrap $(WEBHOOK_BOOTSTRAP) --runs $(BENCH_COLD_RUNS) --out $(BENCH_DIR)/cold_start.json
 	$(BENCH_BIN) throughput --environments $(BENCH_ENVIRONMENTS) --duplicate-share 0.3 --workers 2 --storage /dev/shm --out $(BENCH_DIR)/throughput_tmpfs.json
 	$(BENCH_BIN) throughput --environments $(BENCH_ENVIRONMENTS) --duplicate-share 0.3 --workers 2 --out $(BENCH_DIR)/throughput.json
+	$(BENCH_BIN) throughput --environments $(BENCH_ENVIRONMENTS) --duplicate-share 0.3 --workers $(BENCH_MANY_WORKERS) --out $(BENCH_DIR)/throughput_many_workers.json
 	$(BENCH_BIN) transitions --out $(BENCH_DIR)/transitions.json
 	@$(BENCH_BIN) report --dir $(BENCH_DIR) --criterion $(BENCH_DIR)/criterion
 

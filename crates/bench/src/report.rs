@@ -223,7 +223,11 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
     }
 
     let mut throughputs = Vec::new();
-    for file in ["throughput_tmpfs.json", "throughput.json"] {
+    for file in [
+        "throughput_tmpfs.json",
+        "throughput.json",
+        "throughput_many_workers.json",
+    ] {
         let tp: Option<Throughput> =
             read_json(&dir.join(file)).and_then(|v| serde_json::from_value(v).ok());
         match &tp {

@@ -1,9 +1,11 @@
 //! Worker throughput on the embedded backend, with duplicate deliveries.
 //!
 //! What runs: the controller's worker ([`Controller::handle`]: ledger check, session read,
-//! effect-key lock, record, start, audit, ledger write, unlock, ack) over the SQLite FIFO
-//! events queue and the SQLite registry of `sandbox-local` (WAL, `synchronous = FULL`, in
-//! a temporary directory on disk), reading sessions over HTTP from the Agents API
+//! effect-key lock reading the record, start, recheck send, one release writing record,
+//! audit and ledger entry, ack) over the SQLite FIFO
+//! events queue and the SQLite registry of `sandbox-local` (WAL, `synchronous = NORMAL`,
+//! queues and registry in two files as the embedded backend has them, in a temporary
+//! directory on disk or tmpfs), reading sessions over HTTP from the Agents API
 //! simulator (`agents-sim`, same process, manual clock). Compute is
 //! [`MemoryCompute`](crate::doubles::MemoryCompute): spawning one process per environment
 //! would measure `fork`/`exec` rather than the worker.
@@ -101,9 +103,11 @@ pub async fn measure(opts: &Options) -> anyhow::Result<Throughput> {
     let dir = tempfile::Builder::new()
         .prefix("sandbox-bench-")
         .tempdir_in(&opts.storage)?;
+    // The embedded backend's layout (`sandbox-local`'s `Embedded`).
     let db = dir.path().join("sandbox.db");
-    let events = SqliteQueue::open(&db, "events.fifo", QueueOptions::fifo())?;
-    let timers = SqliteQueue::open(&db, "timers", QueueOptions::standard())?;
+    let queues = dir.path().join("queues.db");
+    let events = SqliteQueue::open(&queues, "events.fifo", QueueOptions::fifo())?;
+    let timers = SqliteQueue::open(&queues, "timers", QueueOptions::standard())?;
     let registry = SqliteRegistry::open(&db)?;
     let compute = MemoryCompute::default();
     let mut api = ClientConfig::new(agents_sim::DEFAULT_API_KEY);

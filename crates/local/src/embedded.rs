@@ -30,7 +30,8 @@ pub const TIMERS_QUEUE: &str = "timers";
 /// Settings of the embedded stack.
 #[derive(Clone, Debug)]
 pub struct EmbeddedConfig {
-    /// Holds `sandbox.db` (queues, registry, executor table) and `workspaces/`.
+    /// Holds `sandbox.db` (registry, executor table), `queues.db` (events and timers
+    /// queues) and `workspaces/`.
     pub data_dir: PathBuf,
     /// The Agents API client (base URL, API key, timeouts, retries).
     pub agents_api: ClientConfig,
@@ -141,14 +142,17 @@ impl EmbeddedStack {
             what: "create data dir",
             source,
         })?;
+        // Queues and registry in two files, as SQS and DynamoDB are two services: their
+        // write transactions never wait for each other's file lock (`make bench`).
         let db = cfg.data_dir.join("sandbox.db");
+        let queues = cfg.data_dir.join("queues.db");
         let events = SqliteQueue::open(
-            &db,
+            &queues,
             EVENTS_QUEUE,
             QueueOptions::fifo().with_max_receive_count(cfg.max_receive_count),
         )?;
         let timers = SqliteQueue::open(
-            &db,
+            &queues,
             TIMERS_QUEUE,
             QueueOptions::standard().with_max_receive_count(cfg.max_receive_count),
         )?;
