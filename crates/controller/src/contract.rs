@@ -510,6 +510,12 @@ async fn release<R: Registry>(
         .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)))
 }
 
+async fn delivery_seen<R: Registry>(r: &R, webhook_id: &str, at: u64, rule: &str) -> bool {
+    r.seen_delivery(webhook_id, at)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)))
+}
+
 fn fence(key: &EffectKey, owner: &str) -> Fence {
     Fence {
         key: key.clone(),
@@ -830,9 +836,7 @@ pub async fn registry_contract<R: Registry>(r: &R) {
         "registry contract [{rule}]: the former owner's release is refused"
     );
     assert!(
-        !r.seen_delivery(&wh_a, now + 33)
-            .await
-            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e))),
+        !delivery_seen(r, &wh_a, now + 33, rule).await,
         "registry contract [{rule}]: a refused release remembers no delivery"
     );
     assert!(
@@ -865,9 +869,7 @@ pub async fn registry_contract<R: Registry>(r: &R) {
         "registry contract [{rule}]: the holder's release is applied"
     );
     assert!(
-        r.seen_delivery(&wh_b, now + 42)
-            .await
-            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e))),
+        delivery_seen(r, &wh_b, now + 42, rule).await,
         "registry contract [{rule}]: the release remembers the delivery"
     );
     let taken = take(r, &key, &c, now + 100, now + 42)
@@ -899,9 +901,7 @@ pub async fn registry_contract<R: Registry>(r: &R) {
         "registry contract [{rule}]: a release with a stale record version is refused"
     );
     assert!(
-        !r.seen_delivery(&wh_c, now + 43)
-            .await
-            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e))),
+        !delivery_seen(r, &wh_c, now + 43, rule).await,
         "registry contract [{rule}]: all or nothing: a refused release remembers no delivery"
     );
     assert!(

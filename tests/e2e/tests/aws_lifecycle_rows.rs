@@ -92,7 +92,15 @@ async fn ecs_status(h: &AwsHarness, task: &ComputeInstance) -> ComputeStatus {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aws_row01_connection_request_starts_one_task_with_the_sessions_remote_url_and_records_it()
 {
-    let h = AwsHarness::start(AwsOptions::default()).await.unwrap();
+    // A turn longer than the test: the task must still be running at shutdown, however
+    // slow the machine (a 30 s turn ended, and its idle lease stopped the task, while
+    // `make test` ran the concurrency suite beside this one).
+    let h = AwsHarness::start(AwsOptions {
+        turn_secs: 600.0,
+        ..AwsOptions::default()
+    })
+    .await
+    .unwrap();
     let (s, env) = running_session(&h).await;
     let live = h.live(&env).await.unwrap();
     assert_eq!(live.len(), 1, "{live:?}");
