@@ -224,6 +224,14 @@ impl AwsHarness {
     /// # Errors
     /// A bootstrap, simulator or listener failure. Panics without `MOTO_ENDPOINT`.
     pub async fn start(opts: AwsOptions) -> anyhow::Result<Self> {
+        // `E2E_LOG=info` (any `RUST_LOG` filter) shows the controller's logs in the test's
+        // captured output.
+        if let Ok(filter) = std::env::var("E2E_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_test_writer()
+                .try_init();
+        }
         let resources = AwsResources::create().await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();

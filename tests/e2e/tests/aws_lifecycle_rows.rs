@@ -92,11 +92,11 @@ async fn ecs_status(h: &AwsHarness, task: &ComputeInstance) -> ComputeStatus {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aws_row01_connection_request_starts_one_task_with_the_sessions_remote_url_and_records_it()
 {
-    // A turn longer than the test: the task must still be running at shutdown, however
-    // slow the machine (a 30 s turn ended, and its idle lease stopped the task, while
-    // `make test` ran the concurrency suite beside this one).
+    // A turn longer than the test (simulated seconds run 60× faster): the task must still
+    // be running at shutdown, however slow moto is (under `make test` the default 30 s
+    // turn, half a real second, ended during the checks and the idle lease stopped it).
     let h = AwsHarness::start(AwsOptions {
-        turn_secs: 600.0,
+        turn_secs: 86_400.0,
         ..AwsOptions::default()
     })
     .await

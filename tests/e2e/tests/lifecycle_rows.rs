@@ -74,10 +74,10 @@ async fn stop_reasons(h: &Harness, env: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row01_connection_request_starts_one_executor_with_the_sessions_remote_url_and_records_it()
 {
-    // A turn longer than the test: the executor must still run at the end, however slow
-    // the machine (a 30 s turn, then idle and a 2 s grace, could stop it first).
+    // A turn longer than the test (simulated seconds run faster than real ones): the
+    // executor must still run at the end, however slow the machine.
     let h = Harness::start(Options {
-        turn_secs: 600.0,
+        turn_secs: 86_400.0,
         ..Options::default()
     })
     .await
