@@ -92,11 +92,13 @@ async fn ecs_status(h: &AwsHarness, task: &ComputeInstance) -> ComputeStatus {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aws_row01_connection_request_starts_one_task_with_the_sessions_remote_url_and_records_it()
 {
-    // A turn longer than the test (simulated seconds run 60× faster): the task must still
-    // be running at shutdown, however slow moto is (under `make test` the default 30 s
-    // turn, half a real second, ended during the checks and the idle lease stopped it).
+    // The task must still be running at shutdown however slow moto is. Simulated seconds
+    // run 60× faster, so under `make test` the simulator's 300 s connect deadline (5 real
+    // seconds) passed before the executor connected: the input failed, the session went
+    // idle and the lease stopped the task. Give the connection and the turn a day.
     let h = AwsHarness::start(AwsOptions {
         turn_secs: 86_400.0,
+        sim_connect_deadline_secs: 86_400.0,
         ..AwsOptions::default()
     })
     .await
