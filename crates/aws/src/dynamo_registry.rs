@@ -69,7 +69,7 @@ use aws_sdk_dynamodb::types::{
     TimeToLiveSpecification, TransactWriteItem, Update,
 };
 use sandbox_controller::ports::{
-    AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, Write,
+    AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, StoredRecord, Write,
 };
 use sandbox_core::ids::{EffectKey, SessionId};
 use sandbox_core::record::Record;
@@ -230,24 +230,7 @@ impl FencedUpdate {
         expected: Option<u64>,
         op: &'static str,
     ) -> Result<u64, PortError> {
-        if record.environment_id.effect_key() != fence.key {
-            return Err(PortError::permanent(
-                DEP,
-                op,
-                "record belongs to another effect key than the lock",
-            ));
-        }
-        let version = match expected {
-            None => 1,
-            Some(v) => v
-                .checked_add(1)
-                .ok_or_else(|| PortError::permanent(DEP, op, "record version overflow"))?,
-        };
-        let mut stored = record.clone();
-        stored.version = version;
-        let json = serde_json::to_string(&stored).map_err(|e| {
-            PortError::permanent(DEP, op, format!("record could not be encoded: {e}"))
-        })?;
+        let StoredRecord { version, json } = StoredRecord::encode(fence, record, expected, op)?;
         self.set.extend([
             "#record = :record",
             "#version = :version",

@@ -214,6 +214,51 @@ pub struct Fence {
     pub owner: String,
 }
 
+/// A record prepared for a fenced conditional write, shared by the registry adapters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredRecord {
+    /// The version the write stores: `expected + 1`, or 1 for a create.
+    pub version: u64,
+    /// The record with that version, as JSON.
+    pub json: String,
+}
+
+impl StoredRecord {
+    /// Checks that `record` belongs to the fence's effect key and encodes it at the next
+    /// version after `expected` (`None`: a create, version 1).
+    ///
+    /// # Errors
+    /// A permanent [`PortError`] (`registry`, `operation`) for a record of another effect
+    /// key, a version overflow or a record that cannot be encoded.
+    pub fn encode(
+        fence: &Fence,
+        record: &Record,
+        expected: Option<u64>,
+        operation: &'static str,
+    ) -> Result<Self, PortError> {
+        const DEP: &str = "registry";
+        if record.environment_id.effect_key() != fence.key {
+            return Err(PortError::permanent(
+                DEP,
+                operation,
+                "record belongs to another effect key than the lock",
+            ));
+        }
+        let version = match expected {
+            None => 1,
+            Some(v) => v
+                .checked_add(1)
+                .ok_or_else(|| PortError::permanent(DEP, operation, "record version overflow"))?,
+        };
+        let mut stored = record.clone();
+        stored.version = version;
+        let json = serde_json::to_string(&stored).map_err(|e| {
+            PortError::permanent(DEP, operation, format!("record could not be encoded: {e}"))
+        })?;
+        Ok(Self { version, json })
+    }
+}
+
 /// What [`Registry::lock`] found when it took the lock, read atomically with the take.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Locked {

@@ -20,7 +20,7 @@
 use crate::db::{Db, DbError, from_sql_int, now_ms, to_sql_int};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use sandbox_controller::ports::{
-    AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, Write,
+    AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, StoredRecord, Write,
 };
 use sandbox_core::ids::{EffectKey, SessionId};
 use sandbox_core::record::Record;
@@ -128,24 +128,8 @@ impl RecordRow {
         expected: Option<u64>,
         operation: &'static str,
     ) -> Result<Self, PortError> {
-        if record.environment_id.effect_key() != fence.key {
-            return Err(PortError::permanent(
-                DEP,
-                operation,
-                "record belongs to another effect key than the lock",
-            ));
-        }
-        let version = match expected {
-            None => 1,
-            Some(v) => v
-                .checked_add(1)
-                .ok_or_else(|| PortError::permanent(DEP, operation, "record version overflow"))?,
-        };
-        let mut stored = record.clone();
-        stored.version = version;
-        let json = serde_json::to_string(&stored).map_err(|e| {
-            PortError::permanent(DEP, operation, format!("record could not be encoded: {e}"))
-        })?;
+        let StoredRecord { version, json } =
+            StoredRecord::encode(fence, record, expected, operation)?;
         Ok(Self {
             key: fence.key.as_str().to_owned(),
             env: record.environment_id.as_str().to_owned(),
