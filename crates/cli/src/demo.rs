@@ -492,6 +492,10 @@ fn describe_effect(v: &serde_json::Value) -> String {
         Ok(Effect::MarkClosed) => "record closed".into(),
         Ok(Effect::RequireCleanup) => "cleanup required".into(),
         Ok(Effect::DeleteSession { .. }) => "delete session".into(),
+        Ok(Effect::RecordStartFailure(f)) => format!("failed start #{}", f.attempts),
+        Ok(Effect::ClearStartFailure) => "failed starts reset".into(),
+        Ok(Effect::NoteConnectionRequest { .. }) => "connection requested".into(),
+        Ok(Effect::ClearConnectionRequest) => "connection no longer requested".into(),
         Err(_) => v.to_string(),
     }
 }

@@ -546,11 +546,11 @@ pub fn decide(o: &Observed) -> Decision {
         record: o.record.as_ref(),
         active,
         unseen: unseen.as_ref().map(|i| &i.instance_id),
-        recorded_seen: o
-            .record
-            .as_ref()
-            .and_then(Record::current)
-            .and_then(|r| mine.iter().copied().find(|i| i.instance_id == r.instance_id)),
+        recorded_seen: o.record.as_ref().and_then(Record::current).and_then(|r| {
+            mine.iter()
+                .copied()
+                .find(|i| i.instance_id == r.instance_id)
+        }),
         may_start,
         stopping: mine.iter().any(|i| i.status == ComputeStatus::Stopping),
         max_generation: mine
@@ -574,16 +574,14 @@ fn not_visible_yet(o: &Observed, mine: &[&ComputeInstance]) -> Option<ComputeIns
         return None;
     }
     let recorded_at = record.instance_recorded_at?;
-    (o.now < recorded_at.saturating_add(o.policy.visibility_window_secs)).then(|| {
-        ComputeInstance {
-            instance_id: named.instance_id.clone(),
-            environment_id: o.environment_id.clone(),
-            session_id: Some(record.session_id.clone()),
-            generation: named.generation,
-            status: ComputeStatus::Provisioning,
-            started_at: None,
-            stop_code: None,
-        }
+    (o.now < recorded_at.saturating_add(o.policy.visibility_window_secs)).then(|| ComputeInstance {
+        instance_id: named.instance_id.clone(),
+        environment_id: o.environment_id.clone(),
+        session_id: Some(record.session_id.clone()),
+        generation: named.generation,
+        status: ComputeStatus::Provisioning,
+        started_at: None,
+        stop_code: None,
     })
 }
 
@@ -816,7 +814,9 @@ impl View<'_> {
             );
         }
         let c = *self.active.first()?;
-        if recorded == Some(&c.as_ref()) {
+        // Named and claimed: nothing to fix. A live compute a stopped record still names
+        // (read `MISSING` once, say) is adopted again, so the record claims what runs.
+        if recorded == Some(&c.as_ref()) && self.record.is_some_and(Record::claims_compute) {
             return None;
         }
         let needs_nothing = session.status == SessionStatus::Idle

@@ -98,20 +98,22 @@ fn record_strategy() -> impl Strategy<Value = Option<Record>> {
         prop::option::of(0u64..700),
     ))
     .prop_map(|o| {
-        o.map(|(g, has_instance, status, lease, failure, cleanup, recorded, requested)| {
-            let id = format!("task-{g}");
-            let mut r = record(g, (has_instance && g > 0).then_some(id.as_str()), status);
-            r.instance_recorded_at = recorded.filter(|_| r.instance.is_some()).map(|a| NOW - a);
-            r.connection_requested_at = requested.map(|a| NOW - a);
-            r.lease = lease;
-            r.start_failure = failure.map(|(attempts, ago)| StartFailure {
-                attempts,
-                last_failed_at: NOW - ago,
-                reason: "capacity".into(),
-            });
-            r.cleanup_required = cleanup;
-            r
-        })
+        o.map(
+            |(g, has_instance, status, lease, failure, cleanup, recorded, requested)| {
+                let id = format!("task-{g}");
+                let mut r = record(g, (has_instance && g > 0).then_some(id.as_str()), status);
+                r.instance_recorded_at = recorded.filter(|_| r.instance.is_some()).map(|a| NOW - a);
+                r.connection_requested_at = requested.map(|a| NOW - a);
+                r.lease = lease;
+                r.start_failure = failure.map(|(attempts, ago)| StartFailure {
+                    attempts,
+                    last_failed_at: NOW - ago,
+                    reason: "capacity".into(),
+                });
+                r.cleanup_required = cleanup;
+                r
+            },
+        )
     })
 }
 
@@ -188,9 +190,15 @@ fn observed() -> impl Strategy<Value = Observed> {
                 prop_oneof![
                     Just(EnvironmentRead::NotRead),
                     Just(EnvironmentRead::Unavailable),
-                    Just(EnvironmentRead::Read { status: EnvironmentStatus::Connected }),
-                    Just(EnvironmentRead::Read { status: EnvironmentStatus::Disconnected }),
-                    Just(EnvironmentRead::Read { status: EnvironmentStatus::Pending }),
+                    Just(EnvironmentRead::Read {
+                        status: EnvironmentStatus::Connected
+                    }),
+                    Just(EnvironmentRead::Read {
+                        status: EnvironmentStatus::Disconnected
+                    }),
+                    Just(EnvironmentRead::Read {
+                        status: EnvironmentStatus::Pending
+                    }),
                 ],
                 prop::option::of((
                     prop_oneof![Just(TurnStatus::Completed), Just(TurnStatus::InProgress)],

@@ -686,10 +686,7 @@ fn second_connection_request_while_the_recorded_task_is_not_visible_yet_waits_ne
     for trigger in [Trigger::ConnectionRequested, Trigger::Sweep] {
         let d = decide(&observe(trigger.clone(), requires_connection()).with_record(r.clone()));
         assert_eq!(d.outcome, Outcome::Wait, "{trigger:?}");
-        assert_eq!(
-            d.reason,
-            Reason::ComputeNotVisibleYet { recorded_secs: 20 }
-        );
+        assert_eq!(d.reason, Reason::ComputeNotVisibleYet { recorded_secs: 20 });
         assert!(starts(&d).is_empty(), "never a second task: {d:?}");
     }
 }
@@ -739,7 +736,10 @@ fn provisioning_for_up_to_thirty_minutes_never_starts_a_second_task() {
             .with_instances(vec![instance("task-1", 1, Provisioning, None)])
             .at(NOW + age);
         let d = decide(&o);
-        assert_eq!((d.outcome, d.reason.clone()), (Outcome::Wait, Reason::ComputeStarting));
+        assert_eq!(
+            (d.outcome, d.reason.clone()),
+            (Outcome::Wait, Reason::ComputeStarting)
+        );
         assert!(starts(&d).is_empty());
     }
 }
@@ -837,7 +837,10 @@ fn two_running_computes_while_connected_keep_the_recorded_one_not_the_newest() {
     let d = decide(&o);
     assert_eq!(d.outcome, Outcome::Divergent);
     assert_eq!(d.effects[0], stop("task-2", 2, StopReason::Divergent));
-    assert!(!d.effects.contains(&stop("task-1", 1, StopReason::Divergent)));
+    assert!(
+        !d.effects
+            .contains(&stop("task-1", 1, StopReason::Divergent))
+    );
 }
 
 #[test]
@@ -852,7 +855,10 @@ fn two_running_computes_during_an_in_progress_turn_stop_neither_until_it_ends() 
     // A provisioning one cannot serve the turn: it goes, the running one stays.
     let o = observe(Trigger::Sweep, in_progress())
         .with_record(active_record(2, "task-2"))
-        .with_instances(vec![running("task-1", 1), instance("task-2", 2, Pending, None)]);
+        .with_instances(vec![
+            running("task-1", 1),
+            instance("task-2", 2, Pending, None),
+        ]);
     let d = decide(&o);
     assert_eq!(d.outcome, Outcome::Divergent);
     assert_eq!(d.effects[0], stop("task-2", 2, StopReason::Divergent));
@@ -863,10 +869,13 @@ fn two_running_computes_during_an_in_progress_turn_stop_neither_until_it_ends() 
 fn unknown_future_session_status_keeps_the_compute_and_is_uncertain() {
     let mut r = active_record(1, "task-1");
     r.lease = Some(lease("task-1", 1, NOW - 1));
-    let o = observe(Trigger::Sweep, sandbox_core::session::Session {
-        status: SessionStatus::Unknown,
-        ..idle()
-    })
+    let o = observe(
+        Trigger::Sweep,
+        sandbox_core::session::Session {
+            status: SessionStatus::Unknown,
+            ..idle()
+        },
+    )
     .with_record(r)
     .with_instances(vec![running("task-1", 1)]);
     let d = decide(&o);
@@ -890,9 +899,16 @@ fn narrowed_ownership_filter_still_releases_the_compute_this_deployment_started(
     // ...but starts nothing new for it.
     let mut s = requires_connection();
     s.agent.id = "agent_other".into();
-    let mut o = observe(Trigger::ConnectionRequested, s).with_record(record(1, None, RecordStatus::Stopped));
+    let mut o = observe(Trigger::ConnectionRequested, s).with_record(record(
+        1,
+        None,
+        RecordStatus::Stopped,
+    ));
     o.filter.agent_ids = vec![AGENT.into()];
     let d = decide(&o);
-    assert_eq!((d.outcome, d.reason.clone()), (Outcome::Ignore, Reason::NotOwned));
+    assert_eq!(
+        (d.outcome, d.reason.clone()),
+        (Outcome::Ignore, Reason::NotOwned)
+    );
     assert!(starts(&d).is_empty());
 }
