@@ -309,8 +309,11 @@ impl Demo {
             close.receipts.len()
         ));
 
-        // echo: an orphan — an executor tagged by this deployment that no record owns (a
-        // worker died before recording it) for an idle session → the sweeper releases it.
+        // echo: an executor tagged by this deployment that no record names (a worker died
+        // between the start and the record). It connects to its idle session, so the sweep
+        // adopts it (a connected executor serves its session: never killed as an orphan)
+        // and the idle lease stops it after the grace. Unconnected, it would be released
+        // as an orphan (lifecycle-cases.md row 26).
         let echo = self
             .client
             .create_session(SessionEnvironment::self_hosted())
@@ -337,7 +340,7 @@ impl Demo {
             )
             .await?;
         self.say(format!(
-            "echo {}: orphan executor started behind the controller's back",
+            "echo {}: executor started behind the controller's back (no record names it)",
             echo.id
         ));
 
@@ -442,6 +445,10 @@ async fn report(c: &LocalController) -> anyhow::Result<String> {
         })
         .collect();
     let orphans = stop_reasons.iter().filter(|r| **r == "orphan").count();
+    let adopted = effects
+        .iter()
+        .filter(|e| matches!(e, Effect::AdoptCompute(_)))
+        .count();
     let mut by_outcome: BTreeMap<&str, usize> = BTreeMap::new();
     for e in &audit {
         *by_outcome.entry(e.outcome.as_str()).or_default() += 1;
@@ -451,7 +458,7 @@ async fn report(c: &LocalController) -> anyhow::Result<String> {
         .filter(|e| e.trigger["kind"] != "sweep")
         .count();
     out.push_str(&format!(
-            "\nsummary\n  sessions                 {}\n  decisions                {} ({} from webhooks, the rest from timers and sweeps)\n  outcomes                 {}\n  executors started        {starts}\n  stops read back          {}\n  orphans swept            {orphans}\n",
+            "\nsummary\n  sessions                 {}\n  decisions                {} ({} from webhooks, the rest from timers and sweeps)\n  outcomes                 {}\n  executors started        {starts}\n  stops read back          {}\n  unrecorded executors     {adopted} adopted, {orphans} released as orphans\n",
             audit
                 .iter()
                 .map(|e| e.session_id.as_str())

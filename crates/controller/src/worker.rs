@@ -307,8 +307,9 @@ where
             tracing::info!(effect_key = %env.effect_key(), "lock recovered from an unclean holder");
         }
         let record = locked.record;
-        let (environment_status, latest_turn) =
-            self.evidence(job, &env, &session, &inventory).await;
+        let (environment_status, latest_turn) = self
+            .evidence(job, &env, &session, record.as_ref(), &inventory)
+            .await;
         let observed = Observed {
             trigger: job.trigger.clone(),
             environment_id: env.clone(),
@@ -432,6 +433,7 @@ where
         job: &Job,
         env: &EnvironmentId,
         session: &SessionView,
+        record: Option<&Record>,
         inventory: &Inventory,
     ) -> (EnvironmentRead, Option<TurnEvidence>) {
         let SessionView::Found { session } = session else {
@@ -444,8 +446,15 @@ where
             ),
             Inventory::Unavailable => (false, 0),
         };
+        // An unrecorded compute found by a sweep is released only if its executor is not
+        // connected to the session (decide(): a connected one is adopted).
+        let unrecorded =
+            record.is_none_or(|r| r.instance.is_none()) && job.trigger == Trigger::Sweep;
         let wants_status = running
-            && (session.requires_connection_of(env) || job.trigger == Trigger::Idle || active > 1);
+            && (session.requires_connection_of(env)
+                || job.trigger == Trigger::Idle
+                || active > 1
+                || unrecorded);
         let status = if wants_status {
             match self.sessions.retrieve_environment(env).await {
                 Ok(e) => EnvironmentRead::Read { status: e.status },

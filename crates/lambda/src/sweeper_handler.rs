@@ -1,9 +1,14 @@
-//! The sweeper function: an EventBridge scheduled event runs one [`Controller::sweep`].
+//! The sweeper function: an EventBridge scheduled event runs one
+//! [`Controller::sweep_fan_out`]: it reads the registry and the provider once and sends
+//! one sweep job per environment to the timers queue, spread over time, so the workers
+//! decide in parallel and no invocation's duration grows with the deployment beyond the
+//! reads themselves (2 × ⌈N/100⌉ + 1 ECS calls, the registry scan, ⌈N⌉ queue sends).
 //!
 //! The event's content is not used (a sweep re-derives everything from the registry, the
 //! provider inventory and the sessions); its id and time are logged. The answer is the
-//! report as JSON, `{"environments": N, "outcomes": {"release": N, ...}, "deferred": N,
-//! "dead_letters": N}`: `dead_letters` is the depth of the events queue's dead-letter
+//! report as JSON, `{"environments": N, "enqueued": N, "settled_skipped": N,
+//! "outcomes": {}, "deferred": N, "dead_letters": N}`: `dead_letters` is the depth of the
+//! events queue's dead-letter
 //! queue (`EVENTS_DLQ_URL`; approximate, `null` when it could not be read), so each sweep
 //! logs the jobs an operator has to look at (the DLQ alarm watches the same number).
 //! A sweep that cannot list the registry or the inventory fails the invocation (an error,
@@ -24,6 +29,8 @@ use tracing::Instrument;
 pub fn report_json(report: &SweepReport, dead_letters: Option<u64>) -> Value {
     json!({
         "environments": report.environments,
+        "enqueued": report.enqueued,
+        "settled_skipped": report.settled_skipped,
         "outcomes": report.outcomes,
         "deferred": report.deferred,
         "dead_letters": dead_letters,
@@ -51,7 +58,7 @@ where
         deployment = %controller.config.deployment,
     );
     async {
-        match controller.sweep().await {
+        match controller.sweep_fan_out().await {
             Ok(report) => {
                 let dead_letters = match controller.events.dead_letter_count().await {
                     Ok(n) => Some(n),
@@ -63,6 +70,8 @@ where
                 let answer = report_json(&report, dead_letters);
                 tracing::info!(
                     environments = report.environments,
+                    enqueued = report.enqueued,
+                    settled_skipped = report.settled_skipped,
                     deferred = report.deferred,
                     outcomes = %answer["outcomes"],
                     dead_letters,

@@ -1,5 +1,6 @@
-//! The sweeper: the EventBridge fixture runs one sweep over the doubles and answers the
-//! report as JSON; an unreadable inventory fails the invocation.
+//! The sweeper: the EventBridge fixture runs one fanned-out sweep over the doubles (one
+//! job per environment on the timers queue, with the sweep's read) and answers the report
+//! as JSON; an unreadable inventory fails the invocation.
 
 #[allow(dead_code)]
 mod doubles;
@@ -42,7 +43,8 @@ async fn scheduled_event_with_nothing_to_do_answers_an_empty_report() {
     let answer = handle_schedule(&controller(), &schedule()).await.unwrap();
     assert_eq!(
         answer,
-        serde_json::json!({"environments": 0, "outcomes": {}, "deferred": 0, "dead_letters": 0})
+        serde_json::json!({"environments": 0, "enqueued": 0, "settled_skipped": 0,
+            "outcomes": {}, "deferred": 0, "dead_letters": 0})
     );
 }
 
@@ -62,14 +64,23 @@ async fn orphan_compute_of_a_deleted_session_is_swept_and_reported() {
     assert_eq!(answer["environments"], 1, "{answer}");
     assert_eq!(answer["deferred"], 0, "{answer}");
     assert_eq!(
-        answer["outcomes"]
-            .as_object()
-            .unwrap()
-            .values()
-            .map(|v| v.as_u64().unwrap())
-            .sum::<u64>(),
-        1,
-        "{answer}"
+        answer["enqueued"], 1,
+        "fanned out to the timers queue: {answer}"
+    );
+    // The job carries the sweep's read; a worker decides on it.
+    let sent = c.timers.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1);
+    let job = &sent[0].job;
+    let evidence = job
+        .swept
+        .as_ref()
+        .expect("the sweep's read travels with the job");
+    assert_eq!(evidence.instances.len(), 1);
+    assert_eq!(evidence.record_version, None);
+    let processed = c.process(job).await.unwrap();
+    assert_eq!(
+        processed.outcome().map(|o| o.to_string()).as_deref(),
+        Some("release")
     );
     assert_eq!(
         c.compute.instances.lock().unwrap()[0].status,

@@ -275,8 +275,10 @@ async fn sweeper_loop(c: Arc<LocalController>, every: Duration, mut stop: watch:
             _ = stop.changed() => break,
             _ = tick.tick() => {}
         }
-        // A sweep in progress finishes before the stop is honoured.
-        match c.sweep().await {
+        // As the sweeper Lambda: one read, then one job per environment on the timers
+        // queue, decided by the worker loops. A sweep in progress finishes before the stop
+        // is honoured.
+        match c.sweep_fan_out().await {
             Ok(report) => tracing::info!(?report, "sweep"),
             Err(e) => tracing::warn!(error = %e, "sweep skipped"),
         }

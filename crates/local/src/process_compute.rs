@@ -92,13 +92,24 @@ pub struct ExecutorCommand {
 }
 
 impl ExecutorCommand {
-    /// A program with arguments.
+    /// A program with arguments. A relative program path with a `/`
+    /// (`target/debug/sim-executor`) is made absolute against the current directory now:
+    /// the child starts in its workspace directory, where the relative path would name
+    /// nothing (`std::process::Command` resolves it against the child's directory).
     pub fn new(
         program: impl Into<String>,
         args: impl IntoIterator<Item = impl Into<String>>,
     ) -> Self {
+        let program: String = program.into();
+        let program = if program.contains('/') && !program.starts_with('/') {
+            std::path::absolute(&program)
+                .map(|p| p.display().to_string())
+                .unwrap_or(program)
+        } else {
+            program
+        };
         Self {
-            program: program.into(),
+            program,
             args: args.into_iter().map(Into::into).collect(),
         }
     }

@@ -441,10 +441,11 @@ async fn a_start_whose_response_was_lost_is_adopted_not_repeated() {
 
 /// The same lost response, but the executor connected and the session went idle before
 /// the retry: nothing asks for a start any more, so the sweep — the only discoverer of
-/// unrecorded compute — finds the task and releases it as an orphan (row 26). One compute
-/// at most, and nothing left running unowned.
+/// unrecorded compute — finds the task. Its executor is connected to the live session, so
+/// it is adopted (not killed as an orphan), and the idle lease stops it after its grace.
+/// One compute at most, and nothing left running unowned.
 #[tokio::test]
-async fn a_lost_start_that_is_no_longer_needed_is_found_and_released_by_the_sweep() {
+async fn a_lost_start_that_is_no_longer_needed_is_adopted_by_the_sweep_then_leased_out() {
     let world = World::new();
     world
         .faults
@@ -455,6 +456,10 @@ async fn a_lost_start_that_is_no_longer_needed_is_found_and_released_by_the_swee
     run.run_for(120).await;
     assert_eq!(run.world.compute.instances().len(), 1, "{:?}", run.log);
     run.sweep().await;
+    let record = run.world.registry.record(&e.effect_key()).unwrap();
+    let live = run.world.compute.live_of(&e);
+    assert_eq!(record.instance, Some(live[0].as_ref()), "{:?}", run.log);
+    run.run_for(400).await;
     assert_eq!(run.world.compute.live_of(&e).len(), 0, "{:?}", run.log);
     assert_eq!(run.starts(), 1);
 }
