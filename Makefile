@@ -1,6 +1,7 @@
 # sandbox-lifecycle: one entry point for people and CI.
 #   make run    the whole pipeline on the embedded default (local mode)
-#   make test   fmt check, clippy -D warnings, every Rust test, the Python cross-checks
+#   make test   fmt check, clippy -D warnings, every Rust test, the Python cross-checks,
+#               and no process left behind (tests/leftovers/run.py)
 #   make build  the three Lambda functions as arm64 bootstrap zips (cargo-lambda)
 #   make bench  the performance table (mk/bench.mk; also soak, fuzz)
 #   make deploy-sam, make deploy-cdk   (mk/infra.mk)
@@ -24,7 +25,8 @@ RUST_TEST := $(if $(shell command -v cargo-nextest 2>/dev/null),cargo nextest ru
 # built with the workspace's feature set, so nothing is rebuilt).
 SIM_JSON_FILTER := $(if $(shell command -v cargo-nextest 2>/dev/null),-E 'package(agents-sim) & binary(api) & test(produced_json)',--test api produced_json)
 
-.PHONY: help run test build fmt-check clippy rust-test doc-test crosscheck venv build-venv clean
+.PHONY: help run test test-steps build fmt-check clippy rust-test doc-test crosscheck \
+	leftovers-test venv build-venv clean
 
 include mk/infra.mk mk/bench.mk
 
@@ -41,7 +43,12 @@ run:
 	cargo build --locked -p sandboxctl -p agents-sim --bins
 	$(TARGET_DIR)/debug/sandboxctl demo --executor $(TARGET_DIR)/debug/sim-executor
 
-test: fmt-check clippy rust-test doc-test crosscheck infra-test
+# Every step runs below tests/leftovers/run.py (a child subreaper): the run fails, naming
+# them, when processes a test started (an executor, moto, a stub) outlive it, and ends them.
+test:
+	$(PYTHON) tests/leftovers/run.py $(MAKE) --no-print-directory test-steps
+
+test-steps: fmt-check clippy rust-test doc-test crosscheck infra-test leftovers-test
 
 fmt-check:
 	cargo fmt --all -- --check
@@ -87,6 +94,11 @@ crosscheck: venv
 	rm -rf $(SIM_JSON)
 	SIM_JSON_OUT=$(SIM_JSON) $(RUST_TEST) --workspace --locked $(SIM_JSON_FILTER)
 	$(PY) crates/agents-sim/crosscheck/validate_sim_json.py $(SIM_JSON)
+
+# The leftover check's own tests: it fails on a leftover and ends it, and never looks at a
+# process it did not start.
+leftovers-test: venv
+	$(PY) -m pytest -q -p no:cacheprovider tests/leftovers
 
 clean:
 	cargo clean

@@ -56,6 +56,28 @@ def stub_env(tmp_path: Path) -> dict[str, str]:
     }
 
 
+def start_entrypoint(env: dict[str, str]) -> subprocess.Popen:
+    """The entrypoint shell in a process group of its own (with the stub `codex` and its
+    `sleep`s), so that `end_group` reaches all of them."""
+    return subprocess.Popen(["/bin/sh", str(ENTRYPOINT)], env=env, start_new_session=True)
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the entrypoint (it forwards it to `codex`), then SIGKILL to whatever is
+    left of its process group, then reap it. Killing the shell alone would orphan the stub."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 def wait_for(path: Path, seconds: float = 10) -> None:
     deadline = time.monotonic() + seconds
     while not path.exists():
@@ -69,7 +91,7 @@ def test_entrypoint_passes_shellcheck():
 
 
 def test_entrypoint_starts_exec_server_with_the_overrides(stub_env, tmp_path):
-    proc = subprocess.Popen(["/bin/sh", str(ENTRYPOINT)], env=stub_env)
+    proc = start_entrypoint(stub_env)
     try:
         wait_for(tmp_path / "ready")
         args = (tmp_path / "args").read_text().splitlines()
@@ -81,21 +103,18 @@ def test_entrypoint_starts_exec_server_with_the_overrides(stub_env, tmp_path):
             INPUTS["ENVIRONMENT_ID"],
         ]
     finally:
-        proc.kill()
-        proc.wait()
+        end_group(proc)
 
 
 def test_entrypoint_forwards_sigterm_and_exits_with_the_child_status(stub_env, tmp_path):
-    proc = subprocess.Popen(["/bin/sh", str(ENTRYPOINT)], env=stub_env)
+    proc = start_entrypoint(stub_env)
     try:
         wait_for(tmp_path / "ready")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 42
         assert (tmp_path / "signal").read_text().strip() == "TERM"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end_group(proc)
 
 
 @pytest.mark.parametrize("missing", sorted(INPUTS))

@@ -19,7 +19,7 @@
 //! those: build it with `default-features = false`). `bootstrap` is test support.
 //!
 //! Every adapter passes the shared contract suite in
-//! [`sandbox_controller::contract`] against moto (`tests/moto/run.sh cargo nextest run -p
+//! `sandbox_controller::contract` (feature `test-support`) against moto (`tests/moto/run.sh cargo nextest run -p
 //! sandbox-aws`); where moto differs from AWS the module docs say so.
 #![deny(clippy::all)]
 #![warn(missing_docs)]

@@ -29,9 +29,12 @@ use clap::{Parser, Subcommand};
 use std::io::{self, Write as _};
 use std::process::ExitCode;
 
-/// Operator tool for sandbox-lifecycle.
+/// Operator tool for sandbox-lifecycle: run the local stack against an Agents API
+/// (`serve`) or the whole pipeline against the simulator (`demo`), read a local data
+/// directory (`status`, `explain`), sign and verify webhook deliveries (`sign`, `verify`)
+/// and decode Agents API objects (`decode`).
 #[derive(Debug, Parser)]
-#[command(name = "sandboxctl", version, about)]
+#[command(name = "sandboxctl", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -8,6 +8,11 @@
 //! - [`sweep`] — reconcile the registry against the provider inventory and the sessions;
 //! - [`close`] — the operator's cleanup transaction;
 //! - [`ports`] — the traits every backend implements.
+//!
+//! With the `test-support` feature (tests, the fuzz target and the benches only): `contract`
+//! (the contract suite every adapter passes), `doubles` (a stopped clock and a recording
+//! queue) and crash points that abort where `SANDBOX_CRASH_AT` says ([`crash_point`];
+//! without the feature they compile to nothing).
 #![forbid(unsafe_code)]
 #![deny(clippy::all)]
 #![warn(missing_docs)]
@@ -15,8 +20,10 @@
 pub mod close;
 pub mod config;
 pub mod consume;
+#[cfg(feature = "test-support")]
 pub mod contract;
 pub mod crash_point;
+#[cfg(feature = "test-support")]
 pub mod doubles;
 pub mod job;
 pub mod ports;

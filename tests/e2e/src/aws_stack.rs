@@ -16,20 +16,18 @@
 //! with a message naming the runner when it is unset. Every harness uses its own queues,
 //! table, cluster and deployment id, so tests run in parallel on one moto server.
 
-use crate::DEPLOYMENT;
+use crate::{DEPLOYMENT, LifecycleHarness, Options};
 use agents_sim::{SimClient, SimConfig, SimHandle, Url};
+use anyhow::{Context as _, bail};
 use aws_config::SdkConfig;
 use sandbox_agents_api::{AgentsClient, ClientConfig};
 use sandbox_aws::bootstrap::{Queues, create_ecs, create_queues, moto_pin_ecs_tasks};
 use sandbox_aws::{DynamoRegistry, EcsCompute, SqsQueue, create_table, load_sdk_config};
-use sandbox_controller::ports::{
-    Clock, Compute as _, NO_DEADLINE, PortError, Registry as _, SystemClock,
-};
-use sandbox_controller::{Controller, ControllerConfig, Intake, SweepReport, router};
+use sandbox_controller::ports::{Clock, Compute as _, NO_DEADLINE, PortError, SystemClock};
+use sandbox_controller::{Controller, ControllerConfig, Intake, router};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
-use sandbox_core::ids::{DeploymentId, EnvironmentId};
+use sandbox_core::ids::{DeploymentId, InstanceId};
 use sandbox_core::observed::Policy;
-use sandbox_core::record::Record;
 use sandbox_core::webhook::WebhookVerifier;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,27 +42,15 @@ pub type AwsController = Controller<SqsQueue, DynamoRegistry, EcsCompute, Agents
 /// The executor container's name in the harness's task definition.
 pub const CONTAINER: &str = "executor";
 
-/// Knobs of one AWS harness.
+/// Knobs of one AWS harness: the ones both harnesses share, and the AWS-only ones.
 #[derive(Clone, Debug)]
 pub struct AwsOptions {
-    /// Extra copies of every webhook delivery.
-    pub duplicates: u32,
-    /// Reorder deliveries.
-    pub reorder: bool,
-    /// Worker loops.
-    pub workers: usize,
-    /// Shutdown grace, real seconds.
-    pub grace_secs: u64,
-    /// Sweeper period; `None` disables the periodic sweeper (tests call `sweep_now`).
-    pub sweep_every: Option<Duration>,
-    /// Simulated turn length, simulated seconds (60 sim s = 1 real s).
-    pub turn_secs: f64,
+    /// Deliveries, workers, grace, sweeper, turn length and the simulator's connection
+    /// deadline, as for the embedded harness.
+    pub common: Options,
     /// Whether the simulator delivers webhooks to the intake (`false`: events are only
     /// recorded; the test enqueues jobs itself).
     pub webhooks: bool,
-    /// The simulator's input-time connection deadline, simulated seconds (default 300 =
-    /// 5 real seconds).
-    pub sim_connect_deadline_secs: f64,
     /// The controller's connect deadline (row 10), real seconds (default 30).
     pub connect_deadline_secs: u64,
     /// Messages one worker receives per events-queue poll (default 10, the SQS maximum).
@@ -77,14 +63,8 @@ pub struct AwsOptions {
 impl Default for AwsOptions {
     fn default() -> Self {
         Self {
-            duplicates: 0,
-            reorder: false,
-            workers: 2,
-            grace_secs: 2,
-            sweep_every: None,
-            turn_secs: 30.0,
+            common: Options::default(),
             webhooks: true,
-            sim_connect_deadline_secs: 300.0,
             connect_deadline_secs: 30,
             receive_batch: 10,
             bridge_every: Duration::from_millis(100),
@@ -191,7 +171,7 @@ pub fn harness_config(deployment: DeploymentId, opts: &AwsOptions) -> Controller
     let mut controller = ControllerConfig::new(deployment);
     controller.policy = Policy {
         connect_deadline_secs: opts.connect_deadline_secs,
-        shutdown_grace_secs: opts.grace_secs,
+        shutdown_grace_secs: opts.common.grace_secs,
         recheck_secs: 1,
         uncertain_retry_secs: 1,
         ..Policy::default()
@@ -224,14 +204,7 @@ impl AwsHarness {
     /// # Errors
     /// A bootstrap, simulator or listener failure. Panics without `MOTO_ENDPOINT`.
     pub async fn start(opts: AwsOptions) -> anyhow::Result<Self> {
-        // `E2E_LOG=info` (any `RUST_LOG` filter) shows the controller's logs in the test's
-        // captured output.
-        if let Ok(filter) = std::env::var("E2E_LOG") {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-                .with_test_writer()
-                .try_init();
-        }
+        crate::init_test_logs();
         let resources = AwsResources::create().await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
@@ -239,9 +212,9 @@ impl AwsHarness {
         let secret = agents_sim::DEFAULT_WEBHOOK_SECRET.to_owned();
         let mut sim_cfg = SimConfig::default()
             .with_time_scale(60.0)
-            .with_turn_secs(opts.turn_secs)
-            .with_connect_deadline_secs(opts.sim_connect_deadline_secs)
-            .with_faults(opts.duplicates, opts.reorder, 0..=20);
+            .with_turn_secs(opts.common.turn_secs)
+            .with_connect_deadline_secs(opts.common.sim_connect_deadline_secs)
+            .with_faults(opts.common.duplicates, opts.common.reorder, 0..=20);
         if opts.webhooks {
             sim_cfg = sim_cfg.with_webhook(Url::parse(&webhook_url)?, secret.clone());
         }
@@ -279,12 +252,12 @@ impl AwsHarness {
             });
             let _ = serve.await;
         }));
-        for _ in 0..opts.workers {
+        for _ in 0..opts.common.workers {
             let c = controller.clone();
             let rx = stopped.clone();
             tasks.push(tokio::spawn(worker_loop(c, opts.receive_batch, rx)));
         }
-        if let Some(every) = opts.sweep_every {
+        if let Some(every) = opts.common.sweep_every {
             let c = controller.clone();
             let rx = stopped.clone();
             tasks.push(tokio::spawn(sweeper_loop(c, every, rx)));
@@ -306,95 +279,96 @@ impl AwsHarness {
         })
     }
 
-    /// The controller.
-    pub fn controller(&self) -> &Arc<AwsController> {
-        &self.controller
-    }
-
     /// The webhook URL the simulator delivers to.
     pub fn webhook_url(&self) -> &str {
         &self.webhook_url
     }
+}
 
-    /// Runs one sweep now.
-    ///
-    /// # Errors
-    /// As [`Controller::sweep`].
-    pub async fn sweep_now(&self) -> Result<SweepReport, PortError> {
-        self.controller.sweep().await
+impl LifecycleHarness for AwsHarness {
+    type Queue = SqsQueue;
+    type Registry = DynamoRegistry;
+    type Compute = EcsCompute;
+
+    const STEP_TIMEOUT: Duration = Duration::from_secs(45);
+    const SETTLE: Duration = Duration::from_secs(3);
+
+    async fn start(opts: Options) -> anyhow::Result<Self> {
+        AwsHarness::start(AwsOptions {
+            common: opts,
+            ..AwsOptions::default()
+        })
+        .await
     }
 
-    /// Polls `check` every 100 ms until it holds or `timeout` passes.
-    ///
-    /// # Errors
-    /// The check's error, or a timeout naming `what`.
-    pub async fn wait_until<F, Fut>(
+    fn sim(&self) -> &SimHandle {
+        &self.sim
+    }
+
+    fn client(&self) -> &SimClient {
+        &self.client
+    }
+
+    fn controller(&self) -> &AwsController {
+        &self.controller
+    }
+
+    /// StopTask outside the controller, with the reason ECS gives an exited container.
+    async fn stop_behind_the_controllers_back(&self, id: &InstanceId) -> anyhow::Result<()> {
+        aws_sdk_ecs::Client::new(&self.resources.sdk)
+            .stop_task()
+            .cluster(&self.resources.ecs.cluster)
+            .task(id.as_str())
+            .reason("essential container exited")
+            .send()
+            .await?;
+        Ok(())
+    }
+
+    /// Every container override of the task, as DescribeTasks reports it (moto echoes
+    /// RunTask's `overrides`).
+    async fn executor_vars(
         &self,
-        what: &str,
-        timeout: Duration,
-        check: F,
-    ) -> anyhow::Result<()>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = anyhow::Result<bool>>,
-    {
-        crate::wait_until(what, timeout, check).await
-    }
-
-    /// Every ECS task of this deployment (ListTasks + DescribeTasks via the adapter).
-    ///
-    /// # Errors
-    /// The provider's error.
-    pub async fn instances(&self) -> anyhow::Result<Vec<ComputeInstance>> {
-        let c = &self.controller;
-        Ok(c.compute.list(&c.config.deployment).await?)
-    }
-
-    /// Live tasks of one environment, per ECS.
-    ///
-    /// # Errors
-    /// The provider's error.
-    pub async fn live(&self, env: &str) -> anyhow::Result<Vec<ComputeInstance>> {
-        Ok(self
-            .instances()
-            .await?
-            .into_iter()
-            .filter(|i| i.environment_id.as_str() == env && i.status.is_live())
+        instance: &ComputeInstance,
+    ) -> anyhow::Result<Vec<(String, String)>> {
+        let described = aws_sdk_ecs::Client::new(&self.resources.sdk)
+            .describe_tasks()
+            .cluster(&self.resources.ecs.cluster)
+            .tasks(instance.instance_id.as_str())
+            .send()
+            .await?;
+        let task = described
+            .tasks()
+            .first()
+            .with_context(|| format!("DescribeTasks does not know {}", instance.instance_id))?;
+        let overrides = task
+            .overrides()
+            .context("the task has no overrides")?
+            .container_overrides();
+        let [container] = overrides else {
+            bail!("expected one container override, found {overrides:?}");
+        };
+        Ok(container
+            .environment()
+            .iter()
+            .map(|kv| {
+                (
+                    kv.name().unwrap_or_default().to_owned(),
+                    kv.value().unwrap_or_default().to_owned(),
+                )
+            })
             .collect())
     }
 
-    /// The DynamoDB record of one environment.
-    ///
-    /// # Errors
-    /// The registry's error.
-    pub async fn record(&self, env: &str) -> anyhow::Result<Option<Record>> {
-        Ok(self
-            .controller
-            .registry
-            .get(&EnvironmentId::new(env).effect_key())
-            .await?)
-    }
-
-    /// Whether the simulator sees the environment's executor connected.
-    ///
-    /// # Errors
-    /// The simulator client's error.
-    pub async fn connected(&self, env: &str) -> anyhow::Result<bool> {
-        Ok(self
-            .client
-            .state()
-            .await?
-            .environment(env)
-            .is_some_and(|e| e.connected))
+    /// `None`: moto runs no containers, so there is no process to count.
+    fn executor_processes(_env: &str) -> Option<usize> {
+        None
     }
 
     /// Stops the loops, the intake and the bridge (jobs in progress finish), stops every
     /// live task of this deployment on moto and shuts the simulator down. Returns how many
     /// tasks were stopped.
-    ///
-    /// # Errors
-    /// The provider's error.
-    pub async fn shutdown(self) -> anyhow::Result<usize> {
+    async fn shutdown(self) -> anyhow::Result<usize> {
         let _ = self.stop.send(true);
         for t in self.tasks {
             let _ = t.await;

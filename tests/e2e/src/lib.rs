@@ -1,30 +1,37 @@
 //! The end-to-end harness: the Agents API simulator delivering signed webhooks to the
 //! embedded stack (intake → SQLite queue → workers → decide → child-process executors),
-//! plus helpers to read the registry, the provider and the OS process table.
+//! plus helpers to read the registry, the provider and the OS process table. The
+//! lifecycle rows run on it and on the AWS harness ([`aws_stack`]) through
+//! [`LifecycleHarness`].
 #![forbid(unsafe_code)]
 #![deny(clippy::all)]
 #![warn(missing_docs)]
 
 pub mod aws_stack;
+mod lifecycle_harness;
+
+pub use lifecycle_harness::LifecycleHarness;
 
 use agents_sim::{SimClient, SimConfig, SimHandle, Url};
 use anyhow::{Context as _, bail};
 use sandbox_agents_api::ClientConfig;
 use sandbox_controller::ControllerConfig;
-use sandbox_controller::ports::{Compute as _, Registry as _};
+use sandbox_controller::ports::{Compute as _, NO_DEADLINE};
 use sandbox_core::compute::ComputeInstance;
-use sandbox_core::ids::{DeploymentId, EnvironmentId};
+use sandbox_core::ids::{DeploymentId, InstanceId};
 use sandbox_core::observed::Policy;
-use sandbox_core::record::Record;
 use sandbox_local::embedded::{EmbeddedConfig, EmbeddedStack, LocalController};
 use sandbox_local::process_compute::{ExecutorCommand, KeySource};
+use sandbox_local::{ProcessCompute, SqliteQueue, SqliteRegistry};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Deployment id used by the harness.
 pub const DEPLOYMENT: &str = "e2e";
 
-/// Knobs of one harness.
+/// Knobs of one harness on either backend: all of the embedded harness's, and the ones
+/// the AWS harness shares ([`aws_stack::AwsOptions::common`]); what a lifecycle row sets
+/// ([`LifecycleHarness::start`]).
 #[derive(Clone, Debug)]
 pub struct Options {
     /// Extra copies of every webhook delivery.
@@ -35,10 +42,13 @@ pub struct Options {
     pub workers: usize,
     /// Shutdown grace, real seconds.
     pub grace_secs: u64,
-    /// Sweeper period; `None` disables the periodic sweeper (tests call `sweep_now`).
+    /// Sweeper period; `None` disables the periodic sweeper (tests sweep themselves).
     pub sweep_every: Option<Duration>,
     /// Simulated turn length, simulated seconds (60 sim s = 1 real s).
     pub turn_secs: f64,
+    /// The simulator's input-time connection deadline, simulated seconds (default 300 =
+    /// 5 real seconds).
+    pub sim_connect_deadline_secs: f64,
 }
 
 impl Default for Options {
@@ -50,7 +60,20 @@ impl Default for Options {
             grace_secs: 2,
             sweep_every: None,
             turn_secs: 30.0,
+            sim_connect_deadline_secs: SimConfig::default().connect_deadline_secs,
         }
+    }
+}
+
+/// `E2E_LOG=info` (any `RUST_LOG` filter) shows the controller's logs in a test's output
+/// (nextest captures it: add `--no-capture` to see it live). Both harnesses call it at
+/// start; the first call in a process wins.
+pub fn init_test_logs() {
+    if let Ok(filter) = std::env::var("E2E_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
     }
 }
 
@@ -89,6 +112,7 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
 impl Harness {
     /// Starts the simulator and the stack.
     pub async fn start(opts: Options) -> anyhow::Result<Self> {
+        init_test_logs();
         let dir = tempfile::tempdir()?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
@@ -100,6 +124,7 @@ impl Harness {
             )
             .with_time_scale(60.0)
             .with_turn_secs(opts.turn_secs)
+            .with_connect_deadline_secs(opts.sim_connect_deadline_secs)
             .with_faults(opts.duplicates, opts.reorder, 0..=20);
         sim_cfg.seed = 42;
         let sim = agents_sim::spawn(sim_cfg).await?;
@@ -147,11 +172,6 @@ impl Harness {
         self.stack.as_ref().expect("stack running")
     }
 
-    /// The controller.
-    pub fn controller(&self) -> &LocalController {
-        self.stack().controller()
-    }
-
     /// The embedded configuration (for a restart or a second process).
     pub fn config(&self) -> &EmbeddedConfig {
         &self.config
@@ -178,58 +198,74 @@ impl Harness {
         self.stack = Some(EmbeddedStack::start_on(self.config.clone(), listener).await?);
         Ok(())
     }
+}
 
-    /// Polls `check` every 100 ms until it holds or `timeout` passes.
-    pub async fn wait_until<F, Fut>(
-        &self,
-        what: &str,
-        timeout: Duration,
-        check: F,
-    ) -> anyhow::Result<()>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = anyhow::Result<bool>>,
-    {
-        crate::wait_until(what, timeout, check).await
+impl LifecycleHarness for Harness {
+    type Queue = SqliteQueue;
+    type Registry = SqliteRegistry;
+    type Compute = ProcessCompute;
+
+    const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+    const SETTLE: Duration = Duration::from_millis(500);
+
+    async fn start(opts: Options) -> anyhow::Result<Self> {
+        Harness::start(opts).await
     }
 
-    /// Every instance the provider reports for this deployment.
-    pub async fn instances(&self) -> anyhow::Result<Vec<ComputeInstance>> {
-        let c = self.controller();
-        Ok(c.compute.list(&c.config.deployment).await?)
+    fn sim(&self) -> &SimHandle {
+        &self.sim
     }
 
-    /// Live instances of one environment, per the provider.
-    pub async fn live(&self, env: &str) -> anyhow::Result<Vec<ComputeInstance>> {
-        Ok(self
-            .instances()
-            .await?
-            .into_iter()
-            .filter(|i| i.environment_id.as_str() == env && i.status.is_live())
-            .collect())
+    fn client(&self) -> &SimClient {
+        &self.client
     }
 
-    /// The record of one environment.
-    pub async fn record(&self, env: &str) -> anyhow::Result<Option<Record>> {
+    fn controller(&self) -> &LocalController {
+        self.stack().controller()
+    }
+
+    /// Stops the executor process through the provider (SIGTERM to its group), outside
+    /// any job.
+    async fn stop_behind_the_controllers_back(&self, id: &InstanceId) -> anyhow::Result<()> {
         Ok(self
             .controller()
-            .registry
-            .get(&EnvironmentId::new(env).effect_key())
+            .compute
+            .stop(id, "test", NO_DEADLINE)
             .await?)
     }
 
-    /// Whether the simulator sees the environment's executor connected.
-    pub async fn connected(&self, env: &str) -> anyhow::Result<bool> {
-        Ok(self
-            .client
-            .state()
-            .await?
-            .environment(env)
-            .is_some_and(|e| e.connected))
+    /// `REMOTE_URL` and `ENVIRONMENT_ID` from `/proc/<pid>/environ` of the environment's
+    /// one executor process.
+    async fn executor_vars(
+        &self,
+        instance: &ComputeInstance,
+    ) -> anyhow::Result<Vec<(String, String)>> {
+        let pids = os_executors(Some(instance.environment_id.as_str()));
+        let [pid] = pids[..] else {
+            bail!(
+                "expected one executor process of {}, found {pids:?}",
+                instance.environment_id
+            );
+        };
+        let environ = std::fs::read(format!("/proc/{pid}/environ"))?;
+        let environ = String::from_utf8_lossy(&environ);
+        Ok(["REMOTE_URL", "ENVIRONMENT_ID"]
+            .into_iter()
+            .filter_map(|name| {
+                environ
+                    .split('\0')
+                    .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                    .map(|value| (name.to_owned(), value.to_owned()))
+            })
+            .collect())
     }
 
-    /// Stops everything: the stack (and every executor) and the simulator.
-    pub async fn shutdown(mut self) -> anyhow::Result<usize> {
+    fn executor_processes(env: &str) -> Option<usize> {
+        Some(os_executors(Some(env)).len())
+    }
+
+    /// Stops the stack (and every executor) and the simulator.
+    async fn shutdown(mut self) -> anyhow::Result<usize> {
         let stopped = match self.stack.take() {
             Some(s) => s.shutdown(true).await?,
             None => 0,

@@ -16,6 +16,7 @@ use sandbox_core::compute::ComputeStatus;
 use sandbox_core::ids::{EnvironmentId, SessionId};
 use sandbox_core::observed::Trigger;
 use sandbox_e2e::aws_stack::{AwsHarness, AwsOptions};
+use sandbox_e2e::{LifecycleHarness as _, Options};
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -26,16 +27,19 @@ const DEADLINE: Duration = Duration::from_secs(600);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aws_concurrency_200_environments_32_workers_duplicated_jobs_yield_one_task_each() {
     let h = AwsHarness::start(AwsOptions {
-        workers: WORKERS,
+        common: Options {
+            workers: WORKERS,
+            // The simulator waits up to 200 real seconds for a connection, a connected
+            // turn lasts 10,000 real seconds and the controller's connect deadline and
+            // shutdown grace are longer than the test: no session goes idle, no task is
+            // replaced or released while the test counts them.
+            sim_connect_deadline_secs: 12_000.0,
+            turn_secs: 600_000.0,
+            grace_secs: 3_600,
+            ..Options::default()
+        },
         webhooks: false,
-        // The simulator waits up to 200 real seconds for a connection, a connected turn
-        // lasts 10,000 real seconds and the controller's connect deadline and shutdown
-        // grace are longer than the test: no session goes idle, no task is replaced or
-        // released while the test counts them.
-        sim_connect_deadline_secs: 12_000.0,
-        turn_secs: 600_000.0,
         connect_deadline_secs: 3_600,
-        grace_secs: 3_600,
         // Batches of 10, as the Lambda event source mapping's default: jobs that meet a
         // busy lock are handed off to the timers queue instead of burning receives
         // toward the events queue's dead-letter queue (sandbox_controller::consume).
@@ -43,7 +47,6 @@ async fn aws_concurrency_200_environments_32_workers_duplicated_jobs_yield_one_t
         // The bridge lists all 200 tasks per tick: once a second keeps it from competing
         // with the workers for moto.
         bridge_every: Duration::from_secs(1),
-        ..AwsOptions::default()
     })
     .await
     .unwrap();

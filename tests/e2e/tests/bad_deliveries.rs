@@ -2,7 +2,7 @@
 //! queue; a good one is queued once however often it is retried.
 
 use sandbox_core::webhook::WebhookVerifier;
-use sandbox_e2e::{Harness, Options};
+use sandbox_e2e::{Harness, LifecycleHarness as _, Options};
 
 fn now() -> u64 {
     agents_sim::real_unix_secs()

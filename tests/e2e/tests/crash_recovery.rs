@@ -8,6 +8,7 @@ use sandbox_controller::ports::Registry as _;
 use sandbox_core::ids::EnvironmentId;
 use sandbox_e2e::{os_executors, workspace_binary};
 use sandbox_local::SqliteRegistry;
+use std::os::unix::process::ExitStatusExt as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -110,12 +111,28 @@ async fn killed_between_start_and_record_then_restarted_adopts_the_executor() {
     reaper.env = Some(env.clone());
     client.submit_message(s.id.as_str(), "go").await.unwrap();
 
-    // The controller dies right after starting the executor.
-    let status = tokio::task::spawn_blocking(move || first.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(!status.success(), "the crash point aborts: {status:?}");
+    // The controller dies right after starting the executor. A `sandboxctl` built without
+    // sandbox-controller's `test-support` feature has no crash points and never exits.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = first.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not abort at SANDBOX_CRASH_AT=after-compute-start: was {} built \
+             without sandbox-controller's test-support feature (build it with the workspace \
+             test run, e.g. `make test`)?",
+            workspace_binary("sandboxctl").unwrap().display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // 6 = SIGABRT (Linux): the crash point's abort, not some other failure.
+    assert_eq!(
+        status.signal(),
+        Some(6),
+        "the crash point aborts: {status:?}"
+    );
     assert_eq!(
         os_executors(Some(&env)).len(),
         1,

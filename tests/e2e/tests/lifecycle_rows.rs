@@ -1,40 +1,82 @@
-//! The rows of lifecycle-cases.md marked E, end to end: simulator webhooks (signed, at
-//! least once) → intake → SQLite events queue → workers → decide → child-process
-//! executors, and the sweeper.
+//! The rows of lifecycle-cases.md marked E, end to end, each written once over
+//! [`LifecycleHarness`] and run on both backends:
+//!
+//! - `embedded::rowNN_…`: simulator webhooks (signed, at least once) → intake → SQLite
+//!   events queue → workers → decide → child-process executors, and the sweeper;
+//! - `aws::rowNN_…`: the same over the AWS adapters on moto: SQS FIFO events queue, ECS
+//!   Fargate tasks, the DynamoDB registry, the SQS timers queue. moto runs no containers:
+//!   the harness's executor bridge connects RUNNING tasks to the simulator and disconnects
+//!   STOPPED ones (see `sandbox_e2e::aws_stack`). Run them with
+//!   `tests/moto/run.sh cargo nextest run -p sandbox-e2e -E 'test(aws)'`.
+//!
+//! Where a row's evidence differs by backend (OS processes, the executor's variables, a
+//! stop behind the controller's back), the harness says it.
 
-use sandbox_controller::ports::{Compute as _, NO_DEADLINE, ReceiptKind, Registry as _};
+use sandbox_controller::ports::{Compute as _, NO_DEADLINE, ReceiptKind};
+use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{EnvironmentId, Generation, SessionId, idempotency_token};
 use sandbox_core::record::RecordStatus;
 use sandbox_core::session::{Session, SessionStatus};
-use sandbox_e2e::{Harness, Options, os_executors};
+use sandbox_e2e::{LifecycleHarness, Options};
 use std::time::Duration;
 
-const T: Duration = Duration::from_secs(30);
+/// Generates one test per row for a backend, in a module named after it.
+macro_rules! rows_on {
+    ($backend:ident: $harness:ty) => {
+        rows_on!(@tests $backend: $harness;
+            row01_connection_request_starts_one_executor_with_the_sessions_remote_url_and_records_it,
+            row02_five_deliveries_some_concurrent_yield_exactly_one_executor,
+            row06_deleted_session_with_running_executor_is_released_by_the_sweeper,
+            row07_failed_session_with_running_executor_is_released,
+            row14_15_idle_schedules_a_lease_then_the_due_lease_stops_that_generation,
+            row16_new_input_during_the_grace_cancels_the_stop_and_keeps_the_executor,
+            row25_operator_close_deletes_the_session_and_stops_the_executor_with_two_receipts,
+            row26_sweep_releases_an_executor_no_record_owns,
+            row27_record_says_running_but_executor_gone_marks_stopped_and_starts_nothing,
+        );
+    };
+    (@tests $backend:ident: $harness:ty; $($row:ident),+ $(,)?) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $row() {
+                    super::$row::<$harness>().await;
+                }
+            )+
+        }
+    };
+}
+
+rows_on!(embedded: sandbox_e2e::Harness);
+rows_on!(aws: sandbox_e2e::aws_stack::AwsHarness);
 
 fn env_of(s: &Session) -> String {
     s.self_hosted().unwrap().id.as_str().to_owned()
 }
 
 /// Creates a self-hosted session, submits input and waits for its executor to connect.
-async fn running_session(h: &Harness) -> (Session, String) {
+async fn running_session<H: LifecycleHarness>(h: &H) -> (Session, String) {
     let s = h
-        .client
+        .client()
         .create_session(agents_sim::SessionEnvironment::self_hosted())
         .await
         .unwrap();
     let env = env_of(&s);
-    h.client.submit_message(s.id.as_str(), "go").await.unwrap();
-    h.wait_until("executor connected", T, || h.connected(&env))
+    h.client()
+        .submit_message(s.id.as_str(), "go")
+        .await
+        .unwrap();
+    h.wait_until("executor connected", H::STEP_TIMEOUT, || h.connected(&env))
         .await
         .unwrap();
     (s, env)
 }
 
 /// Waits until the simulator reports the session idle (its turn finished).
-async fn wait_idle(h: &Harness, s: &Session) {
-    h.wait_until("idle", T, || async {
-        Ok(h.client.get_session(s.id.as_str()).await?.status == SessionStatus::Idle)
+async fn wait_idle<H: LifecycleHarness>(h: &H, s: &Session) {
+    h.wait_until("idle", H::STEP_TIMEOUT, || async {
+        Ok(h.client().get_session(s.id.as_str()).await?.status == SessionStatus::Idle)
     })
     .await
     .unwrap();
@@ -42,13 +84,14 @@ async fn wait_idle(h: &Harness, s: &Session) {
 
 /// Sweeps (as the periodic sweeper would) until `check` holds: a sweep defers an
 /// environment whose lock a worker holds at that moment.
-async fn sweep_until<F, Fut>(h: &Harness, what: &str, mut check: F)
+async fn sweep_until<H, F, Fut>(h: &H, what: &str, mut check: F)
 where
+    H: LifecycleHarness,
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<bool>>,
 {
     for _ in 0..60 {
-        h.stack().sweep_now().await.unwrap();
+        h.controller().sweep().await.unwrap();
         if check().await.unwrap() {
             return;
         }
@@ -57,10 +100,9 @@ where
     panic!("sweeps never achieved: {what}");
 }
 
-async fn stop_reasons(h: &Harness, env: &str) -> Vec<String> {
-    h.controller()
-        .registry
-        .receipts(&EnvironmentId::new(env).effect_key())
+/// Reasons of the environment's compute-stopped receipts, oldest first.
+async fn stop_reasons<H: LifecycleHarness>(h: &H, env: &str) -> Vec<String> {
+    h.receipts(env)
         .await
         .unwrap()
         .into_iter()
@@ -71,20 +113,64 @@ async fn stop_reasons(h: &Harness, env: &str) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row01_connection_request_starts_one_executor_with_the_sessions_remote_url_and_records_it()
-{
-    // A turn longer than the test (simulated seconds run faster than real ones): the
-    // executor must still run at the end, however slow the machine.
-    let h = Harness::start(Options {
+/// Every instance of one environment (live and stopped), per the provider.
+async fn instances_of<H: LifecycleHarness>(h: &H, env: &str) -> Vec<ComputeInstance> {
+    h.instances()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|i| i.environment_id.as_str() == env)
+        .collect()
+}
+
+/// The provider's read-back of one instance (DescribeTasks on ECS).
+async fn status<H: LifecycleHarness>(h: &H, instance: &ComputeInstance) -> ComputeStatus {
+    h.controller()
+        .compute
+        .describe(&instance.instance_id)
+        .await
+        .unwrap()
+        .expect("the provider knows the instance")
+        .status
+}
+
+/// Checks the OS process table holds `n` executor processes of `env`, where the backend
+/// runs its executors on this machine.
+fn assert_executor_processes<H: LifecycleHarness>(env: &str, n: usize) {
+    if let Some(found) = H::executor_processes(env) {
+        assert_eq!(found, n, "executor processes of {env}");
+    }
+}
+
+/// The simulator's connection count of one environment.
+async fn connect_count<H: LifecycleHarness>(h: &H, env: &str) -> u64 {
+    h.client()
+        .state()
+        .await
+        .unwrap()
+        .environment(env)
+        .unwrap()
+        .connect_count
+}
+
+async fn row01_connection_request_starts_one_executor_with_the_sessions_remote_url_and_records_it<
+    H: LifecycleHarness,
+>() {
+    // The executor must still run at the end, however slow the machine. Simulated seconds
+    // run 60× faster, so the simulator's 300 s connect deadline (5 real seconds) could
+    // pass before a slow start connects (the input fails, the session goes idle and the
+    // lease stops the executor): give the connection and the turn a day.
+    let h = H::start(Options {
         turn_secs: 86_400.0,
+        sim_connect_deadline_secs: 86_400.0,
         ..Options::default()
     })
     .await
     .unwrap();
     let (s, env) = running_session(&h).await;
     let live = h.live(&env).await.unwrap();
-    assert_eq!(live.len(), 1);
+    assert_eq!(live.len(), 1, "{live:?}");
+    assert_eq!(status(&h, &live[0]).await, ComputeStatus::Running);
     let record = h.record(&env).await.unwrap().expect("recorded");
     assert_eq!(
         record.instance.as_ref().unwrap().instance_id,
@@ -92,17 +178,28 @@ async fn row01_connection_request_starts_one_executor_with_the_sessions_remote_u
     );
     assert_eq!(record.generation, Generation(1));
     assert_eq!(record.session_id, s.id);
-    // The stand-in connected with the session's remote_url unchanged (it POSTs it).
-    let state = h.client.state().await.unwrap();
-    assert_eq!(state.environment(&env).unwrap().connect_count, 1);
-    assert_eq!(os_executors(Some(&env)).len(), 1);
-    h.shutdown().await.unwrap();
-    assert!(os_executors(Some(&env)).is_empty());
+    assert_eq!(record.status, RecordStatus::Active);
+    // The provider carried the session's remote_url unchanged (and the executor connected
+    // with it: the stand-in POSTs it, the bridge connects its environment).
+    let vars = h.executor_vars(&live[0]).await.unwrap();
+    assert_eq!(
+        vars,
+        vec![
+            (
+                "REMOTE_URL".to_owned(),
+                s.self_hosted().unwrap().remote_url.clone()
+            ),
+            ("ENVIRONMENT_ID".to_owned(), env.clone())
+        ]
+    );
+    assert_eq!(connect_count(&h, &env).await, 1);
+    assert_executor_processes::<H>(&env, 1);
+    assert_eq!(h.shutdown().await.unwrap(), 1);
+    assert_executor_processes::<H>(&env, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row02_five_deliveries_some_concurrent_yield_exactly_one_executor() {
-    let h = Harness::start(Options {
+async fn row02_five_deliveries_some_concurrent_yield_exactly_one_executor<H: LifecycleHarness>() {
+    let h = H::start(Options {
         duplicates: 4,
         reorder: true,
         workers: 4,
@@ -111,33 +208,25 @@ async fn row02_five_deliveries_some_concurrent_yield_exactly_one_executor() {
     .await
     .unwrap();
     let (_, env) = running_session(&h).await;
-    assert!(h.sim.wait_deliveries_idle(T).await);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let all: Vec<_> = h
-        .instances()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|i| i.environment_id.as_str() == env)
-        .collect();
+    assert!(h.sim().wait_deliveries_idle(H::STEP_TIMEOUT).await);
+    // Let the workers drain the events and timers queues.
+    tokio::time::sleep(H::SETTLE).await;
+    let all = instances_of(&h, &env).await;
     assert_eq!(all.len(), 1, "{all:?}");
+    let record = h.record(&env).await.unwrap().unwrap();
     assert_eq!(
-        h.client
-            .state()
-            .await
-            .unwrap()
-            .environment(&env)
-            .unwrap()
-            .connect_count,
-        1
+        record.instance.as_ref().unwrap().instance_id,
+        all[0].instance_id
     );
-    assert_eq!(os_executors(Some(&env)).len(), 1);
+    assert_eq!(connect_count(&h, &env).await, 1);
+    assert_executor_processes::<H>(&env, 1);
     h.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row06_deleted_session_with_running_executor_is_released_by_the_sweeper() {
-    let h = Harness::start(Options {
+async fn row06_deleted_session_with_running_executor_is_released_by_the_sweeper<
+    H: LifecycleHarness,
+>() {
+    let h = H::start(Options {
         grace_secs: 600,
         ..Options::default()
     })
@@ -145,9 +234,13 @@ async fn row06_deleted_session_with_running_executor_is_released_by_the_sweeper(
     .unwrap();
     let (s, env) = running_session(&h).await;
     wait_idle(&h, &s).await;
-    h.client.delete_session(s.id.as_str(), None).await.unwrap();
-    // The stop is read back before the record is closed, and a background worker may be
-    // the one releasing: wait for both.
+    let executor = h.live(&env).await.unwrap().remove(0);
+    h.client()
+        .delete_session(s.id.as_str(), None)
+        .await
+        .unwrap();
+    // The stop is read back before the record is closed (record after the effect), and a
+    // background worker may be the one releasing: wait for both.
     sweep_until(&h, "release recorded", || async {
         Ok(h.live(&env).await?.is_empty()
             && h.record(&env)
@@ -155,24 +248,25 @@ async fn row06_deleted_session_with_running_executor_is_released_by_the_sweeper(
                 .is_some_and(|r| r.status == RecordStatus::Closed))
     })
     .await;
-    assert!(os_executors(Some(&env)).is_empty());
+    assert_executor_processes::<H>(&env, 0);
+    assert_eq!(status(&h, &executor).await, ComputeStatus::Stopped);
     assert_eq!(
         h.record(&env).await.unwrap().unwrap().status,
         RecordStatus::Closed
     );
     assert_eq!(stop_reasons(&h, &env).await, vec!["session_deleted"]);
-    h.shutdown().await.unwrap();
+    assert_eq!(h.shutdown().await.unwrap(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row07_failed_session_with_running_executor_is_released() {
-    let h = Harness::start(Options::default()).await.unwrap();
+async fn row07_failed_session_with_running_executor_is_released<H: LifecycleHarness>() {
+    let h = H::start(Options::default()).await.unwrap();
     let (s, env) = running_session(&h).await;
-    h.client
+    let executor = h.live(&env).await.unwrap().remove(0);
+    h.client()
         .fail_session(s.id.as_str(), Some("boom"))
         .await
         .unwrap();
-    h.wait_until("release recorded", T, || async {
+    h.wait_until("release recorded", H::STEP_TIMEOUT, || async {
         Ok(h.live(&env).await?.is_empty()
             && h.record(&env)
                 .await?
@@ -180,25 +274,27 @@ async fn row07_failed_session_with_running_executor_is_released() {
     })
     .await
     .unwrap();
-    assert!(os_executors(Some(&env)).is_empty());
+    assert_executor_processes::<H>(&env, 0);
+    assert_eq!(status(&h, &executor).await, ComputeStatus::Stopped);
     assert_eq!(stop_reasons(&h, &env).await, vec!["session_failed"]);
     assert_eq!(
         h.record(&env).await.unwrap().unwrap().status,
         RecordStatus::Stopped
     );
-    h.shutdown().await.unwrap();
+    assert_eq!(h.shutdown().await.unwrap(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row14_15_idle_schedules_a_lease_then_the_due_lease_stops_that_generation() {
-    let h = Harness::start(Options {
+async fn row14_15_idle_schedules_a_lease_then_the_due_lease_stops_that_generation<
+    H: LifecycleHarness,
+>() {
+    let h = H::start(Options {
         grace_secs: 3,
         ..Options::default()
     })
     .await
     .unwrap();
     let (_, env) = running_session(&h).await;
-    h.wait_until("a lease", T, || async {
+    h.wait_until("a lease", H::STEP_TIMEOUT, || async {
         Ok(h.record(&env).await?.and_then(|r| r.lease).is_some())
     })
     .await
@@ -206,7 +302,7 @@ async fn row14_15_idle_schedules_a_lease_then_the_due_lease_stops_that_generatio
     let lease = h.record(&env).await.unwrap().unwrap().lease.unwrap();
     assert_eq!(lease.due_at - lease.requested_at, 3);
     assert_eq!(h.live(&env).await.unwrap().len(), 1, "no stop yet");
-    h.wait_until("the lease stop recorded", T, || async {
+    h.wait_until("the lease stop recorded", H::STEP_TIMEOUT, || async {
         Ok(h.live(&env).await?.is_empty()
             && h.record(&env)
                 .await?
@@ -218,13 +314,17 @@ async fn row14_15_idle_schedules_a_lease_then_the_due_lease_stops_that_generatio
     assert_eq!(record.status, RecordStatus::Stopped);
     assert_eq!(record.instance.unwrap(), lease.target);
     assert_eq!(stop_reasons(&h, &env).await, vec!["lease_expired"]);
-    assert!(os_executors(Some(&env)).is_empty());
+    assert_executor_processes::<H>(&env, 0);
+    let all = instances_of(&h, &env).await;
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(status(&h, &all[0]).await, ComputeStatus::Stopped);
     h.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row16_new_input_during_the_grace_cancels_the_stop_and_keeps_the_executor() {
-    let h = Harness::start(Options {
+async fn row16_new_input_during_the_grace_cancels_the_stop_and_keeps_the_executor<
+    H: LifecycleHarness,
+>() {
+    let h = H::start(Options {
         grace_secs: 4,
         turn_secs: 600.0,
         ..Options::default()
@@ -232,18 +332,18 @@ async fn row16_new_input_during_the_grace_cancels_the_stop_and_keeps_the_executo
     .await
     .unwrap();
     let (s, env) = running_session(&h).await;
-    h.wait_until("a lease", T, || async {
+    h.wait_until("a lease", H::STEP_TIMEOUT, || async {
         Ok(h.record(&env).await?.and_then(|r| r.lease).is_some())
     })
     .await
     .unwrap();
     let due = h.record(&env).await.unwrap().unwrap().lease.unwrap().due_at;
     let first = h.live(&env).await.unwrap()[0].instance_id.clone();
-    h.client
+    h.client()
         .submit_message(s.id.as_str(), "more")
         .await
         .unwrap();
-    h.wait_until("the lease dropped", T, || async {
+    h.wait_until("the lease dropped", H::STEP_TIMEOUT, || async {
         Ok(h.record(&env).await?.and_then(|r| r.lease).is_none())
     })
     .await
@@ -255,23 +355,18 @@ async fn row16_new_input_during_the_grace_cancels_the_stop_and_keeps_the_executo
     }
     let live = h.live(&env).await.unwrap();
     assert!(live.iter().any(|i| i.instance_id == first), "{live:?}");
-    assert_eq!(
-        h.client
-            .state()
-            .await
-            .unwrap()
-            .environment(&env)
-            .unwrap()
-            .connect_count,
-        1
-    );
+    assert_eq!(instances_of(&h, &env).await.len(), 1);
+    assert!(stop_reasons(&h, &env).await.is_empty());
+    assert_eq!(connect_count(&h, &env).await, 1);
     h.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row25_operator_close_deletes_the_session_and_stops_the_executor_with_two_receipts() {
-    let h = Harness::start(Options::default()).await.unwrap();
+async fn row25_operator_close_deletes_the_session_and_stops_the_executor_with_two_receipts<
+    H: LifecycleHarness,
+>() {
+    let h = H::start(Options::default()).await.unwrap();
     let (s, env) = running_session(&h).await;
+    let executor = h.live(&env).await.unwrap().remove(0);
     let report = h
         .controller()
         .close(&s.id, 20, Duration::from_millis(300))
@@ -288,59 +383,71 @@ async fn row25_operator_close_deletes_the_session_and_stops_the_executor_with_tw
         .collect();
     assert_eq!(kinds, vec!["deleted", "stopped:closed"]);
     assert!(
-        h.client
+        h.client()
             .get_session(s.id.as_str())
             .await
             .unwrap_err()
             .is_not_found()
     );
-    assert!(os_executors(Some(&env)).is_empty());
+    assert_executor_processes::<H>(&env, 0);
+    assert_eq!(status(&h, &executor).await, ComputeStatus::Stopped);
+    let record = h.record(&env).await.unwrap().unwrap();
+    assert_eq!(record.status, RecordStatus::Closed);
+    assert!(!record.cleanup_required);
     // New work for the closed session starts nothing.
-    h.stack().sweep_now().await.unwrap();
+    h.controller().sweep().await.unwrap();
     assert!(h.live(&env).await.unwrap().is_empty());
-    h.shutdown().await.unwrap();
+    assert_eq!(instances_of(&h, &env).await.len(), 1);
+    assert_eq!(h.shutdown().await.unwrap(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row26_sweep_releases_an_executor_no_record_owns() {
-    let h = Harness::start(Options::default()).await.unwrap();
+async fn row26_sweep_releases_an_executor_no_record_owns<H: LifecycleHarness>() {
+    let h = H::start(Options::default()).await.unwrap();
     let s = h
-        .client
+        .client()
         .create_session(agents_sim::SessionEnvironment::self_hosted())
         .await
         .unwrap();
     let env = EnvironmentId::new(env_of(&s));
     let c = h.controller();
+    let spec = StartSpec {
+        environment_id: env.clone(),
+        session_id: SessionId::new(s.id.as_str()),
+        remote_url: s.self_hosted().unwrap().remote_url.clone(),
+        workspace_directory: "/workspace".into(),
+        generation: Generation(1),
+        idempotency_token: idempotency_token(&env, Generation(1)),
+        previous: None,
+    };
     c.compute
-        .start(
-            &StartSpec {
-                environment_id: env.clone(),
-                session_id: SessionId::new(s.id.as_str()),
-                remote_url: s.self_hosted().unwrap().remote_url.clone(),
-                workspace_directory: "/workspace".into(),
-                generation: Generation(1),
-                idempotency_token: idempotency_token(&env, Generation(1)),
-                previous: None,
-            },
-            &c.config.deployment,
-            NO_DEADLINE,
-        )
+        .start(&spec, &c.config.deployment, NO_DEADLINE)
         .await
         .unwrap();
-    h.wait_until("orphan running", T, || h.connected(env.as_str()))
-        .await
-        .unwrap();
-    let report = h.stack().sweep_now().await.unwrap();
+    h.wait_until("orphan running", H::STEP_TIMEOUT, || {
+        h.connected(env.as_str())
+    })
+    .await
+    .unwrap();
+    assert!(h.record(env.as_str()).await.unwrap().is_none(), "no record");
+    let orphan = h.live(env.as_str()).await.unwrap().remove(0);
+    let report = c.sweep().await.unwrap();
     assert_eq!(report.outcomes.get("release"), Some(&1), "{report:?}");
     assert!(h.live(env.as_str()).await.unwrap().is_empty());
+    assert_eq!(status(&h, &orphan).await, ComputeStatus::Stopped);
     assert_eq!(stop_reasons(&h, env.as_str()).await, vec!["orphan"]);
-    assert!(os_executors(Some(env.as_str())).is_empty());
-    h.shutdown().await.unwrap();
+    assert_executor_processes::<H>(env.as_str(), 0);
+    h.wait_until("executor disconnected", H::STEP_TIMEOUT, || async {
+        Ok(!h.connected(env.as_str()).await?)
+    })
+    .await
+    .unwrap();
+    assert_eq!(h.shutdown().await.unwrap(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row27_record_says_running_but_executor_gone_marks_stopped_and_starts_nothing() {
-    let h = Harness::start(Options {
+async fn row27_record_says_running_but_executor_gone_marks_stopped_and_starts_nothing<
+    H: LifecycleHarness,
+>() {
+    let h = H::start(Options {
         grace_secs: 600,
         ..Options::default()
     })
@@ -348,20 +455,19 @@ async fn row27_record_says_running_but_executor_gone_marks_stopped_and_starts_no
     .unwrap();
     let (s, env) = running_session(&h).await;
     wait_idle(&h, &s).await;
-    // The executor dies behind the controller's back.
+    // The executor stops behind the controller's back.
     let id = h.live(&env).await.unwrap()[0].instance_id.clone();
-    h.controller()
-        .compute
-        .stop(&id, "test", NO_DEADLINE)
-        .await
-        .unwrap();
-    h.wait_until("gone", T, || async { Ok(h.live(&env).await?.is_empty()) })
-        .await
-        .unwrap();
+    h.stop_behind_the_controllers_back(&id).await.unwrap();
+    h.wait_until("gone", H::STEP_TIMEOUT, || async {
+        Ok(h.live(&env).await?.is_empty())
+    })
+    .await
+    .unwrap();
     sweep_until(&h, "record stopped", || async {
         Ok(h.record(&env).await?.unwrap().status == RecordStatus::Stopped)
     })
     .await;
     assert!(h.live(&env).await.unwrap().is_empty(), "nothing started");
-    h.shutdown().await.unwrap();
+    assert_eq!(instances_of(&h, &env).await.len(), 1, "no second executor");
+    assert_eq!(h.shutdown().await.unwrap(), 0);
 }

@@ -5,7 +5,7 @@
 use sandbox_controller::ports::ReceiptKind;
 use sandbox_core::decision::Effect;
 use sandbox_core::record::RecordStatus;
-use sandbox_e2e::{Harness, Options, os_executors};
+use sandbox_e2e::{Harness, LifecycleHarness as _, Options, os_executors};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
