@@ -827,7 +827,9 @@ impl View<'_> {
             // between the start and the record): adopted, then stopped by the idle lease
             // like any other, after its grace. Releasing it needs evidence it serves no one.
             match self.o.environment_status {
-                EnvironmentRead::Read { status } if status == EnvironmentStatus::Connected => {}
+                EnvironmentRead::Read {
+                    status: EnvironmentStatus::Connected,
+                } => {}
                 EnvironmentRead::Read { .. } | EnvironmentRead::NotRead => {
                     return Some(
                         Decision::new(Outcome::Release, Reason::Orphan)
