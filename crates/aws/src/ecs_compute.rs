@@ -6,7 +6,8 @@
 //!
 //! - **start**: `RunTask` with launch type `FARGATE`, count 1, the configured cluster,
 //!   task definition, awsvpc subnets, security groups and public-IP setting, `startedBy` =
-//!   the deployment id (≤ 36 characters), `clientToken` = the spec's idempotency token
+//!   [`environment_started_by`] (35 characters, per deployment and environment: see
+//!   **find**), `clientToken` = the spec's idempotency token
 //!   (≤ 64 ASCII characters, deterministic per environment and generation), container
 //!   overrides for the configured container with the environment variables `REMOTE_URL`
 //!   (the session's `remote_url`, unchanged) and `ENVIRONMENT_ID` only — the executor key
@@ -28,14 +29,18 @@
 //!   and no in-process memory of starts is needed (a Lambda's memory does not outlive its
 //!   execution environment anyway). A failure other than `MISSING` is a transient error.
 //! - **describe_many**: the same, one `DescribeTasks` per 100 ARNs (the API's limit).
-//! - **list**: `ListTasks` with `cluster` and `startedBy` only — "When you specify
-//!   `startedBy` as the filter, it must be the only filter that you use" (ECS API
-//!   reference, ListTasks) — so `desiredStatus` is its default, `RUNNING`: the live tasks
-//!   (tasks being stopped and stopped tasks are not listed; the records' tasks are read
-//!   by ARN instead). Every page; then `DescribeTasks` in chunks of 100 with tags. A task
-//!   is kept only if its cluster ARN is exactly the configured cluster (moto's `ListTasks`
-//!   cluster filter is a substring match) and its `sandbox:deployment` tag is the
-//!   deployment; tasks without environment or generation tags are skipped (logged).
+//! - **find** (one environment): `ListTasks` with `cluster` and the environment's
+//!   `startedBy` only — "When you specify `startedBy` as the filter, it must be the only
+//!   filter that you use" (ECS API reference, ListTasks) — so `desiredStatus` is its
+//!   default, `RUNNING`; then one `DescribeTasks`. Two calls whatever the deployment's size.
+//! - **list** (the sweep): `ListTasks` with `cluster`, `family` (the task definition's)
+//!   and `desiredStatus` `RUNNING` — `family` combines with `desiredStatus` — : the live
+//!   tasks (tasks being stopped and stopped tasks are not listed; the records' tasks are
+//!   read by ARN instead). Every page; then `DescribeTasks` in chunks of 100 with tags. A
+//!   task is kept only if its cluster ARN is exactly the configured cluster (moto's
+//!   `ListTasks` cluster filter is a substring match) and its `sandbox:deployment` tag is
+//!   the deployment (another deployment may share the family); tasks without environment
+//!   or generation tags are skipped (logged).
 //!   Status comes from `lastStatus` ([`ComputeStatus::from_ecs_last_status`]), `started_at`
 //!   from `startedAt`, else `createdAt` (Unix seconds), `stop_code` from `stopCode`
 //!   (`TaskFailedToStart` for a task that stopped before it ran, e.g. after up to 30
@@ -51,13 +56,15 @@
 use crate::sdk_error::port_error;
 use aws_sdk_ecs::Client;
 use aws_sdk_ecs::types::{
-    AssignPublicIp, AwsVpcConfiguration, ContainerOverride, KeyValuePair, LaunchType,
-    NetworkConfiguration, PropagateTags, Tag, Task, TaskField, TaskOverride,
+    AssignPublicIp, AwsVpcConfiguration, ContainerOverride, DesiredStatus, KeyValuePair,
+    LaunchType, NetworkConfiguration, PropagateTags, Tag, Task, TaskField, TaskOverride,
 };
 use sandbox_controller::ports::{Clock, Compute, PortError, Started, SystemClock, check_deadline};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus, TASK_FAILED_TO_START};
 use sandbox_core::decision::StartSpec;
-use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, InstanceId, SessionId};
+use sandbox_core::ids::{
+    DeploymentId, EnvironmentId, Generation, InstanceId, SessionId, environment_started_by,
+};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -282,18 +289,27 @@ impl EcsCompute {
         Ok(out)
     }
 
-    /// Every live task ARN of `deployment`: `ListTasks` with `startedBy` as the only
-    /// filter (so `desiredStatus` is its default, `RUNNING`), every page.
-    async fn list_arns(&self, deployment: &DeploymentId) -> Result<Vec<String>, PortError> {
+    /// The task definition's family: `family`, `family:revision` or
+    /// `arn:aws:ecs:region:account:task-definition/family:revision`.
+    fn family(&self) -> &str {
+        let td = self.config.task_definition.as_str();
+        let name = td.rsplit_once("task-definition/").map_or(td, |(_, n)| n);
+        name.split(':').next().unwrap_or(name)
+    }
+
+    /// Every live task ARN a `ListTasks` request finds, every page: by one environment's
+    /// `startedBy` alone, or by the task family with `desiredStatus` `RUNNING`.
+    async fn list_arns(&self, started_by: Option<&str>) -> Result<Vec<String>, PortError> {
         let mut arns = Vec::new();
         let mut seen = HashSet::new();
-        let mut pages = self
-            .client
-            .list_tasks()
-            .cluster(&self.config.cluster)
-            .started_by(deployment.as_str())
-            .into_paginator()
-            .send();
+        let request = self.client.list_tasks().cluster(&self.config.cluster);
+        let request = match started_by {
+            Some(value) => request.started_by(value),
+            None => request
+                .family(self.family())
+                .desired_status(DesiredStatus::Running),
+        };
+        let mut pages = request.into_paginator().send();
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| port_error(DEP, "list", &e))?;
             for arn in page.task_arns() {
@@ -303,6 +319,36 @@ impl EcsCompute {
             }
         }
         Ok(arns)
+    }
+    /// The live tasks of `deployment` among `arns`: `DescribeTasks` per 100, kept when
+    /// tagged with the deployment and active.
+    async fn live_of(
+        &self,
+        deployment: &DeploymentId,
+        arns: &[String],
+    ) -> Result<Vec<ComputeInstance>, PortError> {
+        let mut out = Vec::with_capacity(arns.len());
+
+        for chunk in arns.chunks(DESCRIBE_CHUNK) {
+            let (tasks, failures) = self.describe_tasks(chunk, "list").await?;
+            if !failures.is_empty() {
+                return Err(PortError::transient(DEP, "list", failures.join("; ")));
+            }
+            for task in &tasks {
+                if tag_value(task, TAG_DEPLOYMENT) != Some(deployment.as_str()) {
+                    continue;
+                }
+                match instance_from_task(task) {
+                    Some(i) if i.status.is_active() => out.push(i),
+                    Some(_) => {}
+                    None => tracing::warn!(
+                        task = task.task_arn().unwrap_or_default(),
+                        "task of this deployment without environment/generation tags; skipped"
+                    ),
+                }
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -364,7 +410,7 @@ impl Compute for EcsCompute {
             .task_definition(&self.config.task_definition)
             .launch_type(LaunchType::Fargate)
             .count(1)
-            .started_by(deployment.as_str())
+            .started_by(environment_started_by(deployment, &spec.environment_id))
             .client_token(&spec.idempotency_token)
             .network_configuration(
                 NetworkConfiguration::builder()
@@ -437,29 +483,24 @@ impl Compute for EcsCompute {
         self.read(&arns, "describe").await
     }
 
+    async fn find(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+    ) -> Result<Vec<ComputeInstance>, PortError> {
+        let started_by = environment_started_by(deployment, environment_id);
+        let arns = self.list_arns(Some(&started_by)).await?;
+        Ok(self
+            .live_of(deployment, &arns)
+            .await?
+            .into_iter()
+            .filter(|i| &i.environment_id == environment_id)
+            .collect())
+    }
+
     async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
-        let arns = self.list_arns(deployment).await?;
-        let mut out = Vec::with_capacity(arns.len());
-        for chunk in arns.chunks(DESCRIBE_CHUNK) {
-            let (tasks, failures) = self.describe_tasks(chunk, "list").await?;
-            if !failures.is_empty() {
-                return Err(PortError::transient(DEP, "list", failures.join("; ")));
-            }
-            for task in &tasks {
-                if tag_value(task, TAG_DEPLOYMENT) != Some(deployment.as_str()) {
-                    continue;
-                }
-                match instance_from_task(task) {
-                    Some(i) if i.status.is_active() => out.push(i),
-                    Some(_) => {}
-                    None => tracing::warn!(
-                        task = task.task_arn().unwrap_or_default(),
-                        "task of this deployment without environment/generation tags; skipped"
-                    ),
-                }
-            }
-        }
-        Ok(out)
+        let arns = self.list_arns(None).await?;
+        self.live_of(deployment, &arns).await
     }
 
     async fn stop(&self, id: &InstanceId, reason: &str, not_after: u64) -> Result<(), PortError> {
@@ -479,6 +520,32 @@ impl Compute for EcsCompute {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_family_is_read_from_any_task_definition_form() {
+        let compute = |td: &str| {
+            let conf = aws_sdk_ecs::Config::builder()
+                .behavior_version(aws_sdk_ecs::config::BehaviorVersion::latest())
+                .build();
+            EcsCompute::new(
+                Client::from_conf(conf),
+                EcsConfig {
+                    cluster: "c".into(),
+                    task_definition: td.into(),
+                    container_name: "executor".into(),
+                    subnets: vec!["subnet-1".into()],
+                    security_groups: vec![],
+                    assign_public_ip: false,
+                },
+            )
+        };
+        assert_eq!(compute("executor").family(), "executor");
+        assert_eq!(compute("executor:7").family(), "executor");
+        assert_eq!(
+            compute("arn:aws:ecs:us-east-1:123456789012:task-definition/executor:7").family(),
+            "executor"
+        );
+    }
 
     #[test]
     fn truncation_respects_char_boundaries() {

@@ -7,7 +7,7 @@
 use crate::job::Job;
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
-use sandbox_core::ids::{DeploymentId, EffectKey, InstanceId, SessionId};
+use sandbox_core::ids::{DeploymentId, EffectKey, EnvironmentId, InstanceId, SessionId};
 use sandbox_core::record::Record;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
@@ -414,10 +414,11 @@ pub fn check_deadline(
 /// Every instance is tagged with deployment, environment, session and generation.
 /// DESIGN.md principle 7, "read by id, list to discover": the controller reads the
 /// instance a record names with [`Compute::describe`] (one call, whatever the size of the
-/// deployment); only the sweep lists ([`Compute::list`]), to discover what nobody recorded.
-/// What a worker that crashed after a start left unrecorded is found again by replaying
-/// the start with the same idempotency token (ECS `clientToken`: the same task for 24 h),
-/// or by the next sweep. Starts and stops carry a deadline, `not_after` (Unix seconds): the
+/// deployment); only the sweep lists the deployment ([`Compute::list`]), to discover what
+/// nobody recorded. What a worker that crashed after a start left unrecorded is found by
+/// the next holder of the lock, which sees the lock `recovered` and reads that one
+/// environment's live instances ([`Compute::find`], constant cost), and a replayed start
+/// with the same idempotency token returns the same task (ECS `clientToken`, 24 h). Starts and stops carry a deadline, `not_after` (Unix seconds): the
 /// adapter sends nothing once it passed (see [`check_deadline`]).
 pub trait Compute: Send + Sync + 'static {
     /// Starts the executor for `spec` (environment id, remote URL unchanged, generation,
@@ -457,12 +458,33 @@ pub trait Compute: Send + Sync + 'static {
             Ok(found)
         }
     }
+    /// The live instances `deployment` started for one environment, in a constant number
+    /// of provider calls (ECS: `ListTasks` with the environment's `startedBy`,
+    /// [`sandbox_core::ids::environment_started_by`], as the only filter, then one
+    /// `DescribeTasks`): how a worker that takes over an unclean lock finds a compute its
+    /// predecessor started but never recorded, without listing the deployment. Eventually
+    /// consistent like every list. The default filters [`Compute::list`] (adapters whose
+    /// list is local and cheap).
+    fn find(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+    ) -> impl Future<Output = Result<Vec<ComputeInstance>, PortError>> + Send {
+        async move {
+            Ok(self
+                .list(deployment)
+                .await?
+                .into_iter()
+                .filter(|i| &i.environment_id == environment_id)
+                .collect())
+        }
+    }
     /// The live (provisioning, pending, running) instances tagged with `deployment`, every
     /// page: discovery for the sweep, never evidence that an instance is gone. Eventually
     /// consistent: a just-started instance may be missing, and one being stopped may be
-    /// left out. ECS: `ListTasks` with `startedBy` as the only filter (the API reference:
-    /// "it must be the only filter that you use"; `desiredStatus` defaults to `RUNNING`),
-    /// then `DescribeTasks` per 100 ARNs.
+    /// left out. ECS: `ListTasks` with the task definition's `family` and `desiredStatus`
+    /// `RUNNING` (a combination the API reference allows; `startedBy` is per environment),
+    /// every page, then `DescribeTasks` per 100 ARNs, keeping this deployment's tag.
     fn list(
         &self,
         deployment: &DeploymentId,

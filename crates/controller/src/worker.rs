@@ -11,11 +11,12 @@
 //! 4. read the compute the record names by its id — one `describe` (ECS `DescribeTasks`
 //!    on the ARN), whatever the size of the deployment; none when the record names no
 //!    active compute; none for a sweep job whose evidence is current
-//!    ([`crate::job::SweptEvidence`]) — and, when they matter, the environment status and
-//!    the latest turn; then call [`sandbox_core::decide`]. Nothing is listed: a compute
-//!    a crashed worker started but never recorded is found again by the start it replays
-//!    (same generation, same idempotency token: ECS answers `RunTask` with the same task
-//!    for 24 h) or by the next sweep, the only discoverer (DESIGN.md principle 7);
+//!    ([`crate::job::SweptEvidence`]); after an unclean predecessor (the lock is
+//!    `recovered`) also the environment's own live instances ([`Compute::find`]), so what
+//!    it started but never recorded is adopted — and, when they matter, the environment
+//!    status and the latest turn; then call [`sandbox_core::decide`]. The deployment is
+//!    never listed per job (DESIGN.md principle 7); a replayed start presents the same
+//!    idempotency token (ECS answers `RunTask` with the same task for 24 h);
 //! 5. apply the effects in order; every write under the lock is fenced ([`Fence`]); the
 //!    record is written before any further side effect and before the lock is released;
 //!    a stop is read back before its receipt;
@@ -240,6 +241,10 @@ where
     ///   a sweep job whose evidence is stale, every instance that evidence saw (one
     ///   `describe_many`: ECS answers up to 100 ids per `DescribeTasks`).
     /// - Nothing to read (no active record, no evidence): known empty, no call.
+    /// - The lock was `recovered` (the previous holder crashed or left a start's outcome
+    ///   unknown): also the environment's live instances ([`Compute::find`]: ECS lists the
+    ///   environment's own `startedBy`), so a task started but never recorded is adopted
+    ///   (lifecycle-cases.md row 12), at a constant cost.
     ///
     /// A provider error is [`Inventory::Unavailable`]: the decision changes nothing.
     async fn inventory(
@@ -271,13 +276,30 @@ where
             }
         }
         let read = match ids.as_slice() {
-            [] => return Inventory::Known { instances: vec![] },
+            [] => Ok(vec![]),
             [one] => self
                 .compute
                 .describe(one)
                 .await
                 .map(|i| i.into_iter().collect()),
             many => self.compute.describe_many(many).await,
+        };
+        // An unclean predecessor may have started a compute it never recorded: read this
+        // environment's live instances (constant cost, never the deployment's list).
+        let read = match read {
+            Ok(mut instances) if locked.recovered => self
+                .compute
+                .find(&self.config.deployment, env)
+                .await
+                .map(|found| {
+                    for i in found {
+                        if !instances.iter().any(|k| k.instance_id == i.instance_id) {
+                            instances.push(i);
+                        }
+                    }
+                    instances
+                }),
+            other => other,
         };
         match read {
             Ok(instances) => Inventory::Known { instances },
@@ -300,16 +322,11 @@ where
         let now = self.clock.now();
         let inventory = self.inventory(job, &env, &locked, now).await;
         if locked.recovered {
-            // The previous holder crashed or left a start's outcome unknown. What it may
-            // have started is generation `record.generation + 1`: a start decided now
-            // replays its idempotency token and gets that task back; otherwise the next
-            // sweep lists it (the only discoverer, DESIGN.md principle 7).
-            tracing::info!(effect_key = %env.effect_key(), "lock recovered from an unclean holder");
+            tracing::info!(effect_key = %env.effect_key(), "lock recovered from an unclean holder: the environment's live instances were read");
         }
         let record = locked.record;
-        let (environment_status, latest_turn) = self
-            .evidence(job, &env, &session, record.as_ref(), &inventory)
-            .await;
+        let (environment_status, latest_turn) =
+            self.evidence(job, &env, &session, &inventory).await;
         let observed = Observed {
             trigger: job.trigger.clone(),
             environment_id: env.clone(),
@@ -433,7 +450,6 @@ where
         job: &Job,
         env: &EnvironmentId,
         session: &SessionView,
-        record: Option<&Record>,
         inventory: &Inventory,
     ) -> (EnvironmentRead, Option<TurnEvidence>) {
         let SessionView::Found { session } = session else {
@@ -446,15 +462,8 @@ where
             ),
             Inventory::Unavailable => (false, 0),
         };
-        // An unrecorded compute found by a sweep is released only if its executor is not
-        // connected to the session (decide(): a connected one is adopted).
-        let unrecorded =
-            record.is_none_or(|r| r.instance.is_none()) && job.trigger == Trigger::Sweep;
         let wants_status = running
-            && (session.requires_connection_of(env)
-                || job.trigger == Trigger::Idle
-                || active > 1
-                || unrecorded);
+            && (session.requires_connection_of(env) || job.trigger == Trigger::Idle || active > 1);
         let status = if wants_status {
             match self.sessions.retrieve_environment(env).await {
                 Ok(e) => EnvironmentRead::Read { status: e.status },

@@ -27,7 +27,7 @@
 use crate::compute::{ComputeInstance, ComputeStatus, InstanceRef};
 use crate::environment::EnvironmentStatus;
 use crate::ids::{EnvironmentId, Generation, SessionId, idempotency_token};
-use crate::observed::{EnvironmentRead, Inventory, Observed, SessionView, Trigger, Unavailable};
+use crate::observed::{Inventory, Observed, SessionView, Trigger, Unavailable};
 use crate::record::{Record, RecordStatus, ShutdownLease, StartFailure};
 use crate::session::{Session, SessionStatus};
 use crate::turn::{ItemStatus, TurnStatus};
@@ -823,26 +823,10 @@ impl View<'_> {
             && !session.is_busy()
             && !self.turn_may_run(session);
         if self.record.is_none() && self.o.trigger == Trigger::Sweep && needs_nothing {
-            // An executor connected to this live session is its executor (a worker crashed
-            // between the start and the record): adopted, then stopped by the idle lease
-            // like any other, after its grace. Releasing it needs evidence it serves no one.
-            match self.o.environment_status {
-                EnvironmentRead::Read {
-                    status: EnvironmentStatus::Connected,
-                } => {}
-                EnvironmentRead::Read { .. } | EnvironmentRead::NotRead => {
-                    return Some(
-                        Decision::new(Outcome::Release, Reason::Orphan)
-                            .with(self.stops(StopReason::Orphan)),
-                    );
-                }
-                EnvironmentRead::Unavailable => {
-                    return Some(
-                        Decision::new(Outcome::Uncertain, Reason::EnvironmentStatusUnavailable)
-                            .recheck(self.o.policy.uncertain_retry_secs),
-                    );
-                }
-            }
+            return Some(
+                Decision::new(Outcome::Release, Reason::Orphan)
+                    .with(self.stops(StopReason::Orphan)),
+            );
         }
         let mut effects = Vec::new();
         let rest = self.after_adopting(c, &mut effects);

@@ -132,8 +132,30 @@ pub fn idempotency_token(environment_id: &EnvironmentId, generation: Generation)
     format!("sl-{hex}-g{}", generation.0)
 }
 
+/// The ECS `startedBy` of the computes one deployment starts for one environment: `se-`
+/// and the first 128 bits of `SHA-256("{deployment}/{effect_key}")` in hex (35
+/// characters: `startedBy` allows at most 36 letters, digits, hyphens and underscores).
+///
+/// Why per environment: "When you specify `startedBy` as the filter, it must be the only
+/// filter that you use" (ECS API reference, ListTasks), so this value alone lists one
+/// environment's live tasks in one call, whatever the size of the deployment: how a worker
+/// that takes over from a crashed one discovers a task that was started but never recorded
+/// (lifecycle-cases.md row 12) without listing the deployment.
+pub fn environment_started_by(deployment: &DeploymentId, environment_id: &EnvironmentId) -> String {
+    let digest = Sha256::digest(format!(
+        "{}/{}",
+        deployment.as_str(),
+        environment_id.effect_key()
+    ));
+    let mut hex = String::with_capacity(32);
+    for byte in &digest[..16] {
+        hex.push_str(&format!("{byte:02x}"));
+    }
+    format!("se-{hex}")
+}
+
 /// Identifies one deployment of this controller; every compute it starts is tagged with
-/// it and, on ECS, started with `startedBy` = this id.
+/// it (`sandbox:deployment`).
 ///
 /// Rules (ECS `startedBy` allows up to 36 letters, digits, hyphens and underscores):
 /// 1 to 36 characters of `[A-Za-z0-9_-]`.
@@ -199,6 +221,31 @@ impl fmt::Display for DeploymentId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn environment_started_by_fits_ecs_started_by_and_differs_per_environment() {
+        let d = DeploymentId::new("prod-eu").unwrap();
+        let a = environment_started_by(&d, &EnvironmentId::new("env_a"));
+        let b = environment_started_by(&d, &EnvironmentId::new("env_b"));
+        let other = environment_started_by(
+            &DeploymentId::new("prod-us").unwrap(),
+            &EnvironmentId::new("env_a"),
+        );
+        for v in [&a, &b, &other] {
+            assert_eq!(v.len(), 35, "{v}");
+            assert!(
+                v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'),
+                "{v}"
+            );
+        }
+        assert_ne!(a, b);
+        assert_ne!(a, other);
+        assert_eq!(
+            a,
+            environment_started_by(&d, &EnvironmentId::new("env_a")),
+            "deterministic"
+        );
+    }
 
     #[test]
     fn effect_key_has_the_documented_shape_and_round_trips() {

@@ -912,19 +912,3 @@ fn narrowed_ownership_filter_still_releases_the_compute_this_deployment_started(
     );
     assert!(starts(&d).is_empty());
 }
-
-#[test]
-fn sweep_finds_an_unrecorded_executor_connected_to_its_idle_session_and_adopts_it() {
-    // A worker crashed between RunTask and the record; the executor connected and the turn
-    // ended. It serves the session: adopt it (the idle lease stops it later), never kill it.
-    let o = observe(Trigger::Sweep, idle())
-        .with_instances(vec![running("task-1", 1)])
-        .with_env_status(EnvironmentStatus::Connected);
-    let d = decide(&o);
-    assert_eq!(d.outcome, Outcome::ScheduleStop);
-    assert_eq!(d.effects[0], Effect::AdoptCompute(iref("task-1", 1)));
-    assert!(!d.touches_resources());
-    // Not connected (or not read): no evidence it serves anyone, released (row 26).
-    let o = o.with_env_status(EnvironmentStatus::Disconnected);
-    assert_eq!(decide(&o).outcome, Outcome::Release);
-}

@@ -68,7 +68,7 @@ pub fn classify(port: &str, op: &str) -> Access {
             op,
             "get" | "find_by_session" | "list" | "seen_delivery" | "receipts"
         ),
-        "compute" => matches!(op, "describe" | "list"),
+        "compute" => matches!(op, "describe" | "describe_many" | "find" | "list"),
         "queue" => matches!(op, "receive" | "dead_letter_count"),
         _ => false,
     };
@@ -346,6 +346,14 @@ impl<C: Compute> Compute for Counting<C> {
             self.log.record("compute", "describe_many");
         }
         self.inner.describe_many(ids).await
+    }
+    async fn find(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+    ) -> Result<Vec<ComputeInstance>, PortError> {
+        self.log.record("compute", "find");
+        self.inner.find(deployment, environment_id).await
     }
     async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
         self.log.record("compute", "list");

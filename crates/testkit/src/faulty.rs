@@ -502,6 +502,18 @@ impl<C: Compute> Compute for Faulty<C> {
             Some(f) => Err(port_error("compute", "describe_many", &f)),
         }
     }
+    async fn find(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+    ) -> Result<Vec<ComputeInstance>, PortError> {
+        guarded!(
+            self,
+            "compute",
+            "find",
+            self.inner.find(deployment, environment_id)
+        )
+    }
     async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
         guarded!(self, "compute", "list", self.inner.list(deployment))
     }

@@ -174,6 +174,14 @@ impl<C: Compute> Compute for Interleaved<C> {
         yield_once().await;
         self.inner.describe_many(ids).await
     }
+    async fn find(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+    ) -> Result<Vec<ComputeInstance>, PortError> {
+        yield_once().await;
+        self.inner.find(deployment, environment_id).await
+    }
     async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
         yield_once().await;
         self.inner.list(deployment).await

@@ -108,16 +108,16 @@ async fn current_remote_call_sequences_are_pinned() {
 }
 
 /// A start after a holder that did not release cleanly (crashed, or a start whose outcome
-/// is unknown) lists nothing: the start replays the generation's idempotency token, which
-/// the provider answers with the task the crashed holder started, if any (ECS
-/// `clientToken`). The job's provider calls stay one, whatever the deployment's size.
+/// is unknown) reads its own environment's live instances (`find`: on ECS one `ListTasks`
+/// by the environment's `startedBy` and one `DescribeTasks`), never the deployment's list,
+/// so the job's provider calls stay constant whatever the deployment's size.
 #[tokio::test]
-async fn a_start_after_an_unclean_release_lists_nothing() {
+async fn a_start_after_an_unclean_release_reads_only_its_environment() {
     let t = sandbox_testkit::budgets::measure_recovered_start().await;
     assert_eq!(
         t.counts.remote_sequence(),
         "registry.seen_delivery(R) → agents_api.retrieve_session(R) → registry.lock(W) → \
-         compute.start(W) → registry.release(W)",
+         compute.find(R) → compute.start(W) → registry.release(W)",
         "{}",
         report(&t)
     );

@@ -78,7 +78,7 @@ pub trait LifecycleHarness: Sized {
     /// The provider's error.
     async fn shutdown(self) -> anyhow::Result<usize>;
 
-    /// Every instance the provider reports for this deployment, live and stopped.
+    /// Every live instance the provider lists for this deployment (`Compute::list`).
     ///
     /// # Errors
     /// The provider's error.

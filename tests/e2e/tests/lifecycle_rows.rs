@@ -113,14 +113,33 @@ async fn stop_reasons<H: LifecycleHarness>(h: &H, env: &str) -> Vec<String> {
         .collect()
 }
 
-/// Every instance of one environment (live and stopped), per the provider.
+/// Every instance of one environment (live and stopped), per the provider: the live ones
+/// its list shows, plus every one a receipt or the record names, read by id (a list shows
+/// live tasks only, as ECS's does).
 async fn instances_of<H: LifecycleHarness>(h: &H, env: &str) -> Vec<ComputeInstance> {
-    h.instances()
+    let mut ids: Vec<sandbox_core::ids::InstanceId> = h
+        .receipts(env)
         .await
         .unwrap()
         .into_iter()
-        .filter(|i| i.environment_id.as_str() == env)
-        .collect()
+        .filter_map(|r| match r.kind {
+            ReceiptKind::ComputeStopped { instance_id, .. } => Some(instance_id),
+            ReceiptKind::SessionDeleted { .. } => None,
+        })
+        .chain(
+            h.record(env)
+                .await
+                .unwrap()
+                .and_then(|r| r.instance)
+                .map(|i| i.instance_id),
+        )
+        .collect();
+    let mut all = h.live(env).await.unwrap();
+    ids.retain(|id| !all.iter().any(|i| &i.instance_id == id));
+    ids.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    ids.dedup();
+    all.extend(h.controller().compute.describe_many(&ids).await.unwrap());
+    all
 }
 
 /// The provider's read-back of one instance (DescribeTasks on ECS).
