@@ -7,15 +7,27 @@
 //! 1. triggers that are not compute's business are ignored (rows 3, unknown events);
 //! 2. missing evidence changes nothing (row 22), and a timed-out submission is only
 //!    reconciled from turn evidence, never retried blind (row 21);
-//! 3. sessions that are not self-hosted or not this deployment's are ignored (rows 23, 24);
-//! 4. closed records and operator cleanups (row 25, part of 26);
-//! 5. deleted and failed sessions release their compute (rows 5, 6, 7, 8);
-//! 6. more than one active compute is fixed to exactly one (row 13), and an active compute
-//!    the record does not name is adopted (row 12) or, on a sweep with no record at all,
-//!    released as an orphan (row 26);
-//! 7. a current `environment_connection` requirement ensures one compute: start, wait,
-//!    reuse or replace, with start-failure backoff (rows 1, 2, 9, 10, 11, 16, 28);
-//! 8. otherwise the trigger's own question: resolved actions (row 4), turns without an
+//! 3. sessions that are not self-hosted are ignored (row 23); the ownership filter gates
+//!    new starts only: a session it rejects is ignored unless this deployment already has
+//!    a record or a compute for it, which it still releases (row 24);
+//! 4. a recorded compute the provider does not show yet (ECS `MISSING` right after
+//!    `RunTask`) counts as starting for `Policy::visibility_window_secs` after it was
+//!    recorded, gone afterwards (DESIGN.md principle 7: absence proves nothing);
+//! 5. closed records and operator cleanups (row 25, part of 26); an operator reset of the
+//!    failed starts;
+//! 6. deleted and failed sessions release their compute (rows 5, 6, 7, 8); a session
+//!    status this build does not know is uncertain, never idle;
+//! 7. more than one active compute is fixed to exactly one (row 13: never stopping a
+//!    running one while a turn may run; the connected one when the environment reads
+//!    connected, else the newest), and an active compute the record does not name is
+//!    adopted (row 12) or, on a sweep with no record at all, released as an orphan
+//!    (row 26);
+//! 8. a current `environment_connection` requirement ensures one compute: start, wait,
+//!    reuse or replace — replace only on evidence that the executor is not connected, its
+//!    deadline counted from the request it answers — with start-failure backoff, a
+//!    `TaskFailedToStart` stop counted as a failed start, and attempts resumed after a
+//!    cooldown (rows 1, 2, 9, 10, 11, 16, 28);
+//! 9. otherwise the trigger's own question: resolved actions (row 4), turns without an
 //!    executor (row 19), idle shutdown leases (rows 14, 15, 17, 18, 20), sweeps (row 27).
 //!
 //! A decision lists its side effects in the order they must be applied; the controller
