@@ -34,7 +34,9 @@ pub mod world;
 
 pub use budgets::{Transition, measure_transitions, measure_transitions_async};
 pub use clock::SimClock;
-pub use compute::{ComputeEvent, ComputeTiming, TwinCompute};
+pub use compute::{
+    AwsLike, ComputeEvent, ComputeTiming, EcsAnswers, EcsCalls, Throttle, TwinCompute,
+};
 pub use counting::{Access, Call, CallCounts, CallLog, Counting};
 pub use faulty::{Fault, FaultPlan, Faulty};
 pub use interleave::{Interleaved, Scheduler};
