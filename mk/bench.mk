@@ -6,7 +6,7 @@
 #              against local Lambda Runtime API / AWS stubs, and worker throughput on the
 #              embedded backend. Details: crates/bench.
 # make fuzz    cargo-fuzz on the webhook entry point for FUZZ_SECONDS (default 600).
-# make soak    the long simulation (crates/testkit).
+# make soak    the long simulation (crates/testkit): 1,000,000 schedules.
 .PHONY: bench bench-build fuzz fuzz-seeds soak
 
 BENCH_DIR := $(abspath $(TARGET_DIR))/bench
@@ -55,5 +55,9 @@ fuzz:
 		-- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 > $(FUZZ_DIR)/last-run.log 2>&1; \
 		rc=$$?; tail -n 25 $(FUZZ_DIR)/last-run.log; exit $$rc
 
+# 1,000,000 schedules with the ECS-like compute twin (issue 11); SOAK_SCHEDULES and
+# SOAK_BASE (the seeds' base) to change them.
+SOAK_SCHEDULES ?= 1000000
+SOAK_BASE ?= 0
 soak:
-	SIM_SCHEDULES=100000 cargo test --release -p sandbox-testkit --test simulation -- --nocapture
+	SIM_SCHEDULES=$(SOAK_SCHEDULES) SIM_BASE=$(SOAK_BASE) cargo test --locked --release -p sandbox-testkit --test simulation -- --nocapture

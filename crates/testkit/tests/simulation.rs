@@ -43,7 +43,15 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
     let base = env_u64("SIM_BASE").unwrap_or(0);
     let started = Instant::now();
     let mut total = ScheduleReport::default();
+    // Progress on long runs (make soak): every tenth, at least every 100,000 schedules.
+    let every = (schedules / 10).clamp(1, 100_000);
     for index in 0..schedules {
+        if index > 0 && index % every == 0 && schedules >= 100_000 {
+            println!(
+                "simulation: {index} of {schedules} schedules ok after {:.1?}",
+                started.elapsed()
+            );
+        }
         let seed = schedule_seed(base, index);
         match rt.block_on(run_schedule(seed, &cfg)) {
             Ok(r) => {
