@@ -18,6 +18,8 @@ BENCH_COLD_RUNS ?= 25
 BENCH_ENVIRONMENTS ?= 2100
 # Worker loops of the third throughput run (`sandboxctl serve --workers`; the default is 2).
 BENCH_MANY_WORKERS ?= 16
+# Deployment sizes of the scale table (ECS calls per job and per sweep, issue 11).
+BENCH_SCALE_SIZES ?= 100,1000,10000
 FUZZ_SECONDS ?= 600
 FUZZ_DIR := $(abspath $(TARGET_DIR))/fuzz
 # cargo-fuzz needs nightly flags; the machine has stable only.
@@ -41,6 +43,7 @@ bench: venv bench-build
 	$(BENCH_BIN) throughput --environments $(BENCH_ENVIRONMENTS) --duplicate-share 0.3 --workers 2 --out $(BENCH_DIR)/throughput.json
 	$(BENCH_BIN) throughput --environments $(BENCH_ENVIRONMENTS) --duplicate-share 0.3 --workers $(BENCH_MANY_WORKERS) --out $(BENCH_DIR)/throughput_many_workers.json
 	$(BENCH_BIN) transitions --out $(BENCH_DIR)/transitions.json
+	$(BENCH_BIN) scale --sizes $(BENCH_SCALE_SIZES) --out $(BENCH_DIR)/scale.json
 	@$(BENCH_BIN) report --dir $(BENCH_DIR) --criterion $(BENCH_DIR)/criterion
 
 # The seed corpus (committed under fuzz/seeds): every events/webhooks fixture, signed.

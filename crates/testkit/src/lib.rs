@@ -28,6 +28,7 @@ pub mod interleave;
 pub mod queue;
 pub mod registry;
 pub mod rng;
+pub mod scale;
 pub mod sessions;
 pub mod sim;
 pub mod world;
