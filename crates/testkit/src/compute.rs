@@ -17,7 +17,7 @@
 //! - **failed starts**: a fraction of starts stays `PROVISIONING` and then `STOPPED` with
 //!   `stopCode` `TaskFailedToStart`;
 //! - **`clientToken`**: a start replays the original task for 24 hours (the same token with
-//!   other parameters is a `ConflictException`), then starts a new one;
+//!   other request parameters is a `ConflictException`), then starts a new one;
 //! - **throttling**: a token bucket per ECS action on the simulated clock, a transient
 //!   `ThrottlingException` when empty.
 //!
@@ -269,6 +269,18 @@ pub struct TwinCompute {
 }
 
 const DEP: &str = "compute";
+
+/// Whether two starts send ECS the same `RunTask` parameters: what the adapter
+/// (`crates/aws/src/ecs_compute.rs`) puts in the request — the `REMOTE_URL` and
+/// `ENVIRONMENT_ID` overrides and the session, environment and generation tags (the
+/// deployment is part of the token's key). `workspace_directory` and `previous` are not
+/// sent, so they cannot make a `ConflictException`.
+fn same_request(a: &StartSpec, b: &StartSpec) -> bool {
+    a.environment_id == b.environment_id
+        && a.session_id == b.session_id
+        && a.remote_url == b.remote_url
+        && a.generation == b.generation
+}
 
 fn pages(n: usize) -> u64 {
     n.div_ceil(limits::PAGE) as u64
@@ -555,7 +567,7 @@ impl Compute for TwinCompute {
         if let Some(p) = used
             && window_ms.is_none_or(|w| now < s.instances[p].created_ms + w)
         {
-            if s.instances[p].spec != *spec {
+            if !same_request(&s.instances[p].spec, spec) {
                 return Err(PortError::permanent(
                     DEP,
                     "start",

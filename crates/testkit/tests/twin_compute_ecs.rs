@@ -215,6 +215,11 @@ async fn a_client_token_replays_for_24_hours_then_starts_a_new_task() {
         .await
         .unwrap_err();
     assert!(!conflict.retryable && conflict.message.contains("ConflictException"));
+    // What the adapter does not send (workspace, previous generation) cannot conflict.
+    let mut unsent = s.clone();
+    unsent.previous = Some(first.as_ref());
+    unsent.workspace_directory = "/elsewhere".to_owned();
+    assert_eq!(start(&c, &unsent).await.instance_id, first.instance_id);
     clock.advance_secs(1);
     let second = start(&c, &s).await;
     assert_ne!(
