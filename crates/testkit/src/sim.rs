@@ -207,6 +207,11 @@ fn controller(
 ) -> Rc<SimController> {
     let mut config = World::config(worker_id);
     config.stop_readback_interval = Duration::from_millis(1);
+    // Stops are instant here, so a read-back confirms at its first read unless the clock
+    // jumped past the hour after which ECS forgets the task (a worker paused mid
+    // read-back): then it must fail at once ("not confirmed", retried later), not wait on
+    // the machine's clock, which would make the schedule slow and depend on the load.
+    config.stop_readback_timeout = Duration::ZERO;
     Rc::new(Controller::new(
         Interleaved::new(events.clone()),
         Interleaved::new(timers.clone()),
