@@ -6,7 +6,7 @@
 #              against local Lambda Runtime API / AWS stubs, and worker throughput on the
 #              embedded backend. Details: crates/bench.
 # make fuzz    cargo-fuzz on the webhook entry point for FUZZ_SECONDS (default 600).
-# make soak    the long simulation (crates/testkit).
+# make soak    the long simulation (crates/testkit): 1,000,000 schedules.
 .PHONY: bench bench-build fuzz fuzz-seeds soak
 
 BENCH_DIR := $(abspath $(TARGET_DIR))/bench
@@ -18,6 +18,8 @@ BENCH_COLD_RUNS ?= 25
 BENCH_ENVIRONMENTS ?= 2100
 # Worker loops of the third throughput run (`sandboxctl serve --workers`; the default is 2).
 BENCH_MANY_WORKERS ?= 16
+# Deployment sizes of the scale table (ECS calls per job and per sweep, issue 11).
+BENCH_SCALE_SIZES ?= 100,1000,10000
 FUZZ_SECONDS ?= 600
 FUZZ_DIR := $(abspath $(TARGET_DIR))/fuzz
 # cargo-fuzz needs nightly flags; the machine has stable only.
@@ -41,6 +43,7 @@ bench: venv bench-build
 	$(BENCH_BIN) throughput --environments $(BENCH_ENVIRONMENTS) --duplicate-share 0.3 --workers 2 --out $(BENCH_DIR)/throughput.json
 	$(BENCH_BIN) throughput --environments $(BENCH_ENVIRONMENTS) --duplicate-share 0.3 --workers $(BENCH_MANY_WORKERS) --out $(BENCH_DIR)/throughput_many_workers.json
 	$(BENCH_BIN) transitions --out $(BENCH_DIR)/transitions.json
+	$(BENCH_BIN) scale --sizes $(BENCH_SCALE_SIZES) --out $(BENCH_DIR)/scale.json
 	@$(BENCH_BIN) report --dir $(BENCH_DIR) --criterion $(BENCH_DIR)/criterion
 
 # The seed corpus (committed under fuzz/seeds): every events/webhooks fixture, signed.
@@ -55,5 +58,9 @@ fuzz:
 		-- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 > $(FUZZ_DIR)/last-run.log 2>&1; \
 		rc=$$?; tail -n 25 $(FUZZ_DIR)/last-run.log; exit $$rc
 
+# 1,000,000 schedules with the ECS-like compute twin (issue 11); SOAK_SCHEDULES and
+# SOAK_BASE (the seeds' base) to change them.
+SOAK_SCHEDULES ?= 1000000
+SOAK_BASE ?= 0
 soak:
-	SIM_SCHEDULES=100000 cargo test --release -p sandbox-testkit --test simulation -- --nocapture
+	SIM_SCHEDULES=$(SOAK_SCHEDULES) SIM_BASE=$(SOAK_BASE) cargo test --locked --release -p sandbox-testkit --test simulation -- --nocapture

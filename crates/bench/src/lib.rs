@@ -24,5 +24,6 @@ pub mod decide_cases;
 pub mod deliveries;
 pub mod doubles;
 pub mod report;
+pub mod scale;
 pub mod throughput;
 pub mod transitions;

@@ -2,7 +2,7 @@
 //! `make fuzz`.
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use sandbox_bench::{cold_start, deliveries, report, throughput, transitions};
+use sandbox_bench::{cold_start, deliveries, report, scale, throughput, transitions};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -58,6 +58,16 @@ enum Command {
         /// Output file (JSON).
         #[arg(long)]
         out: PathBuf,
+    },
+    /// ECS calls per job and per sweep, and the sweep's wall time, at N environments on
+    /// the twins (issue 11).
+    Scale {
+        /// Output file (JSON).
+        #[arg(long)]
+        out: PathBuf,
+        /// Deployment sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
+        sizes: Vec<usize>,
     },
     /// Prints the table and writes `bench.json` from the step outputs in `dir`.
     Report {
@@ -180,6 +190,16 @@ fn main() -> anyhow::Result<()> {
             anyhow::ensure!(result.exactly_once, "exactly-once broken: {result:?}");
         }
         Command::Transitions { out } => write_json(&out, &transitions::measure())?,
+        Command::Scale { out, sizes } => {
+            let rows = scale::measure(&sizes);
+            for r in &rows {
+                eprintln!(
+                    "scale: N = {}: sweep {} ECS calls in {:.1} ms",
+                    r.environments, r.sweep.total, r.sweep_ms
+                );
+            }
+            write_json(&out, &rows)?;
+        }
         Command::Report { dir, criterion } => {
             let report = report::build(&dir, &criterion);
             print!("{}", report::table(&report));

@@ -3,6 +3,7 @@
 //! still printed), and every ratio is computed here, from the same run's numbers.
 
 use crate::cold_start::ColdStart;
+use crate::scale::Scaled;
 use crate::throughput::Throughput;
 use crate::transitions::Counted;
 use serde::{Deserialize, Serialize};
@@ -292,6 +293,13 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
         None => rows.push(missing("remote calls per transition", "transitions.json")),
     }
 
+    let scale: Option<Vec<Scaled>> =
+        read_json(&dir.join("scale.json")).and_then(|v| serde_json::from_value(v).ok());
+    match &scale {
+        Some(list) if !list.is_empty() => rows.extend(scale_rows(list)),
+        _ => rows.push(missing("ECS calls per job and per sweep", "scale.json")),
+    }
+
     Report {
         machine: machine(),
         rows,
@@ -300,6 +308,7 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
             "cold_start": cold,
             "throughput": throughputs,
             "transitions": transitions,
+            "scale": scale,
             "criterion_median_ns": {
                 "hmac_sha256": hmac,
                 "verify_parse_route": ours,
@@ -307,6 +316,80 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
             },
         }),
     }
+}
+
+/// The scale rows: per N, the ECS calls of each job (target: the same as at the smallest
+/// N) and of a sweep with nothing to do (target: ≤ 3 × ⌈N/100⌉), with its wall time; then
+/// the growth from the smallest to the largest N.
+fn scale_rows(list: &[Scaled]) -> Vec<Row> {
+    let jobs = |s: &Scaled| {
+        [
+            s.start.total,
+            s.reuse_wait.total,
+            s.idle_lease.total,
+            s.lease_stop.total,
+        ]
+    };
+    let first = &list[0];
+    let mut rows = Vec::new();
+    for s in list {
+        let j = jobs(s);
+        let r = row(
+            &format!("ECS calls per worker job, N = {}", s.environments),
+            format!(
+                "start {} / reuse-wait {} / idle (lease) {} / lease stop {} ({} StopTask + {} DescribeTasks)",
+                j[0], j[1], j[2], j[3], s.lease_stop.stop_task, s.lease_stop.describe_tasks
+            ),
+            Some(j.iter().sum::<u64>() as f64),
+            "calls",
+        );
+        rows.push(with_target(
+            r,
+            &format!("flat (as at N = {})", first.environments),
+            j == jobs(first),
+        ));
+        let r = row(
+            &format!("ECS calls per sweep with no effect, N = {}", s.environments),
+            format!(
+                "{} ({} ListTasks + {} DescribeTasks); in place {:.1} ms, fan-out {:.1} ms ({} calls)",
+                s.sweep.total,
+                s.sweep.list_tasks,
+                s.sweep.describe_tasks,
+                s.sweep_ms,
+                s.fan_out_ms,
+                s.fan_out.total
+            ),
+            Some(s.sweep.total as f64),
+            "calls",
+        );
+        rows.push(with_target(
+            r,
+            &format!("≤ 3 × ⌈N/100⌉ = {}", s.sweep_bound),
+            s.sweep.total <= s.sweep_bound && s.sweep_not_ignored == 0,
+        ));
+    }
+    if let Some(last) = list.last().filter(|l| l.environments > first.environments) {
+        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+        let n = ratio(last.environments as f64, first.environments as f64);
+        let job = ratio(
+            jobs(last).iter().sum::<u64>() as f64,
+            jobs(first).iter().sum::<u64>() as f64,
+        );
+        let sweep = ratio(last.sweep.total as f64, first.sweep.total as f64);
+        let time = ratio(last.sweep_ms, first.sweep_ms);
+        rows.push(row(
+            &format!(
+                "growth N = {} → {} (×{n:.0})",
+                first.environments, last.environments
+            ),
+            format!(
+                "per job ×{job:.1}; per sweep ×{sweep:.1} ECS calls; sweep wall time ×{time:.1}"
+            ),
+            Some(sweep),
+            "ratio",
+        ));
+    }
+    rows
 }
 
 /// The report as a Markdown table, with the machine on top.

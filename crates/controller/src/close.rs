@@ -67,7 +67,10 @@ where
             if done {
                 break;
             }
-            tokio::time::sleep(pause).await;
+            // Passes are `pause` apart: none after the last one.
+            if attempts < max_attempts {
+                tokio::time::sleep(pause).await;
+            }
         }
         let record = self.registry.find_by_session(session).await?;
         let closed = record

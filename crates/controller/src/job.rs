@@ -54,15 +54,33 @@ pub struct SweptEvidence {
 impl SweptEvidence {
     /// Whether a decision may use this evidence instead of reading the provider: the
     /// record is still the version the sweep saw (no start, adoption or stop was recorded
-    /// since) and the evidence is at most `max_age_secs` old at `now` (Unix seconds).
+    /// since), the evidence is at most `max_age_secs` old at `now` (Unix seconds), and it
+    /// holds every instance the record names (its active compute, its lease's target).
     ///
     /// Why that is enough: what a stale read can get wrong is bounded. A stopped or gone
     /// instance stays stopped or gone (a start decided on it replays its deterministic
     /// idempotency token); anything started under the lock changes the record's version;
     /// an orphan or a divergent instance is read again by id before it is stopped.
+    ///
+    /// A recorded instance the sweep did not get back was `MISSING` at `read_at`: right
+    /// after `RunTask` that means "not visible yet", which does not stay true. Decided
+    /// later (a fanned-out job waits up to 900 s), its absence would be judged against
+    /// the visibility window at `now` and read as "gone", and a second task would start;
+    /// so such evidence is not current and the worker reads the instance by id.
     pub fn is_current(&self, record: Option<&Record>, now: u64, max_age_secs: u64) -> bool {
+        let has = |id: &sandbox_core::ids::InstanceId| {
+            self.instances.iter().any(|i| &i.instance_id == id)
+        };
+        let named_seen = record.is_none_or(|r| {
+            let claimed = r.claims_compute().then(|| r.current()).flatten();
+            claimed
+                .into_iter()
+                .chain(r.lease.as_ref().map(|l| &l.target))
+                .all(|i| has(&i.instance_id))
+        });
         self.record_version == record.map(|r| r.version)
             && now <= self.read_at.saturating_add(max_age_secs)
+            && named_seen
     }
 }
 

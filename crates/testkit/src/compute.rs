@@ -1,17 +1,46 @@
-//! The compute twin: an ECS-like provider in memory. Starts are idempotent by
-//! `clientToken` (the spec's idempotency token, per deployment); instances are tagged with
-//! deployment, environment, session and generation; status follows the clock (a start is
-//! `Provisioning` for [`ComputeTiming::start_secs`], a stop `Stopping` for
-//! [`ComputeTiming::stop_secs`]); stopped instances stay listed.
+//! The compute twin: an ECS-like provider in memory.
+//!
+//! Instances are tagged with deployment, environment, session and generation; status
+//! follows the clock (a start is `Provisioning` for [`ComputeTiming::start_secs`], a stop
+//! `Stopping` for [`ComputeTiming::stop_secs`]). What else of Amazon ECS it reproduces is
+//! chosen by [`AwsLike`] (each field cites the ECS documentation it follows; the digest is
+//! `/work/shared/reference/aws-semantics.md`):
+//!
+//! - **request shapes** ECS rejects are rejected with a permanent [`PortError`]
+//!   (`clientToken` > 64 characters or not ASCII, `startedBy` > 36 characters, a tag value
+//!   > 256 characters, a `StopTask` reason > 255 characters);
+//! - **eventual consistency** right after `RunTask`: `DescribeTasks` answers `MISSING`
+//!   and `ListTasks` omits the task for a lag drawn per start;
+//! - **forgetting**: a stopped task is described for an hour after it stopped, then
+//!   `MISSING`; `ListTasks` (`desiredStatus` `RUNNING`, the default with `startedBy` as the
+//!   only filter) never shows it once its stop was requested;
+//! - **failed starts**: a fraction of starts stays `PROVISIONING` and then `STOPPED` with
+//!   `stopCode` `TaskFailedToStart`;
+//! - **`clientToken`**: a start replays the original task for 24 hours (the same token with
+//!   other request parameters is a `ConflictException`), then starts a new one;
+//! - **throttling**: a token bucket per ECS action on the simulated clock, a transient
+//!   `ThrottlingException` when empty.
+//!
+//! [`TwinCompute::new`] is strict but instant ([`AwsLike::strict`]): it rejects invalid
+//! requests, forgets stopped tasks after an hour and replays tokens for 24 h, with no lag,
+//! no failed start and no throttling (the contract suite runs on it).
+//! [`AwsLike::ecs`] turns everything on (the simulation's default).
+//!
+//! The twin also counts the ECS API calls each port call stands for ([`EcsCalls`]), the
+//! way the AWS adapter (`crates/aws/src/ecs_compute.rs`) makes them: a describe is one
+//! `DescribeTasks`, `describe_many` of n ids ⌈n/100⌉, a list of L live tasks
+//! max(1, ⌈L/100⌉) `ListTasks` pages and ⌈L/100⌉ `DescribeTasks`.
 //!
 //! Every start and stop is logged ([`ComputeEvent`]) so a test can check what was asked
 //! and in which state the provider was.
 
 use crate::clock::SimClock;
+use crate::rng::SimRng;
 use sandbox_controller::ports::{Compute, PortError, Started, check_deadline};
-use sandbox_core::compute::{ComputeInstance, ComputeStatus};
+use sandbox_core::compute::{ComputeInstance, ComputeStatus, TASK_FAILED_TO_START};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, InstanceId};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// How long transitions take on the twin, seconds (0: at once).
@@ -21,6 +50,151 @@ pub struct ComputeTiming {
     pub start_secs: u64,
     /// Seconds from `stop` to `Stopped` (`Stopping` before).
     pub stop_secs: u64,
+}
+
+/// ECS API limits the twin enforces (ECS API reference; aws-semantics.md).
+pub mod limits {
+    /// `RunTask` `clientToken`: "Up to 64 ASCII characters are allowed."
+    pub const CLIENT_TOKEN_MAX: usize = 64;
+    /// `RunTask` / `ListTasks` `startedBy`: "Up to 36 letters (uppercase and lowercase),
+    /// numbers, hyphens (-), forward slash (/), and underscores (_) are allowed."
+    pub const STARTED_BY_MAX: usize = 36;
+    /// Tag values: "Maximum value length - 256 Unicode characters in UTF-8."
+    pub const TAG_VALUE_MAX: usize = 256;
+    /// `StopTask` `reason`: "Up to 255 characters are allowed in this message."
+    pub const STOP_REASON_MAX: usize = 255;
+    /// `DescribeTasks` `tasks`: at most 100 task ids per call; `ListTasks` pages hold at
+    /// most 100 ARNs (`maxResults` ≤ 100).
+    pub const PAGE: usize = 100;
+    /// `clientToken` replay window: "the same result for 24 hours" (ECS API reference,
+    /// "Ensuring idempotency"), seconds.
+    pub const CLIENT_TOKEN_WINDOW_SECS: u64 = 24 * 3_600;
+    /// Stopped tasks: "appear in the returned results for at least one hour" (ListTasks),
+    /// then `DescribeTasks` answers `MISSING`; seconds.
+    pub const STOPPED_RETENTION_SECS: u64 = 3_600;
+    /// Fargate may keep a task `PROVISIONING` for about 30 minutes before stopping it with
+    /// `TaskFailedToStart` (containers-roadmap #2381), seconds.
+    pub const PROVISIONING_MAX_SECS: u64 = 30 * 60;
+}
+
+/// A token bucket per ECS action (ECS developer guide, "Request throttling for the Amazon
+/// ECS API": a bucket's maximum capacity is the burst rate, its refill rate the sustained
+/// rate, one token per request, `ThrottlingException` "Rate exceeded" when empty). The
+/// documented quotas differ per action and account; tests choose theirs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Throttle {
+    /// Bucket capacity, requests (the burst rate).
+    pub burst: u64,
+    /// Refill, requests per second (the sustained rate).
+    pub per_sec: u64,
+}
+
+/// Which of Amazon ECS's documented behaviours the twin reproduces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AwsLike {
+    /// Reject what the ECS API reference forbids with a permanent error (see [`limits`]):
+    /// a `clientToken` over 64 characters or not ASCII, a `startedBy` over 36, a tag value
+    /// (environment, session id) over 256, a stop reason over 255.
+    pub validate: bool,
+    /// Upper bound, milliseconds, of how long a started task stays invisible: `describe`
+    /// answers `None` (ECS `MISSING`) and `list` omits it. Each start draws its own lag in
+    /// `0..=max` (ECS reads are eventually consistent right after `RunTask`: "MISSING"
+    /// from DescribeTasks and an absent ListTasks entry for seconds; aws-semantics.md).
+    pub max_visibility_lag_ms: u64,
+    /// Seconds after it reached `STOPPED` that a task is still described; after that
+    /// `describe` answers `None` (ECS forgets: "stopped tasks appear in the returned
+    /// results for at least one hour", then `MISSING`). `None`: never forgotten.
+    pub forget_stopped_after_secs: Option<u64>,
+    /// Starts, per mille, that never run: `PROVISIONING` for a time drawn in
+    /// `1..=max_failed_start_secs`, then `STOPPED` with `stopCode` `TaskFailedToStart`
+    /// (containers-roadmap #2381; ECS API reference, `Task.stopCode`).
+    pub failed_start_per_mille: u64,
+    /// Upper bound, seconds, of how long a failing start stays `PROVISIONING` (ECS: up to
+    /// about 30 minutes, [`limits::PROVISIONING_MAX_SECS`]).
+    pub max_failed_start_secs: u64,
+    /// Seconds a `clientToken` replays the task it started (ECS: 24 hours); after that the
+    /// same token starts a new task. `None`: forever.
+    pub token_window_secs: Option<u64>,
+    /// Per-action throttling; `None`: never throttled.
+    pub throttle: Option<Throttle>,
+    /// Seed of the twin's own generator (lags, failed starts): the same seed and the same
+    /// sequence of calls give the same behaviour.
+    pub seed: u64,
+}
+
+impl AwsLike {
+    /// Strict but instant: ECS's request rules, forgetting after an hour and the 24-hour
+    /// token window; no lag, no failed start, no throttling.
+    pub fn strict() -> Self {
+        Self {
+            validate: true,
+            max_visibility_lag_ms: 0,
+            forget_stopped_after_secs: Some(limits::STOPPED_RETENTION_SECS),
+            failed_start_per_mille: 0,
+            max_failed_start_secs: limits::PROVISIONING_MAX_SECS,
+            token_window_secs: Some(limits::CLIENT_TOKEN_WINDOW_SECS),
+            throttle: None,
+            seed: 0,
+        }
+    }
+
+    /// Everything on except throttling (whose quota is the caller's choice): up to 5 s of
+    /// visibility lag, forgetting after an hour, 5 % of starts stuck `PROVISIONING` for up
+    /// to 30 min then `TaskFailedToStart`, the 24-hour token window.
+    pub fn ecs(seed: u64) -> Self {
+        Self {
+            max_visibility_lag_ms: 5_000,
+            failed_start_per_mille: 50,
+            seed,
+            ..Self::strict()
+        }
+    }
+}
+
+impl Default for AwsLike {
+    fn default() -> Self {
+        Self::strict()
+    }
+}
+
+/// ECS API calls, as the AWS adapter would make them for the port calls the twin served
+/// (throttled and rejected requests included: they were sent).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EcsCalls {
+    /// `RunTask`.
+    pub run_task: u64,
+    /// `DescribeTasks` (≤ 100 ids each).
+    pub describe_tasks: u64,
+    /// `ListTasks` pages (≤ 100 ARNs each).
+    pub list_tasks: u64,
+    /// `StopTask`.
+    pub stop_task: u64,
+}
+
+/// What the twin's ECS behaviours did, for a test to check they were exercised.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EcsAnswers {
+    /// Reads by id of known tasks answered `MISSING` because they were started less than
+    /// their visibility lag ago.
+    pub missing_new: u64,
+    /// Reads by id of known tasks answered `MISSING` because they stopped more than the
+    /// retention ago (forgotten).
+    pub missing_forgotten: u64,
+    /// Starts that replayed a task by `clientToken`.
+    pub replays: u64,
+    /// Starts whose token had been used more than the window ago: a new task.
+    pub token_expired: u64,
+    /// Starts drawn to fail (`TaskFailedToStart` later).
+    pub failing_starts: u64,
+    /// Requests throttled.
+    pub throttled: u64,
+}
+
+impl EcsCalls {
+    /// All ECS calls.
+    pub fn total(&self) -> u64 {
+        self.run_task + self.describe_tasks + self.list_tasks + self.stop_task
+    }
 }
 
 /// One start or stop request as the provider saw it.
@@ -52,19 +226,37 @@ pub enum ComputeEvent {
 struct Instance {
     id: InstanceId,
     deployment: DeploymentId,
-    token: String,
     spec: StartSpec,
     created_ms: u64,
+    /// Invisible to `describe` and `list` before this (eventual consistency).
+    visible_at_ms: u64,
+    /// A start that never runs: `STOPPED` (`TaskFailedToStart`) at this time.
+    fails_at_ms: Option<u64>,
     stop_requested_ms: Option<u64>,
-    /// Died on its own (crash, spot reclaim): stopped at once.
-    died: bool,
+    /// Died on its own (crash, spot reclaim): stopped at once, at this time.
+    died_ms: Option<u64>,
 }
 
-#[derive(Debug, Default)]
+/// ECS `stopCode` of a task stopped by `StopTask` (ECS API reference, `Task.stopCode`).
+pub const USER_INITIATED: &str = "UserInitiated";
+/// ECS `stopCode` of a task whose essential container exited (a crashed executor).
+pub const ESSENTIAL_CONTAINER_EXITED: &str = "EssentialContainerExited";
+
+#[derive(Debug)]
 struct State {
     instances: Vec<Instance>,
+    by_id: HashMap<InstanceId, usize>,
+    /// The latest instance started with each (deployment, token).
+    by_token: HashMap<(DeploymentId, String), usize>,
     events: Vec<ComputeEvent>,
     next: u64,
+    rng: SimRng,
+    /// [`AwsLike::failed_start_per_mille`], changeable ([`TwinCompute::set_failed_starts`]).
+    failed_start_per_mille: u64,
+    /// Per ECS action: (milli-tokens, last refill, Unix ms).
+    buckets: HashMap<&'static str, (u64, u64)>,
+    calls: EcsCalls,
+    answers: EcsAnswers,
 }
 
 /// An in-memory compute provider. Clones share the same state.
@@ -72,58 +264,229 @@ struct State {
 pub struct TwinCompute {
     clock: SimClock,
     timing: ComputeTiming,
+    aws: AwsLike,
     state: Arc<Mutex<State>>,
 }
 
+const DEP: &str = "compute";
+
+/// Whether two starts send ECS the same `RunTask` parameters: what the adapter
+/// (`crates/aws/src/ecs_compute.rs`) puts in the request — the `REMOTE_URL` and
+/// `ENVIRONMENT_ID` overrides and the session, environment and generation tags (the
+/// deployment is part of the token's key). `workspace_directory` and `previous` are not
+/// sent, so they cannot make a `ConflictException`.
+fn same_request(a: &StartSpec, b: &StartSpec) -> bool {
+    a.environment_id == b.environment_id
+        && a.session_id == b.session_id
+        && a.remote_url == b.remote_url
+        && a.generation == b.generation
+}
+
+fn pages(n: usize) -> u64 {
+    n.div_ceil(limits::PAGE) as u64
+}
+
 impl TwinCompute {
-    /// A provider whose transitions are instant.
+    /// A provider whose transitions are instant, strict about requests
+    /// ([`AwsLike::strict`]).
     pub fn new(clock: SimClock) -> Self {
         Self::with_timing(clock, ComputeTiming::default())
     }
 
-    /// A provider with the given transition times.
+    /// A provider with the given transition times ([`AwsLike::strict`]).
     pub fn with_timing(clock: SimClock, timing: ComputeTiming) -> Self {
+        Self::aws_like(clock, timing, AwsLike::strict())
+    }
+
+    /// A provider with the given transition times and ECS behaviours.
+    pub fn aws_like(clock: SimClock, timing: ComputeTiming, aws: AwsLike) -> Self {
         Self {
             clock,
             timing,
-            state: Arc::default(),
+            aws,
+            state: Arc::new(Mutex::new(State {
+                instances: vec![],
+                by_id: HashMap::new(),
+                by_token: HashMap::new(),
+                events: vec![],
+                next: 0,
+                rng: SimRng::new(aws.seed),
+                failed_start_per_mille: aws.failed_start_per_mille,
+                buckets: HashMap::new(),
+                calls: EcsCalls::default(),
+                answers: EcsAnswers::default(),
+            })),
         }
+    }
+
+    /// The ECS behaviours this twin reproduces.
+    pub fn behaviour(&self) -> AwsLike {
+        AwsLike {
+            failed_start_per_mille: self.state().failed_start_per_mille,
+            ..self.aws
+        }
+    }
+
+    /// From now on, `per_mille` of the starts fail ([`AwsLike::failed_start_per_mille`]);
+    /// starts already made keep their fate.
+    pub fn set_failed_starts(&self, per_mille: u64) {
+        self.state().failed_start_per_mille = per_mille;
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// When the instance reached `STOPPED` (Unix ms) and its `stopCode`, if it did by
+    /// `now_ms`.
+    fn stopped(&self, i: &Instance, now_ms: u64) -> Option<(u64, &'static str)> {
+        [
+            i.died_ms.map(|t| (t, ESSENTIAL_CONTAINER_EXITED)),
+            i.stop_requested_ms
+                .map(|t| (t + self.timing.stop_secs * 1_000, USER_INITIATED)),
+            i.fails_at_ms.map(|t| (t, TASK_FAILED_TO_START)),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|(t, _)| *t <= now_ms)
+        .min_by_key(|(t, _)| *t)
+    }
+
+    /// The instance as it is (ground truth, whatever ECS would answer).
     fn view(&self, i: &Instance, now_ms: u64) -> ComputeInstance {
         let running_at = i.created_ms + self.timing.start_secs * 1_000;
-        let status = match (i.died, i.stop_requested_ms) {
-            (true, _) => ComputeStatus::Stopped,
-            (false, Some(at)) if now_ms >= at + self.timing.stop_secs * 1_000 => {
-                ComputeStatus::Stopped
-            }
-            (false, Some(_)) => ComputeStatus::Stopping,
-            (false, None) if now_ms >= running_at => ComputeStatus::Running,
-            (false, None) => ComputeStatus::Provisioning,
+        let runs = i.fails_at_ms.is_none() && now_ms >= running_at;
+        let (status, stop_code) = match (self.stopped(i, now_ms), i.stop_requested_ms) {
+            (Some((_, code)), _) => (ComputeStatus::Stopped, Some(code.to_owned())),
+            (None, Some(_)) => (ComputeStatus::Stopping, None),
+            (None, None) if runs => (ComputeStatus::Running, None),
+            (None, None) => (ComputeStatus::Provisioning, None),
         };
+        let ran = i.fails_at_ms.is_none()
+            && i.died_ms.is_none_or(|d| d >= running_at)
+            && now_ms >= running_at;
         ComputeInstance {
             instance_id: i.id.clone(),
             environment_id: i.spec.environment_id.clone(),
             session_id: Some(i.spec.session_id.clone()),
             generation: i.spec.generation,
             status,
-            started_at: (now_ms >= running_at).then_some(running_at / 1_000),
-            stop_code: None,
+            started_at: ran.then_some(running_at / 1_000),
+            stop_code,
         }
     }
 
-    /// Every instance of every deployment, as the provider reads them now.
+    /// Whether ECS answers the instance at `now_ms` (not lagging, not forgotten).
+    fn visible(&self, i: &Instance, now_ms: u64) -> bool {
+        if now_ms < i.visible_at_ms {
+            return false;
+        }
+        match (self.aws.forget_stopped_after_secs, self.stopped(i, now_ms)) {
+            (Some(keep), Some((at, _))) => now_ms < at + keep * 1_000,
+            _ => true,
+        }
+    }
+
+    /// Whether ECS answers the instance, counting a `MISSING` answer by its cause.
+    fn answered(&self, answers: &mut EcsAnswers, i: &Instance, now_ms: u64) -> bool {
+        if self.visible(i, now_ms) {
+            return true;
+        }
+        if now_ms < i.visible_at_ms {
+            answers.missing_new += 1;
+        } else {
+            answers.missing_forgotten += 1;
+        }
+        false
+    }
+
+    /// One ECS request of `action`: counted, then throttled by its bucket.
+    fn request(&self, s: &mut State, action: &'static str, now_ms: u64) -> Result<(), PortError> {
+        match action {
+            "RunTask" => s.calls.run_task += 1,
+            "DescribeTasks" => s.calls.describe_tasks += 1,
+            "ListTasks" => s.calls.list_tasks += 1,
+            _ => s.calls.stop_task += 1,
+        }
+        let Some(t) = self.aws.throttle else {
+            return Ok(());
+        };
+        let full = t.burst * 1_000;
+        let (tokens, last) = s.buckets.entry(action).or_insert((full, now_ms));
+        let refill = now_ms.saturating_sub(*last).saturating_mul(t.per_sec);
+        *tokens = tokens.saturating_add(refill).min(full);
+        *last = now_ms.max(*last);
+        if *tokens < 1_000 {
+            s.answers.throttled += 1;
+            return Err(PortError::transient(
+                DEP,
+                match action {
+                    "RunTask" => "start",
+                    "StopTask" => "stop",
+                    "ListTasks" => "list",
+                    _ => "describe",
+                },
+                format!("ThrottlingException: Rate exceeded ({action})"),
+            ));
+        }
+        *tokens -= 1_000;
+        Ok(())
+    }
+
+    fn invalid(operation: &'static str, what: String) -> PortError {
+        PortError::permanent(DEP, operation, format!("InvalidParameterException: {what}"))
+    }
+
+    fn check_started_by(&self, operation: &'static str, d: &DeploymentId) -> Result<(), PortError> {
+        let n = d.as_str().chars().count();
+        if self.aws.validate && n > limits::STARTED_BY_MAX {
+            return Err(Self::invalid(
+                operation,
+                format!("startedBy has {n} characters (at most 36)"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_start(&self, spec: &StartSpec, deployment: &DeploymentId) -> Result<(), PortError> {
+        if !self.aws.validate {
+            return Ok(());
+        }
+        let token = &spec.idempotency_token;
+        if token.chars().count() > limits::CLIENT_TOKEN_MAX || !token.is_ascii() {
+            return Err(Self::invalid(
+                "start",
+                format!(
+                    "clientToken must be at most 64 ASCII characters ({} characters)",
+                    token.chars().count()
+                ),
+            ));
+        }
+        self.check_started_by("start", deployment)?;
+        for (tag, value) in [
+            ("environment", spec.environment_id.as_str()),
+            ("session", spec.session_id.as_str()),
+        ] {
+            let n = value.chars().count();
+            if n > limits::TAG_VALUE_MAX {
+                return Err(Self::invalid(
+                    "start",
+                    format!("tag {tag} value has {n} characters (at most 256)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every instance of every deployment as it is now (ground truth: lagging and
+    /// forgotten ones included).
     pub fn instances(&self) -> Vec<ComputeInstance> {
         let now = self.clock.now_ms();
         let s = self.state();
         s.instances.iter().map(|i| self.view(i, now)).collect()
     }
 
-    /// The active (provisioning, pending, running) instances of `env`.
+    /// The active (provisioning, pending, running) instances of `env` (ground truth).
     pub fn active_of(&self, env: &EnvironmentId) -> Vec<ComputeInstance> {
         self.instances()
             .into_iter()
@@ -131,7 +494,7 @@ impl TwinCompute {
             .collect()
     }
 
-    /// The live (not stopped) instances of `env`.
+    /// The live (not stopped) instances of `env` (ground truth).
     pub fn live_of(&self, env: &EnvironmentId) -> Vec<ComputeInstance> {
         self.instances()
             .into_iter()
@@ -141,11 +504,8 @@ impl TwinCompute {
 
     /// The spec an instance was started with (remote URL, token, ...).
     pub fn spec_of(&self, id: &InstanceId) -> Option<StartSpec> {
-        self.state()
-            .instances
-            .iter()
-            .find(|i| &i.id == id)
-            .map(|i| i.spec.clone())
+        let s = self.state();
+        s.by_id.get(id).map(|&p| s.instances[p].spec.clone())
     }
 
     /// Every start and stop so far, in order.
@@ -158,16 +518,33 @@ impl TwinCompute {
         self.state().events.get(from..).unwrap_or_default().to_vec()
     }
 
+    /// The ECS API calls so far.
+    pub fn ecs_calls(&self) -> EcsCalls {
+        self.state().calls
+    }
+
+    /// What the ECS behaviours did so far.
+    pub fn answers(&self) -> EcsAnswers {
+        self.state().answers
+    }
+
+    /// The ECS API calls so far, and resets the count.
+    pub fn take_ecs_calls(&self) -> EcsCalls {
+        std::mem::take(&mut self.state().calls)
+    }
+
     /// The instance dies on its own (a crashed executor, a reclaimed task): `Stopped` at
     /// once, with no stop request. Returns whether it was live.
     pub fn kill(&self, id: &InstanceId) -> bool {
         let now = self.clock.now_ms();
         let mut s = self.state();
-        let Some(pos) = s.instances.iter().position(|i| &i.id == id) else {
+        let Some(&pos) = s.by_id.get(id) else {
             return false;
         };
         let live = self.view(&s.instances[pos], now).status.is_live();
-        s.instances[pos].died = true;
+        if live {
+            s.instances[pos].died_ms = Some(now);
+        }
         live
     }
 }
@@ -180,14 +557,29 @@ impl Compute for TwinCompute {
         not_after: u64,
     ) -> Result<Started, PortError> {
         let now = self.clock.now_ms();
-        check_deadline("compute", "start", now / 1000, not_after)?;
+        check_deadline(DEP, "start", now / 1000, not_after)?;
         let mut s = self.state();
-        if let Some(i) = s
-            .instances
-            .iter()
-            .find(|i| &i.deployment == deployment && i.token == spec.idempotency_token)
+        self.request(&mut s, "RunTask", now)?;
+        self.check_start(spec, deployment)?;
+        let key = (deployment.clone(), spec.idempotency_token.clone());
+        let window_ms = self.aws.token_window_secs.map(|w| w * 1_000);
+        let used = s.by_token.get(&key).copied();
+        if let Some(p) = used
+            && window_ms.is_none_or(|w| now < s.instances[p].created_ms + w)
         {
-            let instance = self.view(i, now);
+            if !same_request(&s.instances[p].spec, spec) {
+                return Err(PortError::permanent(
+                    DEP,
+                    "start",
+                    format!(
+                        "ConflictException: clientToken already used with other parameters \
+                         (resourceIds: {})",
+                        s.instances[p].id
+                    ),
+                ));
+            }
+            s.answers.replays += 1;
+            let instance = self.view(&s.instances[p], now);
             s.events.push(ComputeEvent::Started {
                 instance: instance.clone(),
                 created: false,
@@ -195,20 +587,30 @@ impl Compute for TwinCompute {
             });
             return Ok(Started::Instance(instance));
         }
+        s.answers.token_expired += u64::from(used.is_some());
         s.next += 1;
         // Ends in a letter, so no id is a prefix-plus-digit of another.
         let id = InstanceId::new(format!("twin-task-{}-t", s.next));
+        let lag = s.rng.below(self.aws.max_visibility_lag_ms + 1);
+        let fails_at_ms = (s.failed_start_per_mille > 0
+            && s.rng.below(1_000) < s.failed_start_per_mille)
+            .then(|| now + 1_000 * (1 + s.rng.below(self.aws.max_failed_start_secs.max(1))));
+        s.answers.failing_starts += u64::from(fails_at_ms.is_some());
         let instance = Instance {
-            id,
+            id: id.clone(),
             deployment: deployment.clone(),
-            token: spec.idempotency_token.clone(),
             spec: spec.clone(),
             created_ms: now,
+            visible_at_ms: now + lag,
+            fails_at_ms,
             stop_requested_ms: None,
-            died: false,
+            died_ms: None,
         };
         let view = self.view(&instance, now);
+        let pos = s.instances.len();
         s.instances.push(instance);
+        s.by_id.insert(id, pos);
+        s.by_token.insert(key, pos);
         s.events.push(ComputeEvent::Started {
             instance: view.clone(),
             created: true,
@@ -219,30 +621,68 @@ impl Compute for TwinCompute {
 
     async fn describe(&self, id: &InstanceId) -> Result<Option<ComputeInstance>, PortError> {
         let now = self.clock.now_ms();
-        let s = self.state();
-        Ok(s.instances
-            .iter()
-            .find(|i| &i.id == id)
+        let mut s = self.state();
+        self.request(&mut s, "DescribeTasks", now)?;
+        let s = &mut *s;
+        Ok(s.by_id
+            .get(id)
+            .map(|&p| &s.instances[p])
+            .filter(|i| self.answered(&mut s.answers, i, now))
             .map(|i| self.view(i, now)))
+    }
+
+    async fn describe_many(&self, ids: &[InstanceId]) -> Result<Vec<ComputeInstance>, PortError> {
+        let now = self.clock.now_ms();
+        let mut s = self.state();
+        for _ in ids.chunks(limits::PAGE) {
+            self.request(&mut s, "DescribeTasks", now)?;
+        }
+        let s = &mut *s;
+        Ok(ids
+            .iter()
+            .filter_map(|id| s.by_id.get(id))
+            .map(|&p| &s.instances[p])
+            .filter(|i| self.answered(&mut s.answers, i, now))
+            .map(|i| self.view(i, now))
+            .collect())
     }
 
     async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
         let now = self.clock.now_ms();
-        let s = self.state();
-        // Live ones whose stop was not requested, as ECS lists `desiredStatus` RUNNING.
-        Ok(s.instances
+        let mut s = self.state();
+        self.check_started_by("list", deployment)?;
+        // `startedBy` alone: `desiredStatus` RUNNING, so a task whose stop was requested
+        // (or that stopped on its own) is not listed.
+        let live: Vec<ComputeInstance> = s
+            .instances
             .iter()
             .filter(|i| &i.deployment == deployment && i.stop_requested_ms.is_none())
+            .filter(|i| self.visible(i, now))
             .map(|i| self.view(i, now))
             .filter(|i| i.status.is_active())
-            .collect())
+            .collect();
+        for _ in 0..pages(live.len()).max(1) {
+            self.request(&mut s, "ListTasks", now)?;
+        }
+        for _ in 0..pages(live.len()) {
+            self.request(&mut s, "DescribeTasks", now)?;
+        }
+        Ok(live)
     }
 
     async fn stop(&self, id: &InstanceId, reason: &str, not_after: u64) -> Result<(), PortError> {
         let now = self.clock.now_ms();
-        check_deadline("compute", "stop", now / 1000, not_after)?;
+        check_deadline(DEP, "stop", now / 1000, not_after)?;
         let mut s = self.state();
-        let pos = s.instances.iter().position(|i| &i.id == id);
+        self.request(&mut s, "StopTask", now)?;
+        let n = reason.chars().count();
+        if self.aws.validate && n > limits::STOP_REASON_MAX {
+            return Err(Self::invalid(
+                "stop",
+                format!("reason has {n} characters (at most 255)"),
+            ));
+        }
+        let pos = s.by_id.get(id).copied();
         let before = pos.map(|p| self.view(&s.instances[p], now));
         if let Some(p) = pos
             && s.instances[p].stop_requested_ms.is_none()

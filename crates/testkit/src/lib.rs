@@ -28,13 +28,16 @@ pub mod interleave;
 pub mod queue;
 pub mod registry;
 pub mod rng;
+pub mod scale;
 pub mod sessions;
 pub mod sim;
 pub mod world;
 
 pub use budgets::{Transition, measure_transitions, measure_transitions_async};
 pub use clock::SimClock;
-pub use compute::{ComputeEvent, ComputeTiming, TwinCompute};
+pub use compute::{
+    AwsLike, ComputeEvent, ComputeTiming, EcsAnswers, EcsCalls, Throttle, TwinCompute,
+};
 pub use counting::{Access, Call, CallCounts, CallLog, Counting};
 pub use faulty::{Fault, FaultPlan, Faulty};
 pub use interleave::{Interleaved, Scheduler};

@@ -13,7 +13,17 @@
 //! **Settle**: no more crashes or world changes; workers drain both queues and the
 //! sweeper runs every 300 simulated seconds, for `settle_secs`.
 //!
-//! Checked after every step: never two active computes for one environment; every stop
+//! The compute twin behaves like Amazon ECS ([`SimConfig::aws`], [`AwsLike::ecs`] by
+//! default): a new task is `MISSING` and unlisted for up to 5 s, stopped tasks are
+//! forgotten an hour after they stopped, some starts stay `PROVISIONING` and end
+//! `TaskFailedToStart`, `clientToken` replays for 24 h. Sweeps run in place
+//! ([`Controller::sweep`]) or fanned out to the timers queue
+//! ([`Controller::sweep_fan_out`]), chosen from the seed, so the sweep's jobs are
+//! interleaved and crashed like any other.
+//!
+//! Checked after every step (every poll, clock advance, world change and crash), against
+//! the twin's ground truth: never two active (provisioning, pending, running) computes for
+//! one environment. Checked at every stop: every stop
 //! targets exactly what a decision could have named (a lease's stop hits the lease's
 //! instance and generation; a replacement never stops a generation newer than the
 //! record's; an orphan stop only without a record; a release only for a deleted, failed
@@ -22,7 +32,7 @@
 //! active compute; deleted, failed, closed and idle sessions have none).
 
 use crate::clock::SimClock;
-use crate::compute::{ComputeEvent, TwinCompute};
+use crate::compute::{AwsLike, ComputeEvent, ComputeTiming, TwinCompute};
 use crate::interleave::{Interleaved, Scheduler};
 use crate::queue::TwinQueue;
 use crate::registry::TwinRegistry;
@@ -65,6 +75,14 @@ pub struct SimConfig {
     pub duplicate_percent: u64,
     /// Relative weight of "crash a running actor" among the step choices.
     pub crash_weight: u64,
+    /// The ECS behaviours of the compute twin ([`AwsLike`]); its `seed` is replaced by one
+    /// derived from the schedule's seed. Default: [`AwsLike::ecs`] (visibility lag up to
+    /// 5 s, stopped tasks forgotten after an hour, 5 % of starts stuck `PROVISIONING` for
+    /// up to 30 min then `TaskFailedToStart`, the 24-hour `clientToken` window).
+    pub aws: AwsLike,
+    /// Percent of sweeps run as [`Controller::sweep_fan_out`] (jobs to the timers queue,
+    /// decided by the workers) rather than [`Controller::sweep`] (in place).
+    pub fan_out_percent: u64,
 }
 
 impl Default for SimConfig {
@@ -75,6 +93,8 @@ impl Default for SimConfig {
             lose_percent: 15,
             duplicate_percent: 25,
             crash_weight: 4,
+            aws: AwsLike::ecs(0),
+            fan_out_percent: 50,
         }
     }
 }
@@ -107,6 +127,11 @@ pub struct ScheduleReport {
     pub queued_at_end: usize,
     /// Scheduler polls (port calls) in the whole schedule.
     pub polls: u64,
+    /// Sweeps run fanned out (jobs through the timers queue).
+    pub fan_out_sweeps: usize,
+    /// What the ECS-like compute twin did: reads answered `MISSING` because the task was
+    /// new or forgotten, token replays, starts that ended `TaskFailedToStart`.
+    pub ecs: crate::compute::EcsAnswers,
 }
 
 /// An invariant that did not hold, with the schedule's trace (last steps first to last).
@@ -182,6 +207,11 @@ fn controller(
 ) -> Rc<SimController> {
     let mut config = World::config(worker_id);
     config.stop_readback_interval = Duration::from_millis(1);
+    // Stops are instant here, so a read-back confirms at its first read unless the clock
+    // jumped past the hour after which ECS forgets the task (a worker paused mid
+    // read-back): then it must fail at once ("not confirmed", retried later), not wait on
+    // the machine's clock, which would make the schedule slow and depend on the load.
+    config.stop_readback_timeout = Duration::ZERO;
     Rc::new(Controller::new(
         Interleaved::new(events.clone()),
         Interleaved::new(timers.clone()),
@@ -200,7 +230,11 @@ impl Sim {
         let events = TwinQueue::fifo(clock.clone(), MAX_RECEIVE_COUNT);
         let timers = TwinQueue::standard(clock.clone(), MAX_RECEIVE_COUNT);
         let registry = TwinRegistry::new();
-        let compute = TwinCompute::new(clock.clone());
+        let aws = AwsLike {
+            seed: rng.next_u64(),
+            ..cfg.aws
+        };
+        let compute = TwinCompute::aws_like(clock.clone(), ComputeTiming::default(), aws);
         let sessions = TwinSessions::new();
         let n_envs = 1 + rng.index(3);
         let n_workers = 2 + rng.index(3);
@@ -466,11 +500,20 @@ impl Sim {
             return;
         }
         let c = self.sweeper.clone();
-        self.note("sweeper: sweep".to_owned());
+        let fan_out = self.rng.chance(self.cfg.fan_out_percent);
+        self.report.fan_out_sweeps += usize::from(fan_out);
+        self.note(format!(
+            "sweeper: {}",
+            if fan_out { "sweep (fan-out)" } else { "sweep" }
+        ));
         self.sched.spawn(
             "sweeper",
             Box::pin(async move {
-                let _ = c.sweep().await;
+                if fan_out {
+                    let _ = c.sweep_fan_out().await;
+                } else {
+                    let _ = c.sweep().await;
+                }
             }),
         );
     }
@@ -520,17 +563,24 @@ impl Sim {
 
     // ---- invariants ------------------------------------------------------------------
 
+    /// No environment has two active (provisioning, pending, running) tasks, by the
+    /// twin's ground truth (lagging and not-yet-failed starts included). Checked after
+    /// every step: a poll, a clock advance, a world change, a crash.
     fn check_one_active(&self, actor: &str) -> Result<(), Violation> {
         let all = self.compute.instances();
         for (e, env) in self.envs.iter().enumerate() {
-            let active: Vec<String> = all
+            let count = all
                 .iter()
                 .filter(|i| i.environment_id == env.env && i.status.is_active())
-                .map(|i| format!("{} gen {}", i.instance_id, i.generation))
-                .collect();
-            if active.len() > 1 {
+                .count();
+            if count > 1 {
+                let active: Vec<String> = all
+                    .iter()
+                    .filter(|i| i.environment_id == env.env && i.status.is_active())
+                    .map(|i| format!("{} gen {} {:?}", i.instance_id, i.generation, i.status))
+                    .collect();
                 return Err(self.violation(format!(
-                    "two live computes for env {e}: {active:?} (after a step of {actor})"
+                    "two active computes for env {e}: {active:?} (after a step of {actor})"
                 )));
             }
         }
@@ -542,14 +592,7 @@ impl Sim {
     }
 
     fn check_step(&mut self, actor: &str) -> Result<(), Violation> {
-        // Only a start can add an active compute: check when the provider saw one.
         let new = self.compute.events_since(self.seen_events);
-        if new.is_empty() {
-            return Ok(());
-        }
-        let started = new
-            .iter()
-            .any(|e| matches!(e, ComputeEvent::Started { .. }));
         self.seen_events += new.len();
         for event in new {
             match event {
@@ -578,10 +621,7 @@ impl Sim {
                 }
             }
         }
-        if started {
-            self.check_one_active(actor)?;
-        }
-        Ok(())
+        self.check_one_active(actor)
     }
 
     fn check_stop(
@@ -655,7 +695,15 @@ impl Sim {
                 }
             }
             let world = self.sessions.get(&env.session);
+            // Row 28: after `max_start_attempts` failed starts (TaskFailedToStart) nothing
+            // starts until the cooldown or an operator reset: documented, not lost.
+            let start_failing = record.as_ref().is_some_and(|r| {
+                r.start_failure
+                    .as_ref()
+                    .is_some_and(|f| f.attempts >= self.sweeper.config.policy.max_start_attempts)
+            });
             let expected = match &world {
+                _ if start_failing => None,
                 None => Some(0),
                 Some(s) if s.status == SessionStatus::Failed => Some(0),
                 Some(s) if s.requires_connection_of(&env.env) => Some(1),
@@ -708,8 +756,10 @@ impl Sim {
                     self.clock.advance_secs(secs);
                 }
                 96..=99 => {
-                    // Long pauses: past the visibility timeout, the lock lease, a grace.
-                    let secs = *self.rng.pick(&[61, 125, 200, 301]);
+                    // Long pauses: past the visibility timeout, the lock lease, a grace,
+                    // and past the hour after which ECS forgets a stopped task (nobody
+                    // looked meanwhile: a sweeper outage).
+                    let secs = *self.rng.pick(&[61, 125, 200, 301, 3_700]);
                     self.note(format!("clock +{secs}s"));
                     self.clock.advance_secs(secs);
                 }
@@ -724,12 +774,15 @@ impl Sim {
                     }
                 }
             }
+            self.check_one_active("chaos step")?;
         }
         Ok(())
     }
 
     async fn settle(&mut self) -> Result<(), Violation> {
         self.note("settle".to_owned());
+        // No new chaos: starts from now on run (those made before keep their fate).
+        self.compute.set_failed_starts(0);
         self.run_to_idle().await?;
         // The sender's last retries get through; an operator redrives the dead letters
         // (an alarm fires on a non-empty DLQ).
@@ -778,6 +831,7 @@ impl Sim {
             .min(next_sweep)
             .max(now + 1_000);
             self.clock.advance_to_ms(next);
+            self.check_one_active("clock")?;
         }
         self.spawn_sweep();
         self.run_to_idle().await?;
@@ -807,6 +861,7 @@ pub async fn run_schedule(seed: u64, cfg: &SimConfig) -> Result<ScheduleReport, 
     sim.check_final()?;
     sim.report.sim_secs = (sim.clock.now_ms() - sim.start_ms) / 1_000;
     sim.report.queued_at_end = sim.events.len() + sim.timers.len();
+    sim.report.ecs = sim.compute.answers();
     Ok(sim.report)
 }
 

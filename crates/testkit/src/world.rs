@@ -3,7 +3,7 @@
 //! ([`World::calls`]) and inject faults ([`World::faults`]) on any of them.
 
 use crate::clock::SimClock;
-use crate::compute::{ComputeTiming, TwinCompute};
+use crate::compute::{AwsLike, ComputeTiming, TwinCompute};
 use crate::counting::{CallLog, Counting};
 use crate::faulty::{FaultPlan, Faulty};
 use crate::queue::TwinQueue;
@@ -63,12 +63,18 @@ impl World {
 
     /// A world whose compute takes the given transition times.
     pub fn with_timing(timing: ComputeTiming) -> Self {
+        Self::aws_like(timing, AwsLike::strict())
+    }
+
+    /// A world whose compute takes the given transition times and reproduces the given
+    /// ECS behaviours ([`AwsLike`]).
+    pub fn aws_like(timing: ComputeTiming, aws: AwsLike) -> Self {
         let clock = SimClock::new();
         Self {
             events: TwinQueue::fifo(clock.clone(), MAX_RECEIVE_COUNT),
             timers: TwinQueue::standard(clock.clone(), MAX_RECEIVE_COUNT),
             registry: TwinRegistry::new(),
-            compute: TwinCompute::with_timing(clock.clone(), timing),
+            compute: TwinCompute::aws_like(clock.clone(), timing, aws),
             sessions: TwinSessions::new(),
             calls: CallLog::new(),
             faults: FaultPlan::new(),

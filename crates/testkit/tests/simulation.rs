@@ -3,7 +3,9 @@
 //! every side-effect boundary, lost and duplicated messages and simulated time. See
 //! `sandbox_testkit::sim` for what each schedule does and checks.
 //!
-//! - `SIM_SCHEDULES=n` runs n schedules (default 2,000); `make soak` uses 100,000.
+//! - `SIM_SCHEDULES=n` runs n schedules (default 2,000, the ECS-like compute twin on:
+//!   visibility lag, forgetting, failed starts, the token window); `make soak` uses
+//!   1,000,000.
 //! - `SIM_SEED=s` replays exactly the schedule of seed `s` (printed on failure).
 //! - `SIM_BASE=b` changes the base the schedule seeds derive from (default 0).
 
@@ -41,7 +43,15 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
     let base = env_u64("SIM_BASE").unwrap_or(0);
     let started = Instant::now();
     let mut total = ScheduleReport::default();
+    // Progress on long runs (make soak): every tenth, at least every 100,000 schedules.
+    let every = (schedules / 10).clamp(1, 100_000);
     for index in 0..schedules {
+        if index > 0 && index % every == 0 && schedules >= 100_000 {
+            println!(
+                "simulation: {index} of {schedules} schedules ok after {:.1?}",
+                started.elapsed()
+            );
+        }
         let seed = schedule_seed(base, index);
         match rt.block_on(run_schedule(seed, &cfg)) {
             Ok(r) => {
@@ -53,6 +63,11 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
                 total.dead_letters += r.dead_letters;
                 total.sim_secs += r.sim_secs;
                 total.polls += r.polls;
+                total.fan_out_sweeps += r.fan_out_sweeps;
+                total.ecs.missing_new += r.ecs.missing_new;
+                total.ecs.missing_forgotten += r.ecs.missing_forgotten;
+                total.ecs.replays += r.ecs.replays;
+                total.ecs.failing_starts += r.ecs.failing_starts;
                 total.queued_at_end = total.queued_at_end.max(r.queued_at_end);
             }
             Err(v) => panic!("schedule {index} of {schedules} failed\n{v}"),
@@ -60,7 +75,8 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
     }
     println!(
         "simulation: {schedules} schedules ok in {:.1?} (base {base}): {} crashes, {} lost and \
-         {} duplicated deliveries, {} computes started, {} stops, {} dead letters, {} simulated s, {} port calls, at most {} messages left queued",
+         {} duplicated deliveries, {} computes started, {} stops, {} dead letters, {} simulated s, {} port calls, at most {} messages left queued; \
+         {} fanned-out sweeps; ECS twin: {} reads MISSING (new), {} MISSING (forgotten), {} clientToken replays, {} starts failing (TaskFailedToStart)",
         started.elapsed(),
         total.crashes,
         total.lost,
@@ -70,7 +86,23 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
         total.dead_letters,
         total.sim_secs,
         total.polls,
-        total.queued_at_end
+        total.queued_at_end,
+        total.fan_out_sweeps,
+        total.ecs.missing_new,
+        total.ecs.missing_forgotten,
+        total.ecs.replays,
+        total.ecs.failing_starts,
     );
     assert!(total.crashes > 0 && total.starts > 0 && total.stops > 0 || schedules < 20);
+    // The ECS behaviours were exercised, not merely configured.
+    let ecs = total.ecs;
+    assert!(
+        schedules < 200
+            || (total.fan_out_sweeps > 0
+                && ecs.missing_new > 0
+                && ecs.missing_forgotten > 0
+                && ecs.replays > 0
+                && ecs.failing_starts > 0),
+        "an ECS behaviour never happened: {total:?}"
+    );
 }

@@ -1,0 +1,201 @@
+//! ECS calls per worker job and per sweep as the deployment grows (issue 11): what
+//! `make bench` prints as its scale table and what `tests/scale.rs` bounds.
+//!
+//! A world of N environments is built through the controller itself (each environment's
+//! connection request processed, its executor connected, a turn running), on the
+//! strict-but-instant compute twin ([`crate::compute::AwsLike::strict`]), whose
+//! [`EcsCalls`] count the ECS API calls the AWS adapter would make: a describe is one
+//! `DescribeTasks`, `describe_many` of n ids ⌈n/100⌉, a list of L live tasks
+//! max(1, ⌈L/100⌉) `ListTasks` pages + ⌈L/100⌉ `DescribeTasks`. Then, on that world:
+//!
+//! - **start**: a new environment's connection request (nothing recorded);
+//! - **reuse/wait**: a second connection request for it right after (its task recorded);
+//! - **idle (lease)**: its session goes idle with the executor connected: a shutdown lease;
+//! - **lease stop**: the lease is due: stop, read back;
+//! - **sweep (no effect)**: one [`Controller::sweep`](sandbox_controller::Controller::sweep)
+//!   in place of all N environments, each with a running connected executor and a turn
+//!   in progress (nothing to do), timed (wall clock, this process);
+//! - **sweep fan-out**: the same read, the jobs sent to the timers queue instead, timed.
+
+use crate::compute::EcsCalls;
+use crate::world::World;
+use sandbox_controller::Job;
+use sandbox_controller::ports::Clock;
+use sandbox_core::ids::{EnvironmentId, SessionId};
+use sandbox_core::observed::Trigger;
+use sandbox_core::session::SessionStatus;
+use std::time::Instant;
+
+/// One row of the scale table: N environments.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScaleRow {
+    /// Environments in the deployment: N − 1 with a running, connected executor and a
+    /// turn in progress, and the one the jobs are measured on.
+    pub environments: usize,
+    /// ECS calls of a start job.
+    pub start: EcsCalls,
+    /// ECS calls of a second connection request for a just-started environment.
+    pub reuse_wait: EcsCalls,
+    /// ECS calls of an idle job that schedules a shutdown lease.
+    pub idle_lease: EcsCalls,
+    /// ECS calls of the lease-due job that stops the task (stop and read-back).
+    pub lease_stop: EcsCalls,
+    /// ECS calls of one in-place sweep that finds nothing to do.
+    pub sweep: EcsCalls,
+    /// The sweep's decisions that were not `ignore` (must be 0 for a no-effect sweep).
+    pub sweep_not_ignored: usize,
+    /// Wall time of that sweep, milliseconds.
+    pub sweep_ms: f64,
+    /// ECS calls of one fanned-out sweep (the read only; the jobs decide on it later).
+    pub fan_out: EcsCalls,
+    /// Jobs the fanned-out sweep sent.
+    pub fan_out_jobs: usize,
+    /// Wall time of the fanned-out sweep (read + sends), milliseconds.
+    pub fan_out_ms: f64,
+}
+
+impl ScaleRow {
+    /// The issue's bound for a sweep with no effect: 3 × ⌈N/100⌉ ECS calls.
+    pub fn sweep_bound(&self) -> u64 {
+        3 * (self.environments as u64).div_ceil(100)
+    }
+}
+
+fn ids(i: usize) -> (SessionId, EnvironmentId) {
+    (
+        SessionId::new(format!("sess_scale_{i}")),
+        EnvironmentId::new(format!("env_scale_{i}")),
+    )
+}
+
+fn job(world: &World, trigger: Trigger, session: &SessionId, env: &EnvironmentId) -> Job {
+    Job {
+        handoffs: 0,
+        swept: None,
+        trigger,
+        session_id: session.clone(),
+        environment_id: Some(env.clone()),
+        webhook_id: None,
+        enqueued_at: world.clock.now(),
+    }
+}
+
+/// Measures one row at `n` environments. Deterministic in its counts; the times are this
+/// machine's.
+///
+/// # Panics
+/// When a measured job does not decide what it is meant to measure (the table would be
+/// about something else).
+pub async fn measure_scale(n: usize) -> ScaleRow {
+    let world = World::new();
+    let c = world.controller("scale");
+    let last = n.saturating_sub(1);
+    for i in 0..last {
+        let (session, env) = ids(i);
+        world.sessions.add(&session, &env, SessionStatus::Idle);
+        world.sessions.require_connection(&session);
+        let p = c
+            .process(&job(&world, Trigger::ConnectionRequested, &session, &env))
+            .await;
+        assert!(
+            matches!(&p, Ok(p) if p.outcome().map(|o| o.to_string()).as_deref() == Some("start")),
+            "setup start {i}: {p:?}"
+        );
+    }
+    for i in 0..last {
+        world.sessions.connect(&ids(i).1, SessionStatus::InProgress);
+    }
+    let run = |trigger: Trigger, i: usize| {
+        let (world, c) = (&world, &c);
+        async move {
+            let (session, env) = ids(i);
+            world.compute.take_ecs_calls();
+            let p = c
+                .process(&job(world, trigger, &session, &env))
+                .await
+                .unwrap_or_else(|e| panic!("job: {e}"));
+            (
+                p.outcome().map(|o| o.to_string()),
+                world.compute.take_ecs_calls(),
+            )
+        }
+    };
+    let (new_session, new_env) = ids(last);
+    world
+        .sessions
+        .add(&new_session, &new_env, SessionStatus::Idle);
+    world.sessions.require_connection(&new_session);
+    let (outcome, start) = run(Trigger::ConnectionRequested, last).await;
+    assert_eq!(outcome.as_deref(), Some("start"));
+    let (outcome, reuse_wait) = run(Trigger::ConnectionRequested, last).await;
+    assert_eq!(outcome.as_deref(), Some("wait"), "reuse/wait");
+    world.sessions.connect(&new_env, SessionStatus::Idle);
+    let (outcome, idle_lease) = run(Trigger::Idle, last).await;
+    assert_eq!(outcome.as_deref(), Some("schedule-stop"));
+    let lease = world
+        .registry
+        .record(&new_env.effect_key())
+        .and_then(|r| r.lease)
+        .unwrap_or_else(|| panic!("no lease recorded"));
+    world
+        .clock
+        .advance_secs(c.config.policy.shutdown_grace_secs + 1);
+    let (outcome, lease_stop) = run(Trigger::LeaseDue { lease }, last).await;
+    assert_eq!(outcome.as_deref(), Some("stop"));
+    // The stopped environment's session stays idle; the others run turns. Every record is
+    // swept (no settled skipping), so the sweep decides about all N.
+    let mut config = World::config("scale-sweeper");
+    config.settled_resweep_secs = 0;
+    let sweeper = world.controller_with(config);
+    world.compute.take_ecs_calls();
+    let started = Instant::now();
+    let report = sweeper
+        .sweep()
+        .await
+        .unwrap_or_else(|e| panic!("sweep: {e}"));
+    let sweep_ms = started.elapsed().as_secs_f64() * 1e3;
+    let sweep = world.compute.take_ecs_calls();
+    let sweep_not_ignored = report
+        .outcomes
+        .iter()
+        .filter(|(o, _)| o.as_str() != "ignore")
+        .map(|(_, k)| k)
+        .sum();
+    world.calls.clear();
+    let started = Instant::now();
+    let fanned = sweeper
+        .sweep_fan_out()
+        .await
+        .unwrap_or_else(|e| panic!("fan-out sweep: {e}"));
+    let fan_out_ms = started.elapsed().as_secs_f64() * 1e3;
+    let fan_out = world.compute.take_ecs_calls();
+    world.calls.clear();
+    ScaleRow {
+        environments: n,
+        start,
+        reuse_wait,
+        idle_lease,
+        lease_stop,
+        sweep,
+        sweep_not_ignored,
+        sweep_ms,
+        fan_out,
+        fan_out_jobs: fanned.enqueued,
+        fan_out_ms,
+    }
+}
+
+/// [`measure_scale`] on a fresh current-thread Tokio runtime, for each of `sizes`.
+///
+/// # Panics
+/// As [`measure_scale`]; when called inside a Tokio runtime or when none can be built.
+pub fn measure_scale_table(sizes: &[usize]) -> Vec<ScaleRow> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
+    sizes
+        .iter()
+        .map(|&n| rt.block_on(measure_scale(n)))
+        .collect()
+}
