@@ -5,8 +5,9 @@
 //! submits input (so each requires `environment_connection`), then sends each
 //! connection-requested job TWICE to the SQS FIFO events queue, with different webhook
 //! ids, de-duplication ids and message groups, so both copies reach (possibly different)
-//! workers concurrently and only the effect-key lock and the adoption by tags keep it to
-//! one task.
+//! workers concurrently and only the effect-key lock (and, for a start whose answer was
+//! lost, the RunTask `clientToken` replay) keep it to one task. Every task ever started is
+//! counted, stopped ones included (`AwsResources::all_tasks`).
 //!
 //! Run with `tests/moto/run.sh cargo nextest run -p sandbox-e2e -E 'test(aws)'`.
 
@@ -155,7 +156,7 @@ async fn aws_concurrency_200_environments_32_workers_duplicated_jobs_yield_one_t
         converged.as_secs_f64(),
         drained.as_secs_f64()
     );
-    let instances = h.instances().await.unwrap();
+    let instances = h.resources.all_tasks().await.unwrap();
     let mut per_env: HashMap<&str, Vec<_>> = HashMap::new();
     for i in &instances {
         per_env

@@ -68,14 +68,9 @@ async fn stop_reasons(h: &AwsHarness, env: &str) -> Vec<String> {
         .collect()
 }
 
-/// Every task of one environment (live and stopped), per ECS.
+/// Every task one environment ever had (live and stopped), per ECS.
 async fn tasks_of(h: &AwsHarness, env: &str) -> Vec<ComputeInstance> {
-    h.instances()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|i| i.environment_id.as_str() == env)
-        .collect()
+    h.tasks_of(env).await.unwrap()
 }
 
 /// DescribeTasks of one task through the adapter.
@@ -116,7 +111,7 @@ async fn aws_row01_connection_request_starts_one_task_with_the_sessions_remote_u
     assert_eq!(record.session_id, s.id);
     assert_eq!(record.status, RecordStatus::Active);
     // RunTask carried the session's remote_url unchanged (moto echoes the overrides).
-    let ecs = aws_sdk_ecs::Client::new(&h.resources.sdk);
+    let ecs = h.resources.ecs_client();
     let described = ecs
         .describe_tasks()
         .cluster(&h.resources.ecs.cluster)
@@ -413,7 +408,8 @@ async fn aws_row27_record_says_running_but_task_stopped_marks_stopped_and_starts
     .unwrap();
     // The task stops behind the controller's back (StopTask outside the controller).
     let id = h.live(&env).await.unwrap()[0].instance_id.clone();
-    aws_sdk_ecs::Client::new(&h.resources.sdk)
+    h.resources
+        .ecs_client()
         .stop_task()
         .cluster(&h.resources.ecs.cluster)
         .task(id.as_str())
