@@ -44,6 +44,14 @@ async fn aws_concurrency_200_environments_32_workers_duplicated_jobs_yield_one_t
         // The bridge lists all 200 tasks per tick: once a second keeps it from competing
         // with the workers for moto.
         bridge_every: Duration::from_secs(1),
+        // The sweeper runs, as in production: it is the only discoverer of a task whose
+        // start was never recorded (DESIGN.md principle 7). Here that happens when the
+        // release after RunTask fails — moto's DynamoDB TransactWriteItems sometimes
+        // crashes under 32 concurrent workers ("dictionary changed size during iteration",
+        // HTTP 500) — and the executor then connects, so the next holder of the lock has
+        // no start to replay (the connection requirement is resolved) and only a sweep
+        // records the task.
+        sweep_every: Some(Duration::from_secs(20)),
         ..AwsOptions::default()
     })
     .await
