@@ -3,8 +3,11 @@
 #
 #   tests/moto/run.sh cargo nextest run -p sandbox-aws
 #
-# Starts `.venv/bin/moto_server` (install it with
-# `.venv/bin/pip install -r tests/moto/requirements.txt`) on a free port of 127.0.0.1,
+# Starts moto's server through tests/moto/server.py — moto_server with ECS made to behave
+# as its API reference documents where moto is lenient (RunTask clientToken idempotency,
+# ListTasks pages and default desiredStatus, DescribeTasks MISSING; see that file) —
+# (install moto with `.venv/bin/pip install -r tests/moto/requirements.txt`) on a free
+# port of 127.0.0.1,
 # waits until it answers (at most 20 s), exports MOTO_ENDPOINT, test credentials and region
 # us-east-1, runs the command, stops moto on exit and exits with the command's status.
 # moto's log goes to $MOTO_LOG (default: a temporary file, printed if moto fails to start,
@@ -14,6 +17,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 moto="$root/.venv/bin/moto_server"
 python="$root/.venv/bin/python"
+server="$root/tests/moto/server.py"
 
 if [[ $# -eq 0 ]]; then
   echo "usage: tests/moto/run.sh COMMAND [ARGS...]" >&2
@@ -36,7 +40,7 @@ else
   log="$(mktemp -t moto-XXXXXX.log)"
   temp_log=1
 fi
-"$moto" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
+"$python" "$server" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
 moto_pid=$!
 
 stop_moto() {

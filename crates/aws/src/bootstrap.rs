@@ -23,6 +23,7 @@
 use crate::ecs_compute::EcsConfig;
 use crate::sdk_error::port_error;
 use crate::sqs_queue::{SqsQueue, SqsQueueOptions};
+use crate::strict_ecs::StrictEcs;
 use aws_sdk_ecs::types::{Compatibility, ContainerDefinition, NetworkMode, Secret};
 use aws_sdk_sqs::types::QueueAttributeName;
 use axum::body::Bytes;
@@ -420,9 +421,10 @@ impl EcsStub {
         Self { url, calls }
     }
 
-    /// An ECS client pointed at the stub.
+    /// An ECS client pointed at the stub, behind a [`StrictEcs`] guard: a request the ECS
+    /// API reference forbids fails before it reaches the stub.
     pub async fn client(&self) -> aws_sdk_ecs::Client {
-        aws_sdk_ecs::Client::new(&crate::load_sdk_config(Some(&self.url)).await)
+        StrictEcs::new().client(&crate::load_sdk_config(Some(&self.url)).await)
     }
 
     /// The recorded calls of `op`.

@@ -7,10 +7,13 @@
 //!   [`Registry`](sandbox_controller::ports::Registry) port on one DynamoDB table (schema
 //!   in the module docs; [`create_table`] creates it);
 //! - [`ecs_compute`] — [`EcsCompute`]: the [`Compute`](sandbox_controller::ports::Compute)
-//!   port on ECS Fargate tasks, with adoption by tags;
+//!   port on ECS Fargate tasks (a lost start is found again by its RunTask `clientToken`);
 //! - [`secrets`] — [`read_secret`]: one Secrets Manager value behind a redacted type;
 //! - `bootstrap` (feature `bootstrap`) — creating the queues, the ECS cluster and task definition (and, on
 //!   moto only, pinning task states) for tests and a local stack on moto;
+//! - `strict_ecs` (feature `bootstrap`) — `StrictEcs`: the ECS client interceptor of the
+//!   moto tests, which rejects requests the ECS API reference forbids, records every
+//!   request's shape and can make new tasks lag like ECS;
 //! - [`sdk_config`] — [`load_sdk_config`]: the shared SDK configuration (region, optional
 //!   endpoint override for moto).
 //!
@@ -35,6 +38,8 @@ pub mod sdk_config;
 mod sdk_error;
 pub mod secrets;
 pub mod sqs_queue;
+#[cfg(feature = "bootstrap")]
+pub mod strict_ecs;
 
 #[cfg(feature = "dynamodb")]
 pub use dynamo_registry::{DynamoRegistry, create_table};

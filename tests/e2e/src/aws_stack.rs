@@ -5,12 +5,21 @@
 //!
 //! **moto runs no containers.** A task it "runs" is only a row with a status, so nothing
 //! would ever run `codex exec-server` and connect to the simulator. The **executor
-//! bridge** plays that part: every ~100 ms ([`AwsOptions::bridge_every`]) it lists the deployment's ECS tasks (through
-//! [`EcsCompute`], i.e. ListTasks + DescribeTasks), and for each RUNNING task not yet
-//! connected it connects the task's environment to the simulator with the executor key
-//! ([`SimClient::connect`], the same endpoint `sim-executor` calls); for each task that is
-//! STOPPED (or gone) after connecting it disconnects that connection. Connection counts in
+//! bridge** plays that part: every ~100 ms ([`AwsOptions::bridge_every`]) it lists the
+//! deployment's live ECS tasks (through [`EcsCompute`], i.e. ListTasks by `startedBy` +
+//! DescribeTasks), and for each RUNNING task not yet connected it connects the task's
+//! environment to the simulator with the executor key ([`SimClient::connect`], the same
+//! endpoint `sim-executor` calls); for each task that is STOPPED or no longer listed after
+//! connecting it disconnects that connection. Connection counts in
 //! the simulator therefore follow the ECS task states, one connection per task.
+//!
+//! **ECS as documented.** moto runs behind `tests/moto/server.py` (RunTask `clientToken`
+//! honoured for 24 h, ListTasks pages and `desiredStatus` RUNNING by default, DescribeTasks
+//! `MISSING`), and every ECS client of the harness sits behind a
+//! [`StrictEcs`] interceptor: a request the ECS API reference forbids fails, and every
+//! request is recorded ([`AwsResources::ecs_guard`] for the controller's client).
+//! [`AwsHarness::shutdown`] fails if the controller ever sent (tried to send) a forbidden
+//! request, so every AWS end-to-end test checks the request shapes.
 //!
 //! Needs `MOTO_ENDPOINT` (run through `tests/moto/run.sh`); [`AwsHarness::start`] panics
 //! with a message naming the runner when it is unset. Every harness uses its own queues,
@@ -20,13 +29,15 @@ use crate::{DEPLOYMENT, LifecycleHarness, Options};
 use agents_sim::{SimClient, SimConfig, SimHandle, Url};
 use anyhow::{Context as _, bail};
 use aws_config::SdkConfig;
+use aws_sdk_ecs::types::DesiredStatus;
 use sandbox_agents_api::{AgentsClient, ClientConfig};
 use sandbox_aws::bootstrap::{Queues, create_ecs, create_queues, moto_pin_ecs_tasks};
+use sandbox_aws::strict_ecs::StrictEcs;
 use sandbox_aws::{DynamoRegistry, EcsCompute, SqsQueue, create_table, load_sdk_config};
 use sandbox_controller::ports::{Clock, Compute as _, NO_DEADLINE, PortError, SystemClock};
 use sandbox_controller::{Controller, ControllerConfig, Intake, router};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
-use sandbox_core::ids::{DeploymentId, InstanceId};
+use sandbox_core::ids::{DeploymentId, EnvironmentId, InstanceId};
 use sandbox_core::observed::Policy;
 use sandbox_core::webhook::WebhookVerifier;
 use std::collections::HashMap;
@@ -112,6 +123,9 @@ pub struct AwsResources {
     pub table: String,
     /// The ECS configuration (cluster, task definition, network).
     pub ecs: sandbox_aws::EcsConfig,
+    /// The interceptor on the ECS client of [`AwsResources::compute`] (the controller's):
+    /// its recorded requests and refusals, and the lag knob.
+    pub ecs_guard: StrictEcs,
 }
 
 impl AwsResources {
@@ -129,7 +143,7 @@ impl AwsResources {
         let table = format!("e2e-{u}");
         create_table(&aws_sdk_dynamodb::Client::new(&sdk), &table).await?;
         let ecs = create_ecs(
-            &aws_sdk_ecs::Client::new(&sdk),
+            &StrictEcs::new().client(&sdk),
             &endpoint,
             &format!("e2e-{u}"),
             &format!("executor-{u}"),
@@ -141,6 +155,7 @@ impl AwsResources {
             queues,
             table,
             ecs,
+            ecs_guard: StrictEcs::new(),
         })
     }
 
@@ -159,9 +174,52 @@ impl AwsResources {
         DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&self.sdk), &self.table)
     }
 
-    /// The compute provider on moto's ECS.
+    /// The compute provider on moto's ECS, its client behind [`AwsResources::ecs_guard`].
     pub fn compute(&self) -> EcsCompute {
-        EcsCompute::new(aws_sdk_ecs::Client::new(&self.sdk), self.ecs.clone())
+        EcsCompute::new(self.ecs_guard.client(&self.sdk), self.ecs.clone())
+    }
+
+    /// An ECS client for a test's own calls, behind its own [`StrictEcs`] (recorded apart
+    /// from the controller's requests).
+    pub fn ecs_client(&self) -> aws_sdk_ecs::Client {
+        StrictEcs::new().client(&self.sdk)
+    }
+
+    /// Every task of the harness's cluster, live and stopped (moto keeps stopped tasks):
+    /// the ground truth, unaffected by any lag. `ListTasks` with `cluster` and
+    /// `desiredStatus` (no `startedBy`, so the combination is allowed) for `RUNNING` and
+    /// `STOPPED`, every page, exact cluster matches only (moto's cluster filter is a
+    /// substring match), then `DescribeTasks` per 100 through a separate adapter.
+    ///
+    /// # Errors
+    /// A [`PortError`] when a call fails.
+    pub async fn all_tasks(&self) -> Result<Vec<ComputeInstance>, PortError> {
+        let client = self.ecs_client();
+        let ours = format!(":task/{}/", self.ecs.cluster);
+        let mut arns = Vec::new();
+        for status in [DesiredStatus::Running, DesiredStatus::Stopped] {
+            let mut pages = client
+                .list_tasks()
+                .cluster(&self.ecs.cluster)
+                .desired_status(status)
+                .into_paginator()
+                .send();
+            while let Some(page) = pages.next().await {
+                let page =
+                    page.map_err(|e| PortError::transient("ecs", "list_tasks", e.to_string()))?;
+                arns.extend(
+                    page.task_arns()
+                        .iter()
+                        .filter(|a| a.contains(&ours) && !arns.contains(*a))
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                );
+            }
+        }
+        let ids: Vec<InstanceId> = arns.into_iter().map(InstanceId::new).collect();
+        EcsCompute::new(client, self.ecs.clone())
+            .describe_many(&ids)
+            .await
     }
 }
 
@@ -283,6 +341,21 @@ impl AwsHarness {
     pub fn webhook_url(&self) -> &str {
         &self.webhook_url
     }
+
+    /// Every ECS task one environment ever had in this harness, live and stopped
+    /// ([`AwsResources::all_tasks`]).
+    ///
+    /// # Errors
+    /// The provider's error.
+    pub async fn tasks_of(&self, env: &str) -> anyhow::Result<Vec<ComputeInstance>> {
+        Ok(self
+            .resources
+            .all_tasks()
+            .await?
+            .into_iter()
+            .filter(|i| i.environment_id.as_str() == env)
+            .collect())
+    }
 }
 
 impl LifecycleHarness for AwsHarness {
@@ -384,6 +457,16 @@ impl LifecycleHarness for AwsHarness {
             }
         }
         self.sim.shutdown().await;
+        let rejected = self.resources.ecs_guard.rejected();
+        anyhow::ensure!(
+            rejected.is_empty(),
+            "the controller tried ECS requests the API reference forbids: {rejected:?}"
+        );
+        let rejected = self.resources.ecs_guard.rejected();
+        anyhow::ensure!(
+            rejected.is_empty(),
+            "the controller tried ECS requests the API reference forbids: {rejected:?}"
+        );
         Ok(stopped)
     }
 }

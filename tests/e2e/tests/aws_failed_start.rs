@@ -5,8 +5,9 @@
 //!
 //! A failed start is recorded (`start_failure.attempts`), the message comes back after the
 //! backoff; before the backoff nothing calls RunTask; after it one more attempt with the
-//! backoff doubled; after `max_start_attempts` no more attempts at all (outcome
-//! `reconcile`). The controller never loops creating tasks.
+//! backoff doubled; after `max_start_attempts` no more attempts within the cooldown
+//! (`Policy::start_failing_cooldown_secs`; outcome `reconcile`), then one attempt per
+//! cooldown. The controller never loops creating tasks.
 //!
 //! Run with `tests/moto/run.sh cargo nextest run -p sandbox-e2e -E 'test(aws)'`.
 
@@ -84,6 +85,7 @@ async fn aws_failed_start_is_recorded_backs_off_doubles_and_gives_up_without_loo
     );
     config.policy.max_start_attempts = MAX_ATTEMPTS;
     let base = config.policy.start_retry_base_secs;
+    let cooldown = config.policy.start_failing_cooldown_secs;
     let c = Controller::new(
         resources.events(),
         resources.timers(),
@@ -163,10 +165,10 @@ async fn aws_failed_start_is_recorded_backs_off_doubles_and_gives_up_without_loo
     assert_eq!(runs(), 3);
     assert_eq!(attempts(&record().await), Some(MAX_ATTEMPTS));
 
-    // From now on: never another RunTask, however much time passes or how often the
-    // environment is looked at (jobs, sweeps).
+    // From now on: no RunTask within the cooldown, however often the environment is looked
+    // at (jobs, sweeps).
     for _ in 0..5 {
-        clock.advance(10_000);
+        clock.advance(cooldown / 10);
         let p = c.process(&job).await.unwrap();
         assert_eq!(p.outcome(), Some(Outcome::Reconcile), "{p:?}");
         assert_eq!(p.disposition, Disposition::Done, "{p:?}");
@@ -174,5 +176,23 @@ async fn aws_failed_start_is_recorded_backs_off_doubles_and_gives_up_without_loo
     }
     assert_eq!(runs(), MAX_ATTEMPTS as usize, "never loops creating tasks");
     assert_eq!(attempts(&record().await), Some(MAX_ATTEMPTS));
+
+    // After the cooldown: one attempt, then the cooldown again (never a task loop).
+    clock.advance(cooldown);
+    let p = c.process(&job).await.unwrap();
+    assert_eq!(p.outcome(), Some(Outcome::Start), "{p:?}");
+    assert_eq!(runs(), MAX_ATTEMPTS as usize + 1);
+    assert_eq!(attempts(&record().await), Some(MAX_ATTEMPTS + 1));
+    for _ in 0..3 {
+        clock.advance(cooldown / 10);
+        let p = c.process(&job).await.unwrap();
+        assert_eq!(p.outcome(), Some(Outcome::Reconcile), "{p:?}");
+        c.sweep().await.unwrap();
+    }
+    assert_eq!(
+        runs(),
+        MAX_ATTEMPTS as usize + 1,
+        "one attempt per cooldown"
+    );
     sim.shutdown().await;
 }

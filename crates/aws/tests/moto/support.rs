@@ -1,9 +1,11 @@
-//! Shared test support: the moto endpoint, SDK clients, unique names, moto's control API,
-//! ECS fixtures and a tiny ECS JSON-protocol stub (the fixtures and the stub live in
+//! Shared test support: the moto endpoint, SDK clients (ECS ones behind
+//! `sandbox_aws::strict_ecs::StrictEcs`), unique names, moto's control API, ECS fixtures
+//! and a tiny ECS JSON-protocol stub (the fixtures and the stub live in
 //! `sandbox_aws::bootstrap`; these wrappers panic instead of returning errors).
 
 use aws_config::SdkConfig;
 use sandbox_aws::load_sdk_config;
+use sandbox_aws::strict_ecs::StrictEcs;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The moto endpoint from `MOTO_ENDPOINT`. Panics (never skips) when it is unset.
@@ -23,6 +25,13 @@ pub fn endpoint() -> String {
 /// The SDK configuration pointed at moto.
 pub async fn sdk() -> SdkConfig {
     load_sdk_config(Some(&endpoint())).await
+}
+
+/// An ECS client on moto behind its own [`StrictEcs`] (requests the ECS API reference
+/// forbids are refused, every request is recorded), and that interceptor.
+pub async fn strict_ecs() -> (aws_sdk_ecs::Client, StrictEcs) {
+    let guard = StrictEcs::new();
+    (guard.client(&sdk().await), guard)
 }
 
 /// A short unique token for names: wall-clock nanoseconds, process id, a counter.

@@ -1,0 +1,176 @@
+"""moto_server, with Amazon ECS made to behave as its API reference documents where moto
+5.2.5 is more lenient. tests/moto/run.sh starts this instead of `.venv/bin/moto_server`
+(same arguments: `-H 127.0.0.1 -p PORT`).
+
+What changes, all in moto's ECS JSON handlers (moto/ecs/responses.py); every other
+service and operation is moto's own:
+
+- RunTask `clientToken` ("Ensuring idempotency", ECS API reference, RunTask): "If you use
+  the same client token with the same parameters, the same task is returned for 24 hours";
+  the same token with different parameters is a `ConflictException` whose `resourceIds`
+  are the tasks the token already started. moto ignores the token and starts a second task.
+  The token must be at most 64 characters in the range 33-126 ("Up to 64 characters are
+  allowed. The valid characters are characters in the range of 33-126, inclusive";
+  `InvalidParameterException` otherwise).
+  Tokens live in the account/region backend, so `POST /moto-api/reset` forgets them.
+- ListTasks pagination (ECS API reference, ListTasks `maxResults`/`nextToken`): at most
+  `maxResults` (1-100, default 100) ARNs per page and a `nextToken` when more follow. moto
+  returns every ARN in one page.
+- ListTasks `desiredStatus` defaults to `RUNNING` ("The default status filter is
+  RUNNING"): without it, stopped tasks are not listed. moto lists them.
+- DescribeTasks answers `failures: [{arn, reason: "MISSING"}]` for a requested task it does
+  not know (ECS API reference, DescribeTasks / Failure). moto answers no task and no
+  failure.
+
+moto's other quirks are kept on purpose (shared/reference/moto.md): the ListTasks cluster
+filter and DescribeTasks task ids still match as substrings, so the adapter's own exact
+matching stays tested.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+from moto.core.responses import ActionResult
+from moto.ecs.exceptions import ECSException, InvalidParameterException
+from moto.ecs.responses import EC2ContainerServiceResponse
+from moto.server import main
+
+# "the same task is returned for 24 hours" (ECS API reference, RunTask clientToken).
+CLIENT_TOKEN_TTL_SECS = 24 * 60 * 60
+CLIENT_TOKEN_MAX_CHARS = 64
+LIST_TASKS_DEFAULT_PAGE = 100
+
+# One RunTask at a time per server: two concurrent replays of one token must not both
+# start a task (ECS guarantees it; moto_server handles requests on threads).
+_run_task_lock = threading.Lock()
+
+_original_run_task = EC2ContainerServiceResponse.run_task
+_original_list_tasks = EC2ContainerServiceResponse.list_tasks
+_original_describe_tasks = EC2ContainerServiceResponse.describe_tasks
+
+
+class ConflictException(ECSException):
+    """ECS `ConflictException`: the client token is in use with a different RunTask request;
+    `resourceIds` are the task ARNs it already started."""
+
+    code = "ConflictException"
+
+    def __init__(self, message: str, resource_ids: list[str]) -> None:
+        super().__init__(message)
+        self.resourceIds = resource_ids
+
+
+def _client_tokens(backend: Any) -> dict[str, tuple[str, list[str], float]]:
+    """token -> (canonical parameters, task ARNs, first use), kept on the backend so that
+    moto's reset (which re-initialises every backend) forgets them."""
+    tokens = backend.__dict__.get("_sandbox_client_tokens")
+    if tokens is None:
+        tokens = {}
+        backend.__dict__["_sandbox_client_tokens"] = tokens
+    return tokens
+
+
+def _task_by_arn(backend: Any, arn: str) -> Any | None:
+    for cluster_tasks in backend.tasks.values():
+        task = cluster_tasks.get(arn)
+        if task is not None:
+            return task
+    return None
+
+
+def run_task(self: EC2ContainerServiceResponse) -> ActionResult:
+    token = self._get_param("clientToken")
+    if token is None:
+        return _original_run_task(self)
+    if len(token) > CLIENT_TOKEN_MAX_CHARS or not all(33 <= ord(c) <= 126 for c in token):
+        raise InvalidParameterException(
+            f"clientToken must be at most {CLIENT_TOKEN_MAX_CHARS} characters in the range "
+            "33-126."
+        )
+    body = json.loads(self.body) if self.body else {}
+    body.pop("clientToken", None)
+    parameters = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    with _run_task_lock:
+        backend = self.ecs_backend
+        tokens = _client_tokens(backend)
+        now = time.time()
+        known = tokens.get(token)
+        if known is not None and now - known[2] < CLIENT_TOKEN_TTL_SECS:
+            known_parameters, arns, _ = known
+            if known_parameters != parameters:
+                raise ConflictException(
+                    "The specified client token is already in use with different "
+                    "parameters.",
+                    arns,
+                )
+            tasks = [t for t in (_task_by_arn(backend, a) for a in arns) if t is not None]
+            return ActionResult({"tasks": tasks, "failures": []})
+        result = _original_run_task(self)
+        arns = [t.task_arn for t in result.result["tasks"]]  # type: ignore[index]
+        if arns:
+            tokens[token] = (parameters, arns, now)
+        return result
+
+
+def _page_token(arn: str) -> str:
+    return base64.urlsafe_b64encode(arn.encode()).decode()
+
+
+def _after_token(token: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidParameterException("Invalid nextToken.") from None
+
+
+def list_tasks(self: EC2ContainerServiceResponse) -> ActionResult:
+    tasks = self.ecs_backend.list_tasks(
+        self._get_param("cluster", "default"),
+        self._get_param("containerInstance"),
+        self._get_param("family"),
+        self._get_param("startedBy"),
+        self._get_param("serviceName"),
+        self._get_param("desiredStatus") or "RUNNING",
+    )
+    arns = [t.task_arn for t in tasks]
+    page = self._get_int_param("maxResults", LIST_TASKS_DEFAULT_PAGE)
+    if not 1 <= page <= 100:
+        raise InvalidParameterException("maxResults must be between 1 and 100.")
+    start = 0
+    token = self._get_param("nextToken")
+    if token:
+        after = _after_token(token)
+        if after not in arns:
+            raise InvalidParameterException("Invalid nextToken.")
+        start = arns.index(after) + 1
+    result: dict[str, Any] = {"taskArns": arns[start : start + page]}
+    if start + page < len(arns):
+        result["nextToken"] = _page_token(arns[start + page - 1])
+    return ActionResult(result)
+
+
+def describe_tasks(self: EC2ContainerServiceResponse) -> ActionResult:
+    result = _original_describe_tasks(self)
+    answer = result.result  # {"tasks": [...], "failures": []}
+    found: set[str] = set()
+    for task in answer["tasks"]:  # type: ignore[index]
+        found.add(task.task_arn)
+        found.add(task.task_arn.rsplit("/", 1)[-1])
+    for requested in self._get_param("tasks", []):
+        if requested not in found:
+            answer["failures"].append({"arn": requested, "reason": "MISSING"})  # type: ignore[index]
+    return result
+
+
+EC2ContainerServiceResponse.run_task = run_task  # type: ignore[method-assign]
+EC2ContainerServiceResponse.list_tasks = list_tasks  # type: ignore[method-assign]
+EC2ContainerServiceResponse.describe_tasks = describe_tasks  # type: ignore[method-assign]
+
+if __name__ == "__main__":
+    sys.exit(main())
