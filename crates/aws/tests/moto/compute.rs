@@ -23,7 +23,8 @@ use sandbox_controller::ports::{Compute, NO_DEADLINE, Started};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{
-    DeploymentId, EnvironmentId, Generation, InstanceId, SessionId, idempotency_token,
+    DeploymentId, EnvironmentId, Generation, InstanceId, SessionId, environment_started_by,
+    idempotency_token,
 };
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -227,7 +228,7 @@ async fn run_task_sends_exactly_the_documented_request_with_tags_overrides_and_n
             "taskDefinition": config.task_definition,
             "launchType": "FARGATE",
             "count": 1,
-            "startedBy": d.as_str(),
+            "startedBy": environment_started_by(&d, &s.environment_id),
             "clientToken": s.idempotency_token,
             "networkConfiguration": {"awsvpcConfiguration": {
                 "subnets": config.subnets,
@@ -261,7 +262,10 @@ async fn run_task_sends_exactly_the_documented_request_with_tags_overrides_and_n
         .await
         .unwrap();
     let task = &out.tasks()[0];
-    assert_eq!(task.started_by(), Some(d.as_str()));
+    assert_eq!(
+        task.started_by(),
+        Some(environment_started_by(&d, &s.environment_id).as_str())
+    );
     assert_eq!(task.launch_type().map(|l| l.as_str()), Some("FARGATE"));
     let overrides = task.overrides().unwrap().container_overrides();
     let env: Vec<(&str, &str)> = overrides[0]
@@ -351,13 +355,14 @@ async fn run_tasks(m: &Moto, d: &DeploymentId, n: usize) {
 }
 
 /// The sweep's inventory read (`list`) on a deployment of 105 live tasks and 1 stopped
-/// one: ListTasks with `cluster` and `startedBy` and nothing else ("When you specify
-/// `startedBy` as the filter, it must be the only filter that you use", ECS API reference,
-/// ListTasks), every page followed by `nextToken` (at most 100 ARNs a page), then
-/// DescribeTasks with tags for at most 100 tasks a call (DescribeTasks `tasks`). Exactly
-/// those requests, in that order; the 105 live tasks come back, the stopped one does not.
+/// one: ListTasks with `cluster`, the task definition's `family` and `desiredStatus`
+/// `RUNNING` and nothing else (`family` combines with `desiredStatus`; `startedBy`, which
+/// must be the only filter, is per environment: ECS API reference, ListTasks), every page
+/// followed by `nextToken` (at most 100 ARNs a page), then DescribeTasks with tags for at
+/// most 100 tasks a call (DescribeTasks `tasks`). Exactly those requests, in that order;
+/// the 105 live tasks come back, the stopped one does not.
 #[tokio::test]
-async fn list_asks_by_started_by_alone_follows_every_page_and_describes_by_100() {
+async fn list_asks_by_family_and_running_follows_every_page_and_describes_by_100() {
     let cluster = format!("lc-{}", unique());
     let m = moto_compute(&cluster).await;
     let d = deployment();
@@ -384,17 +389,22 @@ async fn list_asks_by_started_by_alone_follows_every_page_and_describes_by_100()
         ops,
         vec!["ListTasks", "ListTasks", "DescribeTasks", "DescribeTasks"]
     );
+    let td = m.compute.config().task_definition.clone();
+    let family = td.rsplit('/').next().unwrap().split(':').next().unwrap();
     assert_eq!(
         requests[0].body,
-        json!({"cluster": cluster, "startedBy": d.as_str()}),
-        "the first page: cluster and startedBy, nothing else"
+        json!({"cluster": cluster, "family": family, "desiredStatus": "RUNNING"}),
+        "the first page: cluster, family and RUNNING, nothing else"
     );
     let second = requests[1].body.as_object().unwrap();
     let mut keys: Vec<&str> = second.keys().map(String::as_str).collect();
     keys.sort_unstable();
-    assert_eq!(keys, vec!["cluster", "nextToken", "startedBy"]);
+    assert_eq!(
+        keys,
+        vec!["cluster", "desiredStatus", "family", "nextToken"]
+    );
     assert_eq!(second["cluster"], cluster.as_str());
-    assert_eq!(second["startedBy"], d.as_str());
+    assert_eq!(second["family"], family);
     let chunks: Vec<usize> = requests[2..]
         .iter()
         .map(|r| {
@@ -730,7 +740,10 @@ async fn run_task_failures_with_status_200_are_started_failed() {
     assert_eq!(r["taskDefinition"], "executor:3");
     assert_eq!(r["launchType"], "FARGATE");
     assert_eq!(r["count"], 1);
-    assert_eq!(r["startedBy"], d.as_str());
+    assert_eq!(
+        r["startedBy"],
+        environment_started_by(&d, &s.environment_id).as_str()
+    );
     assert_eq!(r["clientToken"], s.idempotency_token.as_str());
     assert_eq!(r["propagateTags"], "TASK_DEFINITION");
     assert_eq!(r["enableECSManagedTags"], true);
@@ -910,5 +923,40 @@ struct ErrorStub {
 impl ErrorStub {
     async fn client(&self) -> aws_sdk_ecs::Client {
         aws_sdk_ecs::Client::new(&sandbox_aws::load_sdk_config(Some(&self.url)).await)
+    }
+}
+
+/// One environment's live tasks (`find`, what a worker reads after an unclean lock): one
+/// ListTasks with `cluster` and that environment's `startedBy` alone ("it must be the only
+/// filter that you use", ECS API reference, ListTasks) and one DescribeTasks, whatever
+/// else the deployment runs; another environment's task is not returned.
+#[tokio::test]
+async fn find_reads_one_environment_by_its_started_by_alone() {
+    let cluster = format!("lc-{}", unique());
+    let m = moto_compute(&cluster).await;
+    let d = deployment();
+    let mine = spec(&format!("env_{}", unique()), 1);
+    let other = spec(&format!("env_{}", unique()), 1);
+    let a = started(&m.compute, &mine, &d).await;
+    let b = started(&m.compute, &other, &d).await;
+    m.guard.clear();
+    let found = m.compute.find(&d, &mine.environment_id).await.unwrap();
+    assert_eq!(
+        found.iter().map(|i| &i.instance_id).collect::<Vec<_>>(),
+        vec![&a.instance_id]
+    );
+    let requests = m.guard.requests();
+    let ops: Vec<&str> = requests.iter().map(|r| r.operation.as_str()).collect();
+    assert_eq!(ops, vec!["ListTasks", "DescribeTasks"]);
+    assert_eq!(
+        requests[0].body,
+        json!({"cluster": cluster, "startedBy": environment_started_by(&d, &mine.environment_id)})
+    );
+    assert_eq!(m.guard.rejected(), vec![]);
+    for i in [a, b] {
+        m.compute
+            .stop(&i.instance_id, "test", NO_DEADLINE)
+            .await
+            .unwrap();
     }
 }
