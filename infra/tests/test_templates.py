@@ -8,7 +8,7 @@
   conditioned on the cluster; each secret readable only where it is needed; an executor
   task role without any policy.
 - Wiring: every function environment variable is one the Rust code reads
-  (crates/lambda/src/settings.rs, parsed here), every required one is set, and the
+  (crates/aws/src/settings.rs, parsed here), every required one is set, and the
   failed-start metric filter matches a message the controller really logs.
 
 Roles are matched across the two templates by what uses them (a function, by its
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SETTINGS_RS = REPO / "crates" / "lambda" / "src" / "settings.rs"
+SETTINGS_RS = REPO / "crates" / "aws" / "src" / "settings.rs"
 WORKER_RS = REPO / "crates" / "controller" / "src" / "worker.rs"
 
 # Resource types that may legitimately differ between the two templates. Empty: the

@@ -11,6 +11,8 @@
 //! - [`secrets`] — [`read_secret`]: one Secrets Manager value behind a redacted type;
 //! - `bootstrap` (feature `bootstrap`) — creating the queues, the ECS cluster and task definition (and, on
 //!   moto only, pinning task states) for tests and a local stack on moto;
+//! - [`settings`] — the deployment's configuration from environment variables, read
+//!   alike by the Lambda functions and `sandboxctl --backend aws`;
 //! - [`sdk_config`] — [`load_sdk_config`]: the shared SDK configuration (region, optional
 //!   endpoint override for moto).
 //!
@@ -34,6 +36,7 @@ pub mod ecs_compute;
 pub mod sdk_config;
 mod sdk_error;
 pub mod secrets;
+pub mod settings;
 pub mod sqs_queue;
 
 #[cfg(feature = "dynamodb")]

@@ -22,7 +22,8 @@ pub mod aws_wiring;
 pub mod batch_response;
 pub mod json_logs;
 pub mod secrets_at_init;
-pub mod settings;
+/// The settings, shared with `sandboxctl --backend aws`: they live in `sandbox_aws::settings`.
+pub use sandbox_aws::settings;
 #[cfg(feature = "sweeper")]
 pub mod sweeper_handler;
 #[cfg(feature = "webhook")]

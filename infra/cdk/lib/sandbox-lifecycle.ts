@@ -8,7 +8,7 @@
  * `lambda.EventSourceMapping`, and every role carries its whole policy inline: nothing is
  * added to a role behind the author's back, so the policies read here are all there is.
  *
- * Environment variables are the ones `crates/lambda/src/settings.rs` reads.
+ * Environment variables are the ones `crates/aws/src/settings.rs` reads.
  */
 import { Duration, RemovalPolicy, Stack, Token } from "aws-cdk-lib";
 import * as cloudwatch from "aws-cdk-lib/aws-cloudwatch";

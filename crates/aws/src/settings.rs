@@ -1,4 +1,7 @@
-//! The functions' configuration, read from environment variables once per cold start.
+//! The deployment's configuration, read from environment variables: once per cold start
+//! by the Lambda functions (`sandbox-lambda` re-exports this module as
+//! `sandbox_lambda::settings`), and by `sandboxctl --backend aws`, so the operator's tool
+//! reads exactly what the worker and the sweeper read.
 //!
 //! | variable | function | required | meaning |
 //! |---|---|---|---|
