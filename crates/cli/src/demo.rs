@@ -491,6 +491,7 @@ fn describe_effect(v: &serde_json::Value) -> String {
         Ok(Effect::MarkStopped) => "record stopped".into(),
         Ok(Effect::MarkClosed) => "record closed".into(),
         Ok(Effect::RequireCleanup) => "cleanup required".into(),
+        Ok(Effect::ClearStartFailure) => "start failures cleared".into(),
         Ok(Effect::DeleteSession { .. }) => "delete session".into(),
         Err(_) => v.to_string(),
     }

@@ -153,6 +153,8 @@ pub enum Reason {
     ConnectionRequired,
     /// The connection requirement is resolved already (row 4).
     ActionResolved,
+    /// An operator reset the failed-start count (`sandboxctl reset-start-failures`).
+    StartFailuresReset,
     /// The compute is provisioning or pending (row 9).
     ComputeStarting,
     /// A compute is stopping; start nothing until it is gone.
@@ -245,6 +247,7 @@ impl fmt::Display for Reason {
             Self::RecordStale => f.write_str("record names a compute the provider does not run"),
             Self::ConnectionRequired => f.write_str("environment_connection required"),
             Self::ActionResolved => f.write_str("connection requirement already resolved"),
+            Self::StartFailuresReset => f.write_str("failed starts reset by an operator"),
             Self::ComputeStarting => f.write_str("compute is starting"),
             Self::ComputeStopping => f.write_str("compute is stopping"),
             Self::ExecutorConnecting => f.write_str("executor running, within connect deadline"),
@@ -358,6 +361,8 @@ pub enum Effect {
     MarkClosed,
     /// Record: `cleanup_required` (reject new work; resume the close on every look).
     RequireCleanup,
+    /// Record: forget the failed starts (an operator's `reset-start-failures`).
+    ClearStartFailure,
     /// `DELETE /agents/sessions/{id}` (its own receipt, separate from the stop).
     DeleteSession {
         /// The session to delete.
@@ -420,6 +425,16 @@ pub fn decide(o: &Observed) -> Decision {
     match &o.trigger {
         Trigger::OtherActionRequired { .. } => return Decision::ignore(Reason::NotAComputeAction),
         Trigger::OtherEvent { .. } => return Decision::ignore(Reason::UnrelatedEvent),
+        // Under the lock like any decision; the recheck (a sweep job) then decides from
+        // the session whether to start again.
+        Trigger::ResetStartFailures => {
+            return match o.record.as_ref().and_then(|r| r.start_failure.as_ref()) {
+                Some(_) => Decision::new(Outcome::Ignore, Reason::StartFailuresReset)
+                    .with([Effect::ClearStartFailure])
+                    .recheck(1),
+                None => Decision::ignore(Reason::Converged),
+            };
+        }
         _ => {}
     }
 

@@ -48,6 +48,9 @@ pub enum Trigger {
     Close,
     /// An input submission got no response; its outcome is unknown (row 21).
     InputTimedOut,
+    /// An operator cleared the environment's failed-start count (`sandboxctl
+    /// reset-start-failures`), so starts are tried again after the cap of row 28.
+    ResetStartFailures,
 }
 
 /// The session as retrieved just now.

@@ -261,6 +261,11 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                 fresh(&mut next.record);
                 next.record.as_mut().unwrap().cleanup_required = true;
             }
+            Effect::ClearStartFailure => {
+                if let Some(r) = next.record.as_mut() {
+                    r.start_failure = None;
+                }
+            }
             Effect::DeleteSession { .. } => next.session = SessionView::Deleted,
         }
     }
