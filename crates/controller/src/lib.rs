@@ -7,7 +7,9 @@
 //! - [`consume`] — receive, process, ack or retry (local mode's queue loop);
 //! - [`sweep`] — reconcile the registry against the provider inventory and the sessions;
 //! - [`close`] — the operator's cleanup transaction;
-//! - [`ports`] — the traits every backend implements.
+//! - [`ports`] — the traits every backend implements;
+//! - [`metrics`] — the metric names and where they are recorded (the `metrics` facade;
+//!   the Lambda functions emit them in CloudWatch embedded metric format).
 #![forbid(unsafe_code)]
 #![deny(clippy::all)]
 #![warn(missing_docs)]
@@ -19,6 +21,7 @@ pub mod contract;
 pub mod crash_point;
 pub mod doubles;
 pub mod job;
+pub mod metrics;
 pub mod ports;
 pub mod sweep;
 pub mod webhook;

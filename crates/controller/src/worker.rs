@@ -305,6 +305,7 @@ where
             retry_after: None,
         };
         self.apply(&decision, &mut act, now).await;
+        crate::metrics::decision_applied(job, &observed, &decision, &act.applied, self.clock.now());
         let mut error = act.error.clone().or(act.deferred_error.clone());
         act.clean &= !inventory_read || act.reconciled(&observed.inventory, recovered);
 
@@ -508,6 +509,7 @@ where
             }
             Ok(Started::Failed { reason }) => {
                 tracing::warn!(environment_id = %spec.environment_id, %reason, "compute start failed");
+                crate::metrics::start_failed();
                 let attempts = act
                     .fresh
                     .start_failure
@@ -773,6 +775,7 @@ impl Act {
                 r.lease = None;
             }
             Effect::RequireCleanup => r.cleanup_required = true,
+            Effect::ClearStartFailure => r.start_failure = None,
             Effect::StartCompute(_) | Effect::StopCompute(_) | Effect::DeleteSession { .. } => {
                 return;
             }
