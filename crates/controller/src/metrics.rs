@@ -79,14 +79,20 @@ pub fn describe() {
     for (name, what) in [
         (DECISIONS, "decisions by outcome"),
         (STARTS, "compute starts accepted by the provider"),
-        (START_FAILURES, "compute starts answered without an instance"),
+        (
+            START_FAILURES,
+            "compute starts answered without an instance",
+        ),
         (ORPHANS_RELEASED, "computes without a record, stopped"),
         (HANDOFFS, "jobs handed off to the timers queue"),
         (STUCK_JOBS, "jobs past the hand-off cap"),
         (ENVIRONMENTS_SWEPT, "environments examined by a sweep"),
         (SWEEP_DEFERRED, "environments a sweep left for later"),
         (WEBHOOK_ACCEPTED, "webhook deliveries queued"),
-        (WEBHOOK_IGNORED, "verified deliveries that are not compute's business"),
+        (
+            WEBHOOK_IGNORED,
+            "verified deliveries that are not compute's business",
+        ),
         (WEBHOOK_REJECTED, "webhook deliveries rejected, by reason"),
     ] {
         describe_counter!(name, Unit::Count, what);

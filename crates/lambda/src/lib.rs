@@ -8,7 +8,8 @@
 //!
 //! Each binary reads its [`settings`] from environment variables, reads its secrets once
 //! per cold start ([`secrets_at_init`]), builds its AWS clients once ([`aws_wiring`]) and
-//! runs. Logs are JSON ([`json_logs`]).
+//! runs. Logs are JSON ([`json_logs`]); metrics are CloudWatch embedded metric format
+//! documents flushed after every invocation ([`emf`]).
 //!
 //! Features: `webhook`, `worker`, `sweeper` (all by default). The webhook alone
 //! (`--no-default-features --features webhook`) links only the SQS and Secrets Manager
@@ -20,6 +21,7 @@
 pub mod aws_wiring;
 #[cfg(feature = "worker")]
 pub mod batch_response;
+pub mod emf;
 pub mod json_logs;
 pub mod secrets_at_init;
 /// The settings, shared with `sandboxctl --backend aws`: they live in `sandbox_aws::settings`.
