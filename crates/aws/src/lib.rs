@@ -8,6 +8,7 @@
 //!   in the module docs; [`create_table`] creates it);
 //! - [`ecs_compute`] — [`EcsCompute`]: the [`Compute`](sandbox_controller::ports::Compute)
 //!   port on ECS Fargate tasks, with adoption by tags;
+//! - [`sqs_dead_letters`] — the dead-letter queues for the operator: find, peek, redrive;
 //! - [`secrets`] — [`read_secret`]: one Secrets Manager value behind a redacted type;
 //! - `bootstrap` (feature `bootstrap`) — creating the queues, the ECS cluster and task definition (and, on
 //!   moto only, pinning task states) for tests and a local stack on moto;
@@ -37,6 +38,7 @@ pub mod sdk_config;
 mod sdk_error;
 pub mod secrets;
 pub mod settings;
+pub mod sqs_dead_letters;
 pub mod sqs_queue;
 
 #[cfg(feature = "dynamodb")]

@@ -7,6 +7,7 @@
 //! - [`consume`] — receive, process, ack or retry (local mode's queue loop);
 //! - [`sweep`] — reconcile the registry against the provider inventory and the sessions;
 //! - [`close`] — the operator's cleanup transaction;
+//! - [`dry_run`] — what a sweep would decide, without a lock or an effect;
 //! - [`ports`] — the traits every backend implements;
 //! - [`metrics`] — the metric names and where they are recorded (the `metrics` facade;
 //!   the Lambda functions emit them in CloudWatch embedded metric format).
@@ -20,6 +21,7 @@ pub mod consume;
 pub mod contract;
 pub mod crash_point;
 pub mod doubles;
+pub mod dry_run;
 pub mod job;
 pub mod metrics;
 pub mod ports;

@@ -386,7 +386,7 @@ where
     /// decision: the status when a running compute might be connected (reuse vs replace)
     /// or after idle (mid-turn disconnect evidence, row 20); the turn for row 20 and a
     /// timed-out submission (row 21).
-    async fn evidence(
+    pub(crate) async fn evidence(
         &self,
         job: &Job,
         env: &EnvironmentId,
