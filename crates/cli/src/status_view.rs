@@ -108,7 +108,12 @@ async fn environment<O: Ops>(
                 "generation": named.generation.0,
                 "provider_status": provider,
                 "started_at": stamp_opt(seen.as_ref().and_then(|i| i.started_at)),
-                "age_secs": seen.as_ref().and_then(|i| i.started_at).map(|s| now.saturating_sub(s)),
+                // How long the compute has run: only while it runs.
+                "age_secs": seen
+                    .as_ref()
+                    .filter(|i| i.status.is_live())
+                    .and_then(|i| i.started_at)
+                    .map(|s| now.saturating_sub(s)),
             })
         }
     };
