@@ -249,9 +249,12 @@ describe("SandboxLifecycle", () => {
     assert.equal(env.SUBNETS, "subnet-0123456789abcdef0,subnet-0123456789abcdef1");
     assert.equal(env.CONTAINER_NAME, "executor");
     assert.deepEqual(Object.keys(functionNamed(t, "webhook").Environment.Variables).sort(), [
+      "DEPLOYMENT_ID",
       "EVENTS_QUEUE_URL",
       "WEBHOOK_SECRET_ARN",
     ]);
+    // The webhook's metrics carry the deployment dimension too.
+    assert.equal(functionNamed(t, "webhook").Environment.Variables.DEPLOYMENT_ID, "prod-1");
     assert.deepEqual(functionNamed(t, "sweeper").Environment.Variables, env);
   });
 
