@@ -82,13 +82,17 @@ async fn resolve<O: Ops>(ops: &O, id: &str) -> anyhow::Result<Option<Resolved>> 
             environment: r.environment_id.clone(),
         }));
     }
-    if let Some(i) = ops.compute().describe(&InstanceId::new(id)).await? {
-        return Ok(Some(Resolved {
+    // The provider may refuse an id that is no task id at all (ECS
+    // `InvalidParameterException`): that only means "not a compute".
+    match ops.compute().describe(&InstanceId::new(id)).await {
+        Ok(Some(i)) => Ok(Some(Resolved {
             kind: "compute",
             environment: i.environment_id,
-        }));
+        })),
+        Ok(None) => Ok(None),
+        Err(e) if !e.retryable => Ok(None),
+        Err(e) => Err(e.into()),
     }
-    Ok(None)
 }
 
 fn receipt_json(r: &Receipt) -> Value {
