@@ -1,36 +1,45 @@
 //! [`EcsCompute`]: the controller's [`Compute`] port on Amazon ECS Fargate, one task per
 //! environment and generation.
 //!
-//! - **start**: first looks for a task of this deployment tagged with the spec's
-//!   environment and generation (adoption by tags: a worker that crashed after `RunTask`
-//!   left one) and returns it — a live one if any, else the most recently started stopped
-//!   one — without starting anything. Otherwise `RunTask` with launch type `FARGATE`,
-//!   count 1, the configured cluster, task definition, awsvpc subnets, security groups and
-//!   public-IP setting, `startedBy` = the deployment id (≤ 36 characters), `clientToken` =
-//!   the spec's idempotency token (≤ 64 characters; AWS returns the same task for a
-//!   repeated token, moto ignores it), container overrides for the configured container
-//!   with the environment variables `REMOTE_URL` (the session's `remote_url`, unchanged)
-//!   and `ENVIRONMENT_ID` only — the executor key `CODEX_API_KEY` comes from the task
-//!   definition's `secrets` (Secrets Manager), never from this process —, the tags
-//!   `sandbox:deployment`, `sandbox:environment`, `sandbox:session`, `sandbox:generation`,
-//!   `propagateTags` = `TASK_DEFINITION` and `enableECSManagedTags`. A `200` answer with
-//!   `failures` and no task (capacity, ENI limits, a bad task definition) is
-//!   [`Started::Failed`] with the failures as the reason (logged at `warn`).
-//! - **describe**: `DescribeTasks` with `include = [TAGS]`, keeping only the task whose
-//!   ARN is exactly the id (moto matches task ids as substrings) in the configured
-//!   cluster. A `MISSING` failure or no task is `None` — except for a task this handle
-//!   started less than [`RECENT_START_WINDOW`] ago: ECS reads are eventually consistent, so
-//!   the read is retried with backoff (100, 200, 400, 800 ms) and, if the task is still not
-//!   visible, a transient [`PortError`] is returned. A just-started task is never reported
-//!   gone.
-//! - **list**: `ListTasks` with `cluster` and `startedBy` as the only filters, once with
-//!   `desiredStatus` `RUNNING` and once `STOPPED` (ECS lists recently stopped tasks for
-//!   about an hour), every page; then `DescribeTasks` in chunks of 100 with tags. A task is
-//!   kept only if its cluster ARN is exactly the configured cluster (moto's `ListTasks`
+//! Principle (DESIGN.md 7, "read by id, list to discover"): a task the controller recorded
+//! is read by its ARN, never inferred from a list; only the sweep lists.
+//!
+//! - **start**: `RunTask` with launch type `FARGATE`, count 1, the configured cluster,
+//!   task definition, awsvpc subnets, security groups and public-IP setting, `startedBy` =
+//!   the deployment id (≤ 36 characters), `clientToken` = the spec's idempotency token
+//!   (≤ 64 ASCII characters, deterministic per environment and generation), container
+//!   overrides for the configured container with the environment variables `REMOTE_URL`
+//!   (the session's `remote_url`, unchanged) and `ENVIRONMENT_ID` only — the executor key
+//!   `CODEX_API_KEY` comes from the task definition's `secrets` (Secrets Manager), never
+//!   from this process —, the tags `sandbox:deployment`, `sandbox:environment`,
+//!   `sandbox:session`, `sandbox:generation`, `propagateTags` = `TASK_DEFINITION` and
+//!   `enableECSManagedTags`. No list first: "If you use the same client token with the
+//!   same parameters, the same task is returned for 24 hours" (ECS API reference, RunTask
+//!   `clientToken`; "Ensuring idempotency"), so a worker that crashed after `RunTask` and
+//!   before its record is answered with the task it started when the next holder replays
+//!   the start. A `200` answer with `failures` and no task (capacity, ENI limits, a bad
+//!   task definition) is [`Started::Failed`] with the failures as the reason (logged at
+//!   `warn`).
+//! - **describe**: `DescribeTasks` with `include = [TAGS]` on the ARN, keeping only the
+//!   task whose ARN is exactly the id (moto matches task ids as substrings) in the
+//!   configured cluster. `MISSING` (or no task) is `None`, at once: right after `RunTask`
+//!   ECS reads are eventually consistent, so the caller — `decide()`, with the record's
+//!   `instance_recorded_at` — tells "not visible yet" from "gone"; nothing here retries,
+//!   and no in-process memory of starts is needed (a Lambda's memory does not outlive its
+//!   execution environment anyway). A failure other than `MISSING` is a transient error.
+//! - **describe_many**: the same, one `DescribeTasks` per 100 ARNs (the API's limit).
+//! - **list**: `ListTasks` with `cluster` and `startedBy` only — "When you specify
+//!   `startedBy` as the filter, it must be the only filter that you use" (ECS API
+//!   reference, ListTasks) — so `desiredStatus` is its default, `RUNNING`: the live tasks
+//!   (tasks being stopped and stopped tasks are not listed; the records' tasks are read
+//!   by ARN instead). Every page; then `DescribeTasks` in chunks of 100 with tags. A task
+//!   is kept only if its cluster ARN is exactly the configured cluster (moto's `ListTasks`
 //!   cluster filter is a substring match) and its `sandbox:deployment` tag is the
 //!   deployment; tasks without environment or generation tags are skipped (logged).
 //!   Status comes from `lastStatus` ([`ComputeStatus::from_ecs_last_status`]), `started_at`
-//!   from `startedAt`, else `createdAt` (Unix seconds).
+//!   from `startedAt`, else `createdAt` (Unix seconds), `stop_code` from `stopCode`
+//!   (`TaskFailedToStart` for a task that stopped before it ran, e.g. after up to 30
+//!   minutes in `PROVISIONING`).
 //! - **stop**: `StopTask` with the reason truncated to 255 characters (the ECS limit).
 //!
 //! Errors: throttling, 5xx, timeouts and connection failures are transient
@@ -42,16 +51,15 @@
 use crate::sdk_error::port_error;
 use aws_sdk_ecs::Client;
 use aws_sdk_ecs::types::{
-    AssignPublicIp, AwsVpcConfiguration, ContainerOverride, DesiredStatus, KeyValuePair,
-    LaunchType, NetworkConfiguration, PropagateTags, Tag, Task, TaskField, TaskOverride,
+    AssignPublicIp, AwsVpcConfiguration, ContainerOverride, KeyValuePair, LaunchType,
+    NetworkConfiguration, PropagateTags, Tag, Task, TaskField, TaskOverride,
 };
 use sandbox_controller::ports::{Clock, Compute, PortError, Started, SystemClock, check_deadline};
-use sandbox_core::compute::{ComputeInstance, ComputeStatus};
+use sandbox_core::compute::{ComputeInstance, ComputeStatus, TASK_FAILED_TO_START};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, InstanceId, SessionId};
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::collections::HashSet;
+use std::sync::Arc;
 
 const DEP: &str = "compute";
 
@@ -68,18 +76,8 @@ pub const ENV_REMOTE_URL: &str = "REMOTE_URL";
 /// Container environment variable: the environment id.
 pub const ENV_ENVIRONMENT_ID: &str = "ENVIRONMENT_ID";
 
-/// How long after its start a task that DescribeTasks does not show counts as "not
-/// visible yet" rather than gone: 60 s.
-pub const RECENT_START_WINDOW: Duration = Duration::from_secs(60);
-/// Backoff between `DescribeTasks` retries for a recently started task.
-const DESCRIBE_BACKOFF: [Duration; 4] = [
-    Duration::from_millis(100),
-    Duration::from_millis(200),
-    Duration::from_millis(400),
-    Duration::from_millis(800),
-];
-/// `DescribeTasks` accepts at most 100 tasks per call.
-const DESCRIBE_CHUNK: usize = 100;
+/// `DescribeTasks` accepts at most 100 tasks per call (ECS API reference).
+pub const DESCRIBE_CHUNK: usize = 100;
 /// `StopTask` reason limit, characters.
 pub const MAX_STOP_REASON_CHARS: usize = 255;
 /// AWS tag value limit, characters.
@@ -105,14 +103,11 @@ pub struct EcsConfig {
     pub assign_public_ip: bool,
 }
 
-/// The compute provider on ECS Fargate. Cheap to clone (clones share the client and the
-/// memory of recent starts).
+/// The compute provider on ECS Fargate. Cheap to clone (clones share the client).
 #[derive(Clone, Debug)]
 pub struct EcsCompute {
     client: Client,
     config: Arc<EcsConfig>,
-    /// Task ARNs this handle started, with when: not-yet-visible is not gone.
-    recent: Arc<Mutex<HashMap<String, Instant>>>,
 }
 
 fn invalid(operation: &'static str, message: impl Into<String>) -> PortError {
@@ -161,18 +156,33 @@ fn started_at(task: &Task) -> Option<u64> {
         .and_then(|t| u64::try_from(t.secs()).ok())
 }
 
+/// The `stopCode` of a stopped task; `TaskFailedToStart` when it stopped without ever
+/// starting (no `startedAt`) and ECS gave no code.
+fn stop_code(task: &Task, status: ComputeStatus) -> Option<String> {
+    if status != ComputeStatus::Stopped {
+        return None;
+    }
+    match task.stop_code() {
+        Some(code) => Some(code.as_str().to_owned()),
+        None if task.started_at().is_none() => Some(TASK_FAILED_TO_START.to_owned()),
+        None => None,
+    }
+}
+
 /// The instance a described task is, from its tags; `None` when it lacks them.
 fn instance_from_task(task: &Task) -> Option<ComputeInstance> {
     let arn = task.task_arn()?;
     let environment_id = EnvironmentId::new(tag_value(task, TAG_ENVIRONMENT)?);
     let generation = Generation(tag_value(task, TAG_GENERATION)?.parse::<u64>().ok()?);
+    let status = ComputeStatus::from_ecs_last_status(task.last_status().unwrap_or(""));
     Some(ComputeInstance {
         instance_id: InstanceId::new(arn),
         environment_id,
         session_id: tag_value(task, TAG_SESSION).map(SessionId::new),
         generation,
-        status: ComputeStatus::from_ecs_last_status(task.last_status().unwrap_or("")),
+        status,
         started_at: started_at(task),
+        stop_code: stop_code(task, status),
     })
 }
 
@@ -182,7 +192,6 @@ impl EcsCompute {
         Self {
             client,
             config: Arc::new(config),
-            recent: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -203,25 +212,6 @@ impl EcsCompute {
         } else {
             arn.rsplit_once('/').map(|(_, name)| name) == Some(configured)
         }
-    }
-
-    fn remember_start(&self, arn: &str) {
-        let mut recent = self
-            .recent
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        recent.retain(|_, at| at.elapsed() < RECENT_START_WINDOW);
-        recent.insert(arn.to_owned(), Instant::now());
-    }
-
-    /// How long ago this handle started `arn`, if within [`RECENT_START_WINDOW`].
-    fn started_recently(&self, arn: &str) -> Option<Duration> {
-        let mut recent = self
-            .recent
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        recent.retain(|_, at| at.elapsed() < RECENT_START_WINDOW);
-        recent.get(arn).map(Instant::elapsed)
     }
 
     /// `DescribeTasks` for `arns` (≤ 100) with tags; only tasks whose ARN was asked for
@@ -264,66 +254,55 @@ impl EcsCompute {
         Ok((tasks, other_failures))
     }
 
-    /// One read of one task: `Some` if visible, `None` if missing.
-    async fn describe_once(&self, id: &InstanceId) -> Result<Option<ComputeInstance>, PortError> {
-        let op = "describe";
-        let (tasks, failures) = self.describe_tasks(&[id.as_str().to_owned()], op).await?;
-        if let Some(task) = tasks.first() {
-            return instance_from_task(task).map(Some).ok_or_else(|| {
-                invalid(
-                    op,
-                    format!("task {id} carries no {TAG_ENVIRONMENT} / {TAG_GENERATION} tags"),
-                )
-            });
+    /// The tasks of `arns` that ECS knows, one `DescribeTasks` per 100 ARNs; a failure
+    /// other than `MISSING` is a transient error.
+    async fn read(
+        &self,
+        arns: &[String],
+        op: &'static str,
+    ) -> Result<Vec<ComputeInstance>, PortError> {
+        let mut out = Vec::with_capacity(arns.len());
+        for chunk in arns.chunks(DESCRIBE_CHUNK) {
+            let (tasks, failures) = self.describe_tasks(chunk, op).await?;
+            if !failures.is_empty() {
+                return Err(PortError::transient(DEP, op, failures.join("; ")));
+            }
+            for task in &tasks {
+                out.push(instance_from_task(task).ok_or_else(|| {
+                    invalid(
+                        op,
+                        format!(
+                            "task {} carries no {TAG_ENVIRONMENT} / {TAG_GENERATION} tags",
+                            task.task_arn().unwrap_or_default()
+                        ),
+                    )
+                })?);
+            }
         }
-        if !failures.is_empty() {
-            return Err(PortError::transient(DEP, op, failures.join("; ")));
-        }
-        Ok(None)
+        Ok(out)
     }
 
-    /// Every task ARN of `deployment` with `desiredStatus` = `status`, every page.
-    async fn list_arns(
-        &self,
-        deployment: &DeploymentId,
-        status: DesiredStatus,
-        into: &mut Vec<String>,
-        seen: &mut HashSet<String>,
-    ) -> Result<(), PortError> {
+    /// Every live task ARN of `deployment`: `ListTasks` with `startedBy` as the only
+    /// filter (so `desiredStatus` is its default, `RUNNING`), every page.
+    async fn list_arns(&self, deployment: &DeploymentId) -> Result<Vec<String>, PortError> {
+        let mut arns = Vec::new();
+        let mut seen = HashSet::new();
         let mut pages = self
             .client
             .list_tasks()
             .cluster(&self.config.cluster)
             .started_by(deployment.as_str())
-            .desired_status(status)
             .into_paginator()
             .send();
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| port_error(DEP, "list", &e))?;
             for arn in page.task_arns() {
                 if seen.insert(arn.clone()) {
-                    into.push(arn.clone());
+                    arns.push(arn.clone());
                 }
             }
         }
-        Ok(())
-    }
-
-    /// The task of `deployment` tagged with the spec's environment and generation, if one
-    /// exists: a live one first, else the most recently started stopped one.
-    async fn adoptable(
-        &self,
-        spec: &StartSpec,
-        deployment: &DeploymentId,
-    ) -> Result<Option<ComputeInstance>, PortError> {
-        let mut same: Vec<ComputeInstance> = self
-            .list(deployment)
-            .await?
-            .into_iter()
-            .filter(|i| i.environment_id == spec.environment_id && i.generation == spec.generation)
-            .collect();
-        same.sort_by_key(|i| (i.status.is_live(), i.started_at));
-        Ok(same.pop())
+        Ok(arns)
     }
 }
 
@@ -343,15 +322,6 @@ impl Compute for EcsCompute {
                 op,
                 "EcsConfig.subnets must name at least one subnet",
             ));
-        }
-        if let Some(existing) = self.adoptable(spec, deployment).await? {
-            tracing::info!(
-                task = %existing.instance_id,
-                environment_id = %spec.environment_id,
-                generation = %spec.generation,
-                "adopting the task already started for this environment and generation"
-            );
-            return Ok(Started::Instance(existing));
         }
         let generation = spec.generation.0.to_string();
         let vpc = AwsVpcConfiguration::builder()
@@ -440,7 +410,6 @@ impl Compute for EcsCompute {
             return Ok(Started::Failed { reason });
         };
         let arn = task.task_arn().unwrap_or_default();
-        self.remember_start(arn);
         tracing::info!(
             task = %arn,
             environment_id = %spec.environment_id,
@@ -454,41 +423,23 @@ impl Compute for EcsCompute {
             generation: spec.generation,
             status: ComputeStatus::from_ecs_last_status(task.last_status().unwrap_or("")),
             started_at: started_at(task),
+            stop_code: None,
         }))
     }
 
     async fn describe(&self, id: &InstanceId) -> Result<Option<ComputeInstance>, PortError> {
-        if let Some(found) = self.describe_once(id).await? {
-            return Ok(Some(found));
-        }
-        if self.started_recently(id.as_str()).is_none() {
-            return Ok(None);
-        }
-        for pause in DESCRIBE_BACKOFF {
-            tokio::time::sleep(pause).await;
-            if let Some(found) = self.describe_once(id).await? {
-                return Ok(Some(found));
-            }
-        }
-        let age = self
-            .started_recently(id.as_str())
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        Err(PortError::transient(
-            DEP,
-            "describe",
-            format!("task {id} started {age} s ago is not visible yet"),
-        ))
+        let found = self.read(&[id.as_str().to_owned()], "describe").await?;
+        Ok(found.into_iter().next())
+    }
+
+    async fn describe_many(&self, ids: &[InstanceId]) -> Result<Vec<ComputeInstance>, PortError> {
+        let arns: Vec<String> = ids.iter().map(|i| i.as_str().to_owned()).collect();
+        self.read(&arns, "describe").await
     }
 
     async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
-        let mut arns = Vec::new();
-        let mut seen = HashSet::new();
-        self.list_arns(deployment, DesiredStatus::Running, &mut arns, &mut seen)
-            .await?;
-        self.list_arns(deployment, DesiredStatus::Stopped, &mut arns, &mut seen)
-            .await?;
-        let mut out = Vec::new();
+        let arns = self.list_arns(deployment).await?;
+        let mut out = Vec::with_capacity(arns.len());
         for chunk in arns.chunks(DESCRIBE_CHUNK) {
             let (tasks, failures) = self.describe_tasks(chunk, "list").await?;
             if !failures.is_empty() {
@@ -499,7 +450,8 @@ impl Compute for EcsCompute {
                     continue;
                 }
                 match instance_from_task(task) {
-                    Some(i) => out.push(i),
+                    Some(i) if i.status.is_active() => out.push(i),
+                    Some(_) => {}
                     None => tracing::warn!(
                         task = task.task_arn().unwrap_or_default(),
                         "task of this deployment without environment/generation tags; skipped"

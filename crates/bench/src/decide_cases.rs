@@ -29,6 +29,7 @@ fn observed(trigger: Trigger, session: Session, running: bool) -> Observed {
         generation: Generation(1),
         status: ComputeStatus::Running,
         started_at: Some(NOW - 60),
+        stop_code: None,
     };
     let record = running.then(|| {
         let mut r = Record::new(environment_id.clone(), session.id.clone());
@@ -46,7 +47,7 @@ fn observed(trigger: Trigger, session: Session, running: bool) -> Observed {
         session: SessionView::Found {
             session: Box::new(session),
         },
-        environment_status: None,
+        environment_status: sandbox_core::observed::EnvironmentRead::NotRead,
         record,
         inventory: Inventory::Known {
             instances: if running { vec![instance] } else { vec![] },

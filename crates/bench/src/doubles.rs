@@ -81,6 +81,7 @@ impl Compute for MemoryCompute {
             generation: spec.generation,
             status: ComputeStatus::Running,
             started_at: Some(0),
+            stop_code: None,
         };
         instances.push(instance.clone());
         *self

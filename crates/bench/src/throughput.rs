@@ -133,6 +133,7 @@ pub async fn measure(opts: &Options) -> anyhow::Result<Throughput> {
     let send = |i: usize, dedup: String| {
         let job = Job {
             handoffs: 0,
+            swept: None,
             trigger: Trigger::ConnectionRequested,
             session_id: sessions[i].clone(),
             environment_id: None,

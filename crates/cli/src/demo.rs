@@ -491,8 +491,11 @@ fn describe_effect(v: &serde_json::Value) -> String {
         Ok(Effect::MarkStopped) => "record stopped".into(),
         Ok(Effect::MarkClosed) => "record closed".into(),
         Ok(Effect::RequireCleanup) => "cleanup required".into(),
-        Ok(Effect::ClearStartFailure) => "start failures cleared".into(),
         Ok(Effect::DeleteSession { .. }) => "delete session".into(),
+        Ok(Effect::RecordStartFailure(f)) => format!("failed start #{}", f.attempts),
+        Ok(Effect::ClearStartFailure) => "failed starts reset".into(),
+        Ok(Effect::NoteConnectionRequest { .. }) => "connection requested".into(),
+        Ok(Effect::ClearConnectionRequest) => "connection no longer requested".into(),
         Err(_) => v.to_string(),
     }
 }

@@ -26,6 +26,7 @@ mod dead_letters_cmd;
 mod decode_object;
 mod demo;
 mod explain_view;
+mod no_sessions;
 mod operator_jobs;
 mod report;
 mod secret_from_env;

@@ -8,22 +8,21 @@
 //!   session and stops the compute, each with its receipt (lifecycle row 25). `--wait`
 //!   polls the registry until the record is closed (exit 0) or `--timeout-secs` passes
 //!   (exit 1, printing what is still unconfirmed).
-//! - `sweep`: one `sweep` job per environment a sweep would examine, on the timers
-//!   queue; `sweep --dry-run`: the decisions a sweep would take now, nothing enqueued
+//! - `sweep`: the sweeper function's fan-out — one read of the registry and the provider,
+//!   one `sweep` job per environment with that evidence, on the timers queue (needs no
+//!   Agents API key); `sweep --dry-run`: the decisions a sweep would take now, nothing enqueued
 //!   (reads the sessions: needs the Agents API key).
 //! - `reset-start-failures <environment>`: a `reset_start_failures` job for an environment
 //!   whose record holds failed starts; the worker clears them under the lock and then
 //!   rechecks (a start follows if the session still needs one).
 
 use crate::backend::{BackendArgs, Ops, QueueKind};
+use crate::no_sessions::NoSessions;
 use crate::report::{Verdict, checked_id, write_json};
 use crate::timestamps::stamp;
 use sandbox_controller::Controller;
-use sandbox_controller::dry_run::sweep_targets;
 use sandbox_controller::job::Job;
-use sandbox_controller::ports::{
-    Clock, Compute as _, Outgoing, Queue as _, Receipt, Registry as _, SystemClock,
-};
+use sandbox_controller::ports::{Clock, Outgoing, Queue as _, Receipt, Registry as _, SystemClock};
 use sandbox_core::ids::{EnvironmentId, SessionId};
 use sandbox_core::observed::Trigger;
 use sandbox_core::record::RecordStatus;
@@ -74,6 +73,7 @@ fn job(trigger: Trigger, session: SessionId, env: Option<EnvironmentId>, now: u6
         environment_id: env,
         webhook_id: None,
         enqueued_at: now,
+        swept: None,
     }
 }
 
@@ -287,18 +287,26 @@ pub async fn sweep<O: Ops>(
         }
         return Ok(Verdict::of(&problems));
     }
-    let records = ops.registry().list().await?;
-    let instances = ops.compute().list(&ops.config().deployment).await?;
-    let targets = sweep_targets(&records, &instances);
-    for (env, session) in &targets {
-        enqueue(
-            ops,
-            QueueKind::Timers,
-            job(Trigger::Sweep, session.clone(), Some(env.clone()), now),
-            format!("operator-sweep:{}:{now}", env.effect_key()),
-        )
-        .await?;
-    }
+    // The sweeper function's own fan-out: one read, one job per environment with its
+    // evidence, on the timers queue, spread over time.
+    let controller = Controller::new(
+        ops.queue(QueueKind::Events).clone(),
+        ops.queue(QueueKind::Timers).clone(),
+        ops.registry().clone(),
+        ops.compute().clone(),
+        NoSessions,
+        Arc::new(SystemClock) as Arc<dyn Clock>,
+        ops.config().clone(),
+    );
+    let report = controller.sweep_fan_out().await?;
+    let problems: Vec<String> = if report.deferred > 0 {
+        vec![format!(
+            "{} sweep job(s) could not be enqueued (the next sweep plans them again)",
+            report.deferred
+        )]
+    } else {
+        vec![]
+    };
     if args.backend.json {
         write_json(
             out,
@@ -308,22 +316,23 @@ pub async fn sweep<O: Ops>(
                 "dry_run": false,
                 "at": stamp(now),
                 "decisions": [],
-                "enqueued": targets.len(),
-                "environments": targets.keys().collect::<Vec<_>>(),
-                "problems": [],
+                "enqueued": report.enqueued,
+                "environments_examined": report.environments,
+                "settled_skipped": report.settled_skipped,
+                "problems": problems,
             }),
         )?;
     } else {
         writeln!(
             out,
-            "{} sweep job(s) enqueued on the timers queue; the worker decides each under its lock",
-            targets.len()
+            "{} sweep job(s) enqueued on the timers queue ({} environment(s) examined, {} settled skipped); the worker decides each under its lock",
+            report.enqueued, report.environments, report.settled_skipped
         )?;
-        for env in targets.keys() {
-            writeln!(out, "  {env}")?;
+        for p in &problems {
+            writeln!(out, "problem: {p}")?;
         }
     }
-    Ok(Verdict::Ok)
+    Ok(Verdict::of(&problems))
 }
 
 /// Runs `reset-start-failures`.

@@ -52,6 +52,7 @@ where
             attempts += 1;
             let job = Job {
                 handoffs: 0,
+                swept: None,
                 trigger: Trigger::Close,
                 session_id: session.clone(),
                 environment_id: None,

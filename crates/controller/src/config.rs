@@ -31,6 +31,22 @@ pub struct ControllerConfig {
     pub stop_readback_interval: Duration,
     /// Delay before retrying a job whose effect-key lock is busy, seconds (default 2).
     pub lock_busy_retry_secs: u32,
+    /// How long a sweep job may decide on the sweep's read of the provider instead of
+    /// reading again, seconds (default 1,200: longer than the fan-out's spread, at most
+    /// 900 s, so a sweep's jobs normally make no provider call). The record version guards
+    /// it ([`crate::job::SweptEvidence::is_current`]).
+    pub sweep_evidence_max_age_secs: u64,
+    /// How fast a fanned-out sweep's jobs become visible, jobs per second (default 20):
+    /// each job re-reads its session, so this bounds the sweep's Agents API read rate.
+    /// The spread is capped by the timers queue's 900 s delay limit.
+    pub sweep_jobs_per_sec: u32,
+    /// How often the sweeper runs, seconds (default 300; the schedule's rate).
+    pub sweep_interval_secs: u64,
+    /// A settled record (stopped or with no compute, no lease, no cleanup, nothing live
+    /// for it) is swept once per this many seconds instead of every sweep (default
+    /// 3,600; 0 sweeps it every time). Closed records are never swept again unless a live
+    /// compute of theirs shows up.
+    pub settled_resweep_secs: u64,
 }
 
 impl ControllerConfig {
@@ -47,6 +63,10 @@ impl ControllerConfig {
             stop_readback_timeout: Duration::from_secs(60),
             stop_readback_interval: Duration::from_millis(500),
             lock_busy_retry_secs: 2,
+            sweep_evidence_max_age_secs: 1_200,
+            sweep_jobs_per_sec: 20,
+            sweep_interval_secs: 300,
+            settled_resweep_secs: 3_600,
         }
     }
 }

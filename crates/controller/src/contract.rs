@@ -68,6 +68,7 @@ fn unique() -> String {
 fn message(run: &str, label: &str, group: &str) -> Outgoing {
     let job = Job {
         handoffs: 0,
+        swept: None,
         trigger: Trigger::Sweep,
         session_id: SessionId::new(format!("sess_ct_{run}_{group}")),
         environment_id: Some(EnvironmentId::new(format!("env_ct_{run}_{group}"))),
@@ -1161,6 +1162,24 @@ async fn list<C: Compute>(c: &C, d: &DeploymentId, rule: &str) -> Vec<ComputeIns
         .unwrap_or_else(|e| panic!("compute contract [{rule}]: list failed: {e}"))
 }
 
+/// Lists `d` until `done` holds (a list is eventually consistent: ECS may omit a task for
+/// seconds after `RunTask`), for at most [`STOP_READ_BACK_TIMEOUT`]; returns the last list.
+async fn list_until<C: Compute>(
+    c: &C,
+    d: &DeploymentId,
+    rule: &str,
+    done: impl Fn(&[ComputeInstance]) -> bool,
+) -> Vec<ComputeInstance> {
+    let deadline = Instant::now() + STOP_READ_BACK_TIMEOUT;
+    loop {
+        let listed = list(c, d, rule).await;
+        if done(&listed) || Instant::now() >= deadline {
+            return listed;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Stops `id` and polls `describe` until it reads back `Stopped` (bounded).
 async fn stop_and_confirm<C: Compute>(c: &C, id: &InstanceId) -> ComputeInstance {
     let rule = "stop";
@@ -1189,12 +1208,14 @@ async fn stop_and_confirm<C: Compute>(c: &C, id: &InstanceId) -> ComputeInstance
 /// Starts one instance tagged with `deployment` and one with a derived second deployment
 /// id, then checks: `start` returns the instance with its environment, session and
 /// generation tags and an active status; `describe` reads it back with the same tags;
-/// `list(deployment)` finds it and not the other deployment's instance (and vice versa);
-/// `stop` is accepted and `describe` reads back `Stopped` within 30 s (polling every
-/// 100 ms), keeping the tags; a stopped instance, if still listed, is listed `Stopped`;
-/// `describe` of an unknown id (the started id with a `0` appended) is `None`; a start or
-/// stop whose deadline (`not_after`) passed is refused and starts or stops nothing. Both
-/// instances are stopped before returning.
+/// `describe_many` reads both back by id in one call and leaves an unknown id out;
+/// `list(deployment)` finds it (within 30 s: lists are eventually consistent) and never
+/// the other deployment's instance (and vice versa); `stop` is accepted and `describe`
+/// reads back `Stopped` within 30 s (polling every 100 ms), keeping the tags; a stopped
+/// instance is no longer listed as live (`list` is live instances only); `describe` of an
+/// unknown id (the started id with a `0` appended) is `None`; a start or stop whose
+/// deadline (`not_after`) passed is refused and starts or stops nothing. Both instances are
+/// stopped before returning.
 pub async fn compute_contract<C: Compute>(c: &C, deployment: &DeploymentId) {
     let run = unique();
     let spec = contract_spec(&run, "");
@@ -1234,8 +1255,32 @@ pub async fn compute_contract<C: Compute>(c: &C, deployment: &DeploymentId) {
     );
     assert_tags(&read, &spec, rule);
 
+    let rule = "describe-many";
+    let unknown = InstanceId::new(format!("{}0", inst.instance_id));
+    let mut read = c
+        .describe_many(&[
+            inst.instance_id.clone(),
+            unknown.clone(),
+            other.instance_id.clone(),
+        ])
+        .await
+        .unwrap_or_else(|e| panic!("compute contract [{rule}]: describe_many failed: {e}"));
+    read.sort_by(|a, b| a.instance_id.as_str().cmp(b.instance_id.as_str()));
+    let mut want = vec![inst.instance_id.clone(), other.instance_id.clone()];
+    want.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    assert_eq!(
+        read.iter()
+            .map(|i| i.instance_id.clone())
+            .collect::<Vec<_>>(),
+        want,
+        "compute contract [{rule}]: both started instances read back by id, the unknown id left out"
+    );
+
     let rule = "list-by-deployment";
-    let listed = list(c, deployment, rule).await;
+    let listed = list_until(c, deployment, rule, |l| {
+        l.iter().any(|i| i.instance_id == inst.instance_id)
+    })
+    .await;
     let mine: Vec<&ComputeInstance> = listed
         .iter()
         .filter(|i| i.instance_id == inst.instance_id)
@@ -1250,7 +1295,10 @@ pub async fn compute_contract<C: Compute>(c: &C, deployment: &DeploymentId) {
         listed.iter().all(|i| i.instance_id != other.instance_id),
         "compute contract [{rule}]: list(deployment) must not return another deployment's instance"
     );
-    let listed_other = list(c, &other_deployment, rule).await;
+    let listed_other = list_until(c, &other_deployment, rule, |l| {
+        l.iter().any(|i| i.instance_id == other.instance_id)
+    })
+    .await;
     assert!(
         listed_other
             .iter()
@@ -1271,19 +1319,17 @@ pub async fn compute_contract<C: Compute>(c: &C, deployment: &DeploymentId) {
         stopped.generation, spec.generation,
         "compute contract [{rule}]: tags survive the stop"
     );
-    for i in list(c, deployment, rule).await {
-        if i.instance_id == inst.instance_id {
-            assert_eq!(
-                i.status,
-                ComputeStatus::Stopped,
-                "compute contract [{rule}]: a stopped instance is listed Stopped, never live"
-            );
-        }
-    }
+    let live_again = |l: &[ComputeInstance]| {
+        l.iter()
+            .any(|i| i.instance_id == inst.instance_id && i.status.is_live())
+    };
+    assert!(
+        !live_again(&list_until(c, deployment, rule, |l| !live_again(l)).await),
+        "compute contract [{rule}]: a stopped instance is never listed live"
+    );
     stop_and_confirm(c, &other.instance_id).await;
 
     let rule = "describe-unknown";
-    let unknown = InstanceId::new(format!("{}0", inst.instance_id));
     assert_eq!(
         describe(c, &unknown, rule).await,
         None,
@@ -1291,9 +1337,9 @@ pub async fn compute_contract<C: Compute>(c: &C, deployment: &DeploymentId) {
     );
 }
 
-/// The idempotent-start contract, for adapters that honour the idempotency token
-/// (the child-process provider does; ECS `clientToken` does on AWS but not on moto, where
-/// adoption by tags is the protection).
+/// The idempotent-start contract: every adapter honours the idempotency token (ECS
+/// `clientToken` on AWS; moto ignores it, so the moto suite runs ECS behind a server that
+/// honours it, `tests/moto/`).
 ///
 /// Checks: a second start with the same spec and deployment returns the same instance id
 /// and `list(deployment)` holds exactly one instance of the environment; a start of the next
@@ -1313,7 +1359,12 @@ pub async fn compute_idempotency_contract<C: Compute>(c: &C, deployment: &Deploy
             .filter(|i| i.environment_id == spec.environment_id)
             .collect()
     };
-    let listed = of_env(list(c, deployment, rule).await);
+    let listed = of_env(
+        list_until(c, deployment, rule, |l| {
+            l.iter().any(|i| i.instance_id == first.instance_id)
+        })
+        .await,
+    );
     assert_eq!(
         listed.len(),
         1,

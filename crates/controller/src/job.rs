@@ -1,7 +1,9 @@
 //! The unit of work on the queues: "look at this environment because of this trigger".
 
+use sandbox_core::compute::ComputeInstance;
 use sandbox_core::ids::{EnvironmentId, SessionId};
 use sandbox_core::observed::Trigger;
+use sandbox_core::record::Record;
 use serde::{Deserialize, Serialize};
 
 /// A queued job. Serialized as the message body (JSON) on both queues.
@@ -28,6 +30,40 @@ pub struct Job {
     /// absent from the JSON) for a fresh job.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub handoffs: u32,
+    /// What the sweep read about the environment, for a [`Trigger::Sweep`] job the sweep
+    /// planned: the job decides on it without reading the provider again while it is
+    /// current ([`SweptEvidence::is_current`]). `None` (absent from the JSON) otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swept: Option<SweptEvidence>,
+}
+
+/// One environment's share of a sweep's inventory (DESIGN.md principle 7: one inventory
+/// per sweep, shared by the per-environment decisions), carried by its sweep job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SweptEvidence {
+    /// When the sweep read the provider and the registry, Unix seconds.
+    pub read_at: u64,
+    /// The record's version as the sweep read it (`None`: no record).
+    pub record_version: Option<u64>,
+    /// The environment's instances as the sweep read them: its live tasks from the
+    /// deployment's list, plus the recorded instance read by id. A recorded instance that
+    /// is absent was answered `MISSING`.
+    pub instances: Vec<ComputeInstance>,
+}
+
+impl SweptEvidence {
+    /// Whether a decision may use this evidence instead of reading the provider: the
+    /// record is still the version the sweep saw (no start, adoption or stop was recorded
+    /// since) and the evidence is at most `max_age_secs` old at `now` (Unix seconds).
+    ///
+    /// Why that is enough: what a stale read can get wrong is bounded. A stopped or gone
+    /// instance stays stopped or gone (a start decided on it replays its deterministic
+    /// idempotency token); anything started under the lock changes the record's version;
+    /// an orphan or a divergent instance is read again by id before it is stopped.
+    pub fn is_current(&self, record: Option<&Record>, now: u64, max_age_secs: u64) -> bool {
+        self.record_version == record.map(|r| r.version)
+            && now <= self.read_at.saturating_add(max_age_secs)
+    }
 }
 
 fn is_zero(n: &u32) -> bool {

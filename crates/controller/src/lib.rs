@@ -31,7 +31,7 @@ pub mod worker;
 
 pub use close::CloseReport;
 pub use config::ControllerConfig;
-pub use job::Job;
-pub use sweep::SweepReport;
+pub use job::{Job, SweptEvidence};
+pub use sweep::{SweepPlan, SweepReport};
 pub use webhook::{Intake, router};
 pub use worker::{Controller, Disposition, Processed};

@@ -7,7 +7,7 @@
 use crate::job::Job;
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
-use sandbox_core::ids::{DeploymentId, EffectKey, EnvironmentId, InstanceId, SessionId};
+use sandbox_core::ids::{DeploymentId, EffectKey, InstanceId, SessionId};
 use sandbox_core::record::Record;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
@@ -411,27 +411,58 @@ pub fn check_deadline(
 
 /// The compute provider: ECS Fargate tasks, or local child processes.
 ///
-/// Every instance is tagged with deployment, environment, session and generation, so the
-/// controller can find (and adopt) what a crashed worker started. Starts and stops carry
-/// a deadline, `not_after` (Unix seconds): the adapter sends nothing once it passed (see
-/// [`check_deadline`]).
+/// Every instance is tagged with deployment, environment, session and generation.
+/// DESIGN.md principle 7, "read by id, list to discover": the controller reads the
+/// instance a record names with [`Compute::describe`] (one call, whatever the size of the
+/// deployment); only the sweep lists ([`Compute::list`]), to discover what nobody recorded.
+/// What a worker that crashed after a start left unrecorded is found again by replaying
+/// the start with the same idempotency token (ECS `clientToken`: the same task for 24 h),
+/// or by the next sweep. Starts and stops carry a deadline, `not_after` (Unix seconds): the
+/// adapter sends nothing once it passed (see [`check_deadline`]).
 pub trait Compute: Send + Sync + 'static {
     /// Starts the executor for `spec` (environment id, remote URL unchanged, generation,
     /// idempotency token), tagged with `deployment`, unless `not_after` passed.
+    ///
+    /// Idempotent by `spec.idempotency_token` for at least 24 hours: a start whose token
+    /// already started an instance returns that instance (whatever its status now) and
+    /// starts nothing (ECS API reference, RunTask `clientToken`, "Ensuring idempotency").
+    /// Never lists the deployment.
     fn start(
         &self,
         spec: &StartSpec,
         deployment: &DeploymentId,
         not_after: u64,
     ) -> impl Future<Output = Result<Started, PortError>> + Send;
-    /// Reads one instance back. `None`: the provider does not know it (on ECS, `MISSING`
-    /// long after the start; never treated as stopped right after a start).
+    /// Reads one instance back by id: one provider call (ECS `DescribeTasks` on the ARN).
+    /// `None`: the provider does not know it (ECS `MISSING`). Right after a start that
+    /// means "not visible yet", long after it "gone": the caller decides which
+    /// ([`sandbox_core::observed::Policy::visibility_window_secs`]); the adapter neither
+    /// retries nor infers.
     fn describe(
         &self,
         id: &InstanceId,
     ) -> impl Future<Output = Result<Option<ComputeInstance>, PortError>> + Send;
-    /// Every instance tagged with `deployment` (live and recently stopped), state from the
-    /// provider's read-back, never from absence in a list.
+    /// Reads several instances back by id, in any order; unknown (`MISSING`) ids are left
+    /// out. ECS: one `DescribeTasks` per 100 ids (its limit). The default calls
+    /// [`Compute::describe`] once per id.
+    fn describe_many(
+        &self,
+        ids: &[InstanceId],
+    ) -> impl Future<Output = Result<Vec<ComputeInstance>, PortError>> + Send {
+        async move {
+            let mut found = Vec::with_capacity(ids.len());
+            for id in ids {
+                found.extend(self.describe(id).await?);
+            }
+            Ok(found)
+        }
+    }
+    /// The live (provisioning, pending, running) instances tagged with `deployment`, every
+    /// page: discovery for the sweep, never evidence that an instance is gone. Eventually
+    /// consistent: a just-started instance may be missing, and one being stopped may be
+    /// left out. ECS: `ListTasks` with `startedBy` as the only filter (the API reference:
+    /// "it must be the only filter that you use"; `desiredStatus` defaults to `RUNNING`),
+    /// then `DescribeTasks` per 100 ARNs.
     fn list(
         &self,
         deployment: &DeploymentId,
@@ -445,18 +476,4 @@ pub trait Compute: Send + Sync + 'static {
         reason: &str,
         not_after: u64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
-}
-
-/// Convenience: the instances of one environment.
-pub async fn instances_of<C: Compute>(
-    compute: &C,
-    deployment: &DeploymentId,
-    env: &EnvironmentId,
-) -> Result<Vec<ComputeInstance>, PortError> {
-    Ok(compute
-        .list(deployment)
-        .await?
-        .into_iter()
-        .filter(|i| &i.environment_id == env)
-        .collect())
 }

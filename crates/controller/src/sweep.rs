@@ -1,30 +1,93 @@
 //! The sweeper: level-triggered reconciliation of the registry against the provider's
 //! inventory and the sessions (DESIGN.md principle 5).
 //!
-//! Every run re-derives what should exist from scratch: each environment that has an
-//! open record or a live compute tagged by this deployment is processed as a
-//! [`Trigger::Sweep`] job through the same worker path (same lock, same decision), so
-//! orphans, stale records, overdue shutdown leases, failed or deleted sessions with live
-//! compute and half-done cleanups all heal (lifecycle-cases.md rows 26, 27).
+//! A sweep reads once and decides per environment ([`Controller::plan_sweep`]):
+//! 1. every record (the registry, page by page);
+//! 2. the live compute of this deployment, once ([`Compute::list`]: ECS `ListTasks` with
+//!    `startedBy` as the only filter, every page, then `DescribeTasks` per 100 ARNs);
+//! 3. the computes records name that the list did not show, by id
+//!    ([`Compute::describe_many`]: stopped ones, `MISSING` ones, and list lag);
+//! 4. one [`Trigger::Sweep`] job per environment that has an open record or a live compute,
+//!    carrying that environment's share of the read ([`SweptEvidence`]).
+//!
+//! So a sweep of N environments costs at most ⌈N/100⌉ `ListTasks` pages and 2 × ⌈N/100⌉
+//! `DescribeTasks` calls, plus the calls of the effects it takes; a job decides on the
+//! evidence while it is current and makes no provider call of its own (principle 7: one
+//! inventory per sweep, shared by the per-environment decisions). Each job then goes
+//! through the same worker path as any other (same lock, same decision), so orphans, stale
+//! records, overdue shutdown leases, failed or deleted sessions with live compute and
+//! half-done cleanups all heal (lifecycle-cases.md rows 26, 27).
+//!
+//! Settled records — stopped, or active with no compute, no failed start, no lease and no
+//! cleanup, with nothing live for them — are swept once per
+//! [`ControllerConfig::settled_resweep_secs`](crate::ControllerConfig) (a stable hash of
+//! the environment id picks the sweep), not on every run; closed ones never again unless
+//! a live compute of theirs shows up.
+//!
+//! [`Controller::sweep`] processes the jobs in place (local mode's `sweep now`, tests);
+//! [`Controller::sweep_fan_out`] sends them to the timers queue, spread over time, so no
+//! single invocation's duration grows with the deployment (the sweeper Lambda).
 
-use crate::job::Job;
-use crate::ports::{Compute, PortError, Queue, Registry};
+use crate::job::{Job, SweptEvidence};
+use crate::ports::{Compute, Outgoing, PortError, Queue, Registry};
 use crate::worker::{Controller, Disposition};
 use sandbox_agents_api::SessionsApi;
-use sandbox_core::ids::{EnvironmentId, SessionId};
+use sandbox_core::compute::ComputeInstance;
+use sandbox_core::ids::{EnvironmentId, InstanceId, SessionId};
 use sandbox_core::observed::Trigger;
-use sandbox_core::record::RecordStatus;
-use std::collections::BTreeMap;
+use sandbox_core::record::{Record, RecordStatus};
+use std::collections::{BTreeMap, HashSet};
 
 /// What one sweep did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SweepReport {
-    /// Environments examined.
+    /// Environments examined (one job each).
     pub environments: usize,
-    /// Count of decisions per outcome name (`release`, `schedule-stop`, ...).
+    /// Count of decisions per outcome name (`release`, `schedule-stop`, ...); empty for a
+    /// fanned-out sweep (its jobs decide later, on the workers).
     pub outcomes: BTreeMap<String, usize>,
     /// Environments left for a later run (busy lock, missing evidence, failed effect).
     pub deferred: usize,
+    /// Jobs sent to the timers queue by a fanned-out sweep.
+    pub enqueued: usize,
+    /// Settled records not swept this time (their turn comes once per
+    /// `settled_resweep_secs`).
+    pub settled_skipped: usize,
+}
+
+/// The jobs one sweep decided to run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SweepPlan {
+    /// One [`Trigger::Sweep`] job per environment, with its evidence.
+    pub jobs: Vec<Job>,
+    /// Settled records left out this time.
+    pub settled_skipped: usize,
+}
+
+/// Whether the record needs nothing unless its session changes: stopped, or active with
+/// no compute and no failed start; no lease, no cleanup.
+fn settled(r: &Record) -> bool {
+    let quiet = r.lease.is_none() && !r.cleanup_required;
+    let idle = match r.status {
+        RecordStatus::Stopped | RecordStatus::Closed => true,
+        RecordStatus::Active => r.instance.is_none() && r.start_failure.is_none(),
+    };
+    quiet && idle
+}
+
+/// FNV-1a: a hash that is stable across builds and platforms (unlike `std`'s), so a
+/// settled environment's sweep slot does not move between Lambda versions.
+fn stable_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Whether the sweep at `now` is the settled environment's turn: one sweep in every
+/// `every_secs / interval_secs`, chosen by the environment id's hash.
+fn settled_turn(env: &EnvironmentId, now: u64, interval_secs: u64, every_secs: u64) -> bool {
+    let slots = (every_secs / interval_secs.max(1)).max(1);
+    stable_hash(env.as_str()) % slots == (now / interval_secs.max(1)) % slots
 }
 
 impl<Q, R, C, S> Controller<Q, R, C, S>
@@ -34,49 +97,105 @@ where
     C: Compute,
     S: SessionsApi,
 {
-    /// Runs one sweep.
+    /// Reads the registry and the provider once and plans one sweep job per environment
+    /// (see the module docs for the reads and their cost).
     ///
     /// # Errors
-    /// A [`PortError`] when the registry or the provider inventory cannot be listed: a
-    /// sweep never acts on a partial inventory.
-    pub async fn sweep(&self) -> Result<SweepReport, PortError> {
+    /// A [`PortError`] when the registry or the provider cannot be read: a sweep never
+    /// acts on a partial inventory.
+    pub async fn plan_sweep(&self) -> Result<SweepPlan, PortError> {
+        let now = self.clock.now();
         let records = self.registry.list().await?;
-        let instances = self.compute.list(&self.config.deployment).await?;
-        let mut targets: BTreeMap<EnvironmentId, SessionId> = BTreeMap::new();
+        let live = self.compute.list(&self.config.deployment).await?;
+        let listed: HashSet<&InstanceId> = live.iter().map(|i| &i.instance_id).collect();
+        let unlisted: Vec<InstanceId> = records
+            .iter()
+            .filter(|r| r.claims_compute() || r.lease.is_some())
+            .flat_map(|r| {
+                r.current()
+                    .into_iter()
+                    .chain(r.lease.as_ref().map(|l| &l.target))
+            })
+            .map(|i| i.instance_id.clone())
+            .filter(|id| !listed.contains(id))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let described = if unlisted.is_empty() {
+            vec![]
+        } else {
+            self.compute.describe_many(&unlisted).await?
+        };
+        let mut by_env: BTreeMap<EnvironmentId, Vec<ComputeInstance>> = BTreeMap::new();
+        for i in live.into_iter().chain(described) {
+            by_env.entry(i.environment_id.clone()).or_default().push(i);
+        }
+        let has_live = |env: &EnvironmentId| {
+            by_env
+                .get(env)
+                .is_some_and(|all| all.iter().any(|i| i.status.is_live()))
+        };
+        let job = |env: &EnvironmentId, session: SessionId, record: Option<&Record>| Job {
+            handoffs: 0,
+            trigger: Trigger::Sweep,
+            session_id: session,
+            environment_id: Some(env.clone()),
+            webhook_id: None,
+            enqueued_at: now,
+            swept: Some(SweptEvidence {
+                read_at: now,
+                record_version: record.map(|r| r.version),
+                instances: by_env.get(env).cloned().unwrap_or_default(),
+            }),
+        };
+        let mut plan = SweepPlan::default();
+        let mut recorded: HashSet<&EnvironmentId> = HashSet::new();
         for r in &records {
-            let settled = r.status == RecordStatus::Closed && !r.cleanup_required;
-            if !settled {
-                targets.insert(r.environment_id.clone(), r.session_id.clone());
+            recorded.insert(&r.environment_id);
+            let env = &r.environment_id;
+            if !has_live(env) && settled(r) {
+                let closed = r.status == RecordStatus::Closed;
+                let resweep = self.config.settled_resweep_secs;
+                if closed
+                    || (resweep > 0
+                        && !settled_turn(env, now, self.config.sweep_interval_secs, resweep))
+                {
+                    plan.settled_skipped += usize::from(!closed);
+                    continue;
+                }
+            }
+            plan.jobs.push(job(env, r.session_id.clone(), Some(r)));
+        }
+        for (env, instances) in &by_env {
+            if recorded.contains(env) {
+                continue;
+            }
+            let Some(live) = instances.iter().find(|i| i.status.is_live()) else {
+                continue;
+            };
+            match live.session_id.clone() {
+                Some(session) => plan.jobs.push(job(env, session, None)),
+                None => {
+                    tracing::warn!(instance_id = %live.instance_id, "live compute without a session tag")
+                }
             }
         }
-        for i in instances.iter().filter(|i| i.status.is_live()) {
-            let session = i.session_id.clone().or_else(|| {
-                records
-                    .iter()
-                    .find(|r| r.environment_id == i.environment_id)
-                    .map(|r| r.session_id.clone())
-            });
-            if let Some(session) = session {
-                targets.entry(i.environment_id.clone()).or_insert(session);
-            } else {
-                tracing::warn!(instance_id = %i.instance_id, "live compute without a session tag");
-            }
-        }
+        Ok(plan)
+    }
+
+    /// Runs one sweep in place: plans it, then processes every job through the worker path.
+    ///
+    /// # Errors
+    /// As [`Controller::plan_sweep`].
+    pub async fn sweep(&self) -> Result<SweepReport, PortError> {
+        let plan = self.plan_sweep().await?;
         let mut report = SweepReport {
-            environments: targets.len(),
+            environments: plan.jobs.len(),
+            settled_skipped: plan.settled_skipped,
             ..SweepReport::default()
         };
-        let now = self.clock.now();
-        for (env, session) in targets {
-            let job = Job {
-                handoffs: 0,
-                trigger: Trigger::Sweep,
-                session_id: session,
-                environment_id: Some(env.clone()),
-                webhook_id: None,
-                enqueued_at: now,
-            };
-            match self.process(&job).await {
+        for job in &plan.jobs {
+            match self.process(job).await {
                 Ok(p) => {
                     if let Some(outcome) = p.outcome() {
                         *report.outcomes.entry(outcome.to_string()).or_default() += 1;
@@ -86,11 +205,71 @@ where
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(environment_id = %env, error = %e, "sweep deferred");
+                    tracing::warn!(environment_id = ?job.environment_id, error = %e, "sweep deferred");
                     report.deferred += 1;
                 }
             }
         }
         Ok(report)
+    }
+
+    /// Runs one sweep by fanning out: plans it, then sends every job to the timers queue,
+    /// job `i` delayed by `i / sweep_jobs_per_sec` seconds (at most 900, the queue's limit),
+    /// so the workers decide in parallel and the sweep's Agents API reads are spread out.
+    /// A job that could not be sent is counted as deferred (the next sweep plans it again).
+    ///
+    /// # Errors
+    /// As [`Controller::plan_sweep`].
+    pub async fn sweep_fan_out(&self) -> Result<SweepReport, PortError> {
+        let plan = self.plan_sweep().await?;
+        let mut report = SweepReport {
+            environments: plan.jobs.len(),
+            settled_skipped: plan.settled_skipped,
+            ..SweepReport::default()
+        };
+        let rate = u64::from(self.config.sweep_jobs_per_sec.max(1));
+        for (i, job) in plan.jobs.into_iter().enumerate() {
+            let delay = u32::try_from((i as u64 / rate).min(900)).unwrap_or(900);
+            let key = job
+                .environment_id
+                .as_ref()
+                .map(|e| e.effect_key().to_string())
+                .unwrap_or_default();
+            let msg = Outgoing {
+                group: job.group().to_owned(),
+                dedup_id: format!("sweep:{key}:{}", job.enqueued_at),
+                delay_secs: delay,
+                job,
+            };
+            match self.timers.send(msg).await {
+                Ok(_) => report.enqueued += 1,
+                Err(e) => {
+                    tracing::warn!(effect_key = %key, error = %e, "sweep job not sent");
+                    report.deferred += 1;
+                }
+            }
+        }
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_settled_environment_gets_one_sweep_per_period() {
+        let env = EnvironmentId::new("env_settled_1");
+        let turns = (0..12u64)
+            .filter(|k| settled_turn(&env, 1_800_000_000 + k * 300, 300, 3_600))
+            .count();
+        assert_eq!(turns, 1, "one of every twelve 5-minute sweeps");
+        assert!(settled_turn(&env, 1_800_000_000, 300, 300), "every sweep");
+    }
+
+    #[test]
+    fn stable_hash_is_fnv1a() {
+        assert_eq!(stable_hash(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(stable_hash("a"), 0xaf63_dc4c_8601_ec8c);
     }
 }

@@ -177,6 +177,7 @@ impl<Q: Queue> Intake<Q> {
         };
         let job = Job {
             handoffs: 0,
+            swept: None,
             trigger,
             session_id,
             environment_id,

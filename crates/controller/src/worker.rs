@@ -8,10 +8,14 @@
 //!    environment (event, session or record);
 //! 3. take the lock on `agents-api:environment:{id}:compute` (a lease with an expiry),
 //!    which reads the record in the same call;
-//! 4. read the provider's instances — skipped when nothing can be unrecorded: the
-//!    previous holder released cleanly, the record names no instance and the job is not
-//!    a sweep — (and, when they matter, the environment status and the latest turn) and
-//!    call [`sandbox_core::decide`];
+//! 4. read the compute the record names by its id — one `describe` (ECS `DescribeTasks`
+//!    on the ARN), whatever the size of the deployment; none when the record names no
+//!    active compute; none for a sweep job whose evidence is current
+//!    ([`crate::job::SweptEvidence`]) — and, when they matter, the environment status and
+//!    the latest turn; then call [`sandbox_core::decide`]. Nothing is listed: a compute
+//!    a crashed worker started but never recorded is found again by the start it replays
+//!    (same generation, same idempotency token: ECS answers `RunTask` with the same task
+//!    for 24 h) or by the next sweep, the only discoverer (DESIGN.md principle 7);
 //! 5. apply the effects in order; every write under the lock is fenced ([`Fence`]); the
 //!    record is written before any further side effect and before the lock is released;
 //!    a stop is read back before its receipt;
@@ -22,21 +26,25 @@
 //!    evidence, a failed effect, a lost lock).
 //!
 //! Remote calls of a first start: ledger read, session read, lock (+ record), provider
-//! start, release = 5 (`crates/testkit/tests/call_budgets.rs`).
+//! start, release = 5; provider calls of any job: at most 2 on the happy path (a read by
+//! id and a start, or a stop and its read-back), independent of the number of
+//! environments (`crates/testkit/tests/call_budgets.rs`).
 
 use crate::config::ControllerConfig;
 use crate::crash_point::crash_point;
 use crate::job::Job;
 use crate::ports::{
     AuditEntry, Clock, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, ReceiptKind,
-    Registry, Release, Started, Write, instances_of,
+    Registry, Release, Started, Write,
 };
 use sandbox_agents_api::{ApiError, PageParams, SessionsApi};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
-use sandbox_core::decision::{Decision, Effect, Outcome, StopSpec, decide};
+use sandbox_core::decision::{Decision, Effect, Outcome, StopReason, StopSpec, decide};
 use sandbox_core::environment::EnvironmentStatus;
-use sandbox_core::ids::{EnvironmentId, SessionId};
-use sandbox_core::observed::{Inventory, Observed, SessionView, Trigger, TurnEvidence};
+use sandbox_core::ids::{EnvironmentId, InstanceId, SessionId};
+use sandbox_core::observed::{
+    EnvironmentRead, Inventory, Observed, SessionView, Trigger, TurnEvidence,
+};
 use sandbox_core::record::{Record, StartFailure};
 use serde_json::json;
 use std::sync::Arc;
@@ -224,31 +232,60 @@ where
             .await
     }
 
-    /// The provider's instances of `env`, or `None` when nothing can be unrecorded: the
-    /// previous lock holder released cleanly (so everything it started is in the record),
-    /// the record names no instance, and the job is not a sweep (the sweep job is how
-    /// orphans the registry never knew of are found). Then the inventory is known empty.
-    async fn inventory(
+    /// What the provider says about `env` for this decision (DESIGN.md principle 7).
+    ///
+    /// - A sweep job whose evidence is current: the sweep's read, no call.
+    /// - Otherwise the compute the record names as active (and its lease's target, which
+    ///   is the same one unless the record is stale), read by its id (one call), plus, for
+    ///   a sweep job whose evidence is stale, every instance that evidence saw (one
+    ///   `describe_many`: ECS answers up to 100 ids per `DescribeTasks`).
+    /// - Nothing to read (no active record, no evidence): known empty, no call.
+    ///
+    /// A provider error is [`Inventory::Unavailable`]: the decision changes nothing.
+    pub(crate) async fn inventory(
         &self,
         job: &Job,
         env: &EnvironmentId,
         locked: &Locked,
-    ) -> Option<Inventory> {
-        let unrecorded_possible = locked.recovered
-            || job.trigger == Trigger::Sweep
-            || locked.record.as_ref().is_some_and(|r| r.instance.is_some());
-        if !unrecorded_possible {
-            return None;
+        now: u64,
+    ) -> Inventory {
+        let record = locked.record.as_ref();
+        if let Some(evidence) = &job.swept
+            && evidence.is_current(record, now, self.config.sweep_evidence_max_age_secs)
+        {
+            return Inventory::Known {
+                instances: evidence.instances.clone(),
+            };
         }
-        Some(
-            match instances_of(&self.compute, &self.config.deployment, env).await {
-                Ok(instances) => Inventory::Known { instances },
-                Err(e) => {
-                    tracing::warn!(effect_key = %env.effect_key(), error = %e, "inventory unavailable");
-                    Inventory::Unavailable
-                }
-            },
-        )
+        let mut ids: Vec<InstanceId> = record
+            .filter(|r| r.claims_compute())
+            .and_then(|r| r.current())
+            .into_iter()
+            .chain(record.and_then(|r| r.lease.as_ref()).map(|l| &l.target))
+            .map(|i| i.instance_id.clone())
+            .collect();
+        ids.dedup();
+        for seen in job.swept.iter().flat_map(|e| &e.instances) {
+            if !ids.contains(&seen.instance_id) {
+                ids.push(seen.instance_id.clone());
+            }
+        }
+        let read = match ids.as_slice() {
+            [] => return Inventory::Known { instances: vec![] },
+            [one] => self
+                .compute
+                .describe(one)
+                .await
+                .map(|i| i.into_iter().collect()),
+            many => self.compute.describe_many(many).await,
+        };
+        match read {
+            Ok(instances) => Inventory::Known { instances },
+            Err(e) => {
+                tracing::warn!(effect_key = %env.effect_key(), error = %e, "compute read unavailable");
+                Inventory::Unavailable
+            }
+        }
     }
 
     async fn decide_and_act(
@@ -261,10 +298,14 @@ where
         not_after: u64,
     ) -> Result<Processed, PortError> {
         let now = self.clock.now();
-        let read = self.inventory(job, &env, &locked).await;
-        let inventory_read = read.is_some();
-        let inventory = read.unwrap_or(Inventory::Known { instances: vec![] });
-        let recovered = locked.recovered;
+        let inventory = self.inventory(job, &env, &locked, now).await;
+        if locked.recovered {
+            // The previous holder crashed or left a start's outcome unknown. What it may
+            // have started is generation `record.generation + 1`: a start decided now
+            // replays its idempotency token and gets that task back; otherwise the next
+            // sweep lists it (the only discoverer, DESIGN.md principle 7).
+            tracing::info!(effect_key = %env.effect_key(), "lock recovered from an unclean holder");
+        }
         let record = locked.record;
         let (environment_status, latest_turn) =
             self.evidence(job, &env, &session, &inventory).await;
@@ -293,6 +334,7 @@ where
                 .unwrap_or_else(|| job.session_id.clone()),
         };
         let mut act = Act {
+            now,
             fence,
             not_after,
             record: record.clone(),
@@ -307,7 +349,6 @@ where
         self.apply(&decision, &mut act, now).await;
         crate::metrics::decision_applied(job, &observed, &decision, &act.applied, self.clock.now());
         let mut error = act.error.clone().or(act.deferred_error.clone());
-        act.clean &= !inventory_read || act.reconciled(&observed.inventory, recovered);
 
         let mut disposition = if let Some(secs) = act.retry_after {
             Disposition::RetryAfter(capped_delay(secs))
@@ -383,34 +424,43 @@ where
     }
 
     /// The environment status and the latest turn, fetched only when they can change the
-    /// decision: the status when a running compute might be connected (reuse vs replace)
-    /// or after idle (mid-turn disconnect evidence, row 20); the turn for row 20 and a
-    /// timed-out submission (row 21).
+    /// decision: the status when a running compute might be connected (reuse vs replace,
+    /// which of several computes to keep) or after idle (mid-turn disconnect evidence, row
+    /// 20); the turn for row 20 and a timed-out submission (row 21). A failed status read
+    /// is [`EnvironmentRead::Unavailable`]: missing evidence, never "not connected".
     pub(crate) async fn evidence(
         &self,
         job: &Job,
         env: &EnvironmentId,
         session: &SessionView,
         inventory: &Inventory,
-    ) -> (Option<EnvironmentStatus>, Option<TurnEvidence>) {
+    ) -> (EnvironmentRead, Option<TurnEvidence>) {
         let SessionView::Found { session } = session else {
-            return (None, None);
+            return (EnvironmentRead::NotRead, None);
         };
-        let running = matches!(inventory, Inventory::Known { instances }
-            if instances.iter().any(|i| i.status == ComputeStatus::Running));
-        let wants_status =
-            running && (session.requires_connection_of(env) || job.trigger == Trigger::Idle);
+        let (running, active) = match inventory {
+            Inventory::Known { instances } => (
+                instances.iter().any(|i| i.status == ComputeStatus::Running),
+                instances.iter().filter(|i| i.status.is_active()).count(),
+            ),
+            Inventory::Unavailable => (false, 0),
+        };
+        let wants_status = running
+            && (session.requires_connection_of(env) || job.trigger == Trigger::Idle || active > 1);
         let status = if wants_status {
-            self.sessions
-                .retrieve_environment(env)
-                .await
-                .ok()
-                .map(|e| e.status)
+            match self.sessions.retrieve_environment(env).await {
+                Ok(e) => EnvironmentRead::Read { status: e.status },
+                Err(e) => {
+                    tracing::warn!(environment_id = %env, error = %e, "environment status unavailable");
+                    EnvironmentRead::Unavailable
+                }
+            }
         } else {
-            None
+            EnvironmentRead::NotRead
         };
         let wants_turn = job.trigger == Trigger::InputTimedOut
-            || (job.trigger == Trigger::Idle && status == Some(EnvironmentStatus::Disconnected));
+            || (job.trigger == Trigger::Idle
+                && status.status() == Some(EnvironmentStatus::Disconnected));
         let turn = if wants_turn {
             self.latest_turn(&session.id).await
         } else {
@@ -502,6 +552,7 @@ where
                 );
                 crash_point("after-compute-start");
                 act.change(&Effect::AdoptCompute(instance.as_ref()));
+                act.fresh.instance_recorded_at = Some(self.clock.now());
                 act.fresh.generation = act.fresh.generation.max(spec.generation);
                 // Recorded before anything else (DESIGN.md principle 3): every later side
                 // effect flushes first, and the release writes it with the lock's release.
@@ -540,24 +591,43 @@ where
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
+        // A compute no record names was seen by a list (the sweep's, maybe minutes ago):
+        // read it again by id before stopping it (DESIGN.md principle 7).
+        if matches!(stop.reason, StopReason::Orphan | StopReason::Divergent) {
+            let now = self
+                .compute
+                .describe(&stop.target.instance_id)
+                .await
+                .map_err(|e| format!("re-read before the stop failed: {e}"))?;
+            if now.is_none_or(|i| !i.status.is_live()) {
+                tracing::info!(instance_id = %stop.target.instance_id, %reason, "already stopped or gone: nothing to stop");
+                return Ok(());
+            }
+        }
         self.compute
             .stop(&stop.target.instance_id, &reason, act.not_after)
             .await
             .map_err(|e| format!("stop failed: {e}"))?;
+        // Read back until `STOPPED`, the pause doubling from `stop_readback_interval` (at
+        // most 5 s apart: an ECS task takes its stopTimeout, 30 s by default, to stop).
+        // `MISSING` confirms nothing (absence proves nothing): the next holder decides on
+        // what it reads then, and the stop is retried, never assumed.
         let deadline = tokio::time::Instant::now() + self.config.stop_readback_timeout;
+        let mut pause = self.config.stop_readback_interval;
         loop {
             let seen: Option<ComputeInstance> = self
                 .compute
                 .describe(&stop.target.instance_id)
                 .await
                 .map_err(|e| format!("stop read-back failed: {e}"))?;
-            if seen.is_none_or(|i| i.status == ComputeStatus::Stopped) {
+            if seen.is_some_and(|i| i.status == ComputeStatus::Stopped) {
                 break;
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err("stop not confirmed before the read-back deadline".into());
             }
-            tokio::time::sleep(self.config.stop_readback_interval).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_secs(5));
         }
         tracing::info!(instance_id = %stop.target.instance_id, generation = %stop.target.generation, %reason, "compute stopped");
         let receipt = Receipt {
@@ -645,6 +715,7 @@ where
         let delay = capped_delay(secs);
         let recheck = Job {
             handoffs: 0,
+            swept: None,
             trigger,
             session_id: session.clone(),
             environment_id: Some(env.clone()),
@@ -713,6 +784,8 @@ fn audit_entry(
 
 /// The record being changed by one decision, and what was applied.
 struct Act {
+    /// The decision's time, Unix seconds.
+    now: u64,
     /// The lock every write carries.
     fence: Fence,
     /// Starts and stops are not sent after this, Unix seconds.
@@ -733,26 +806,6 @@ struct Act {
 }
 
 impl Act {
-    /// Whether, after this decision, nothing this environment runs is unrecorded: every
-    /// live instance in the inventory is the one the record names or was stopped now. An
-    /// unreadable inventory counts as reconciled unless the lock was `recovered` (then it
-    /// is the only evidence, and the next holder must read it).
-    fn reconciled(&self, inventory: &Inventory, recovered: bool) -> bool {
-        let Inventory::Known { instances } = inventory else {
-            return !recovered;
-        };
-        let named = self.fresh.instance.as_ref().map(|r| &r.instance_id);
-        instances
-            .iter()
-            .filter(|i| i.status != ComputeStatus::Stopped)
-            .all(|i| {
-                named == Some(&i.instance_id)
-                    || self.applied.iter().any(|e| {
-                        matches!(e, Effect::StopCompute(s) if s.target.instance_id == i.instance_id)
-                    })
-            })
-    }
-
     /// Applies a record-only effect to `fresh`.
     fn change(&mut self, effect: &Effect) {
         let r = &mut self.fresh;
@@ -760,22 +813,32 @@ impl Act {
             Effect::AdoptCompute(i) => {
                 r.generation = r.generation.max(i.generation);
                 r.instance = Some(i.clone());
+                r.instance_recorded_at = Some(self.now);
                 r.status = sandbox_core::record::RecordStatus::Active;
                 r.start_failure = None;
             }
+            Effect::RecordStartFailure(f) => {
+                r.start_failure = Some(f.clone());
+                r.instance = None;
+                r.instance_recorded_at = None;
+            }
+            Effect::ClearStartFailure => r.start_failure = None,
+            Effect::NoteConnectionRequest { at } => r.connection_requested_at = Some(*at),
+            Effect::ClearConnectionRequest => r.connection_requested_at = None,
             Effect::PutLease(l) => r.lease = Some(l.clone()),
             Effect::DropLease => r.lease = None,
             Effect::MarkStopped => {
                 r.status = sandbox_core::record::RecordStatus::Stopped;
                 r.lease = None;
+                r.connection_requested_at = None;
             }
             Effect::MarkClosed => {
                 r.status = sandbox_core::record::RecordStatus::Closed;
                 r.cleanup_required = false;
                 r.lease = None;
+                r.connection_requested_at = None;
             }
             Effect::RequireCleanup => r.cleanup_required = true,
-            Effect::ClearStartFailure => r.start_failure = None,
             Effect::StartCompute(_) | Effect::StopCompute(_) | Effect::DeleteSession { .. } => {
                 return;
             }

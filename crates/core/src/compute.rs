@@ -20,7 +20,17 @@ pub struct ComputeInstance {
     pub status: ComputeStatus,
     /// When the provider started it, Unix seconds; `None` while provisioning.
     pub started_at: Option<u64>,
+    /// Why a stopped instance stopped, as the provider says (ECS `stopCode`, e.g.
+    /// [`TASK_FAILED_TO_START`], `EssentialContainerExited`, `UserInitiated`); `None` while
+    /// it runs or when the provider gives none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_code: Option<String>,
 }
+
+/// ECS `stopCode` of a task that stopped before it ever ran (capacity, image pull, ENI,
+/// or `PROVISIONING` for ~30 min; ECS API reference, `Task.stopCode`; containers-roadmap
+/// #2381). Such a stop counts as a failed start (lifecycle-cases.md row 28).
+pub const TASK_FAILED_TO_START: &str = "TaskFailedToStart";
 
 /// Provider lifecycle status, normalised over ECS `lastStatus` and local processes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -78,6 +88,12 @@ pub struct InstanceRef {
 }
 
 impl ComputeInstance {
+    /// Whether the instance stopped without ever running ([`TASK_FAILED_TO_START`]).
+    pub fn failed_to_start(&self) -> bool {
+        self.status == ComputeStatus::Stopped
+            && self.stop_code.as_deref() == Some(TASK_FAILED_TO_START)
+    }
+
     /// This instance's [`InstanceRef`].
     pub fn as_ref(&self) -> InstanceRef {
         InstanceRef {

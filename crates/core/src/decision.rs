@@ -28,7 +28,7 @@ use crate::compute::{ComputeInstance, ComputeStatus, InstanceRef};
 use crate::environment::EnvironmentStatus;
 use crate::ids::{EnvironmentId, Generation, SessionId, idempotency_token};
 use crate::observed::{Inventory, Observed, SessionView, Trigger, Unavailable};
-use crate::record::{Record, RecordStatus, ShutdownLease};
+use crate::record::{Record, RecordStatus, ShutdownLease, StartFailure};
 use crate::session::{Session, SessionStatus};
 use crate::turn::{ItemStatus, TurnStatus};
 use serde::{Deserialize, Serialize};
@@ -153,19 +153,37 @@ pub enum Reason {
     ConnectionRequired,
     /// The connection requirement is resolved already (row 4).
     ActionResolved,
-    /// An operator reset the failed-start count (`sandboxctl reset-start-failures`).
-    StartFailuresReset,
     /// The compute is provisioning or pending (row 9).
     ComputeStarting,
     /// A compute is stopping; start nothing until it is gone.
     ComputeStopping,
+    /// The recorded compute is not visible in the provider's reads yet (ECS `MISSING`
+    /// right after `RunTask`): wait, never start another.
+    ComputeNotVisibleYet {
+        /// Seconds since the record began naming it.
+        recorded_secs: u64,
+    },
     /// The executor runs and is within its connect deadline.
     ExecutorConnecting,
     /// The environment reports `connected`.
     ExecutorConnected,
+    /// The environment status could not be read: whether the executor is connected is
+    /// missing evidence, so nothing is replaced on it (row 22).
+    EnvironmentStatusUnavailable,
+    /// More than one active compute while a turn may run, and which one serves it is
+    /// unknown: stop nothing until the evidence is read.
+    MultipleComputesUnclear {
+        /// How many were active.
+        active: usize,
+    },
+    /// The session's status is one this build does not know: not idle, keep the compute.
+    UnknownSessionStatus,
+    /// An operator reset the failed-start count: attempts resume now.
+    StartFailuresReset,
     /// The executor ran past the connect deadline without connecting (row 10).
     ConnectDeadlinePassed {
-        /// Seconds since the compute started.
+        /// Seconds since the compute started or the connection was requested, whichever
+        /// is later.
         running_secs: u64,
     },
     /// The recorded compute stopped behind the controller's back (row 11). Files are not
@@ -179,7 +197,8 @@ pub enum Reason {
         /// Failed attempts so far.
         attempts: u32,
     },
-    /// Starts keep failing; no further attempt until an operator acts (row 28).
+    /// Starts keep failing; no further attempt until the cooldown ends or an operator
+    /// resets them (row 28).
     StartFailing {
         /// Failed attempts so far.
         attempts: u32,
@@ -247,9 +266,23 @@ impl fmt::Display for Reason {
             Self::RecordStale => f.write_str("record names a compute the provider does not run"),
             Self::ConnectionRequired => f.write_str("environment_connection required"),
             Self::ActionResolved => f.write_str("connection requirement already resolved"),
-            Self::StartFailuresReset => f.write_str("failed starts reset by an operator"),
             Self::ComputeStarting => f.write_str("compute is starting"),
             Self::ComputeStopping => f.write_str("compute is stopping"),
+            Self::ComputeNotVisibleYet { recorded_secs } => write!(
+                f,
+                "compute recorded {recorded_secs} s ago is not visible yet; never start another"
+            ),
+            Self::EnvironmentStatusUnavailable => {
+                f.write_str("environment status unavailable; nothing replaced without evidence")
+            }
+            Self::MultipleComputesUnclear { active } => write!(
+                f,
+                "{active} active computes while a turn may run; which one serves it is unknown"
+            ),
+            Self::UnknownSessionStatus => {
+                f.write_str("session status unknown to this build; keeping the compute")
+            }
+            Self::StartFailuresReset => f.write_str("failed starts reset by an operator"),
             Self::ExecutorConnecting => f.write_str("executor running, within connect deadline"),
             Self::ExecutorConnected => f.write_str("executor connected"),
             Self::ConnectDeadlinePassed { running_secs } => {
@@ -267,7 +300,7 @@ impl fmt::Display for Reason {
                 last_reason,
             } => write!(
                 f,
-                "start failed {attempts} times (last: {last_reason}); needs an operator"
+                "start failed {attempts} times (last: {last_reason}); next attempt after the cooldown or an operator reset"
             ),
             Self::IdleGrace => f.write_str("session idle; stop after the grace period"),
             Self::LeaseAlreadyPending => f.write_str("shutdown lease already pending"),
@@ -361,13 +394,36 @@ pub enum Effect {
     MarkClosed,
     /// Record: `cleanup_required` (reject new work; resume the close on every look).
     RequireCleanup,
-    /// Record: forget the failed starts (an operator's `reset-start-failures`).
+    /// Record: the compute the record named stopped before it ever ran
+    /// ([`crate::compute::TASK_FAILED_TO_START`]); store the failure (attempts counted)
+    /// and stop naming that compute (row 28).
+    RecordStartFailure(StartFailure),
+    /// Record: forget the failed starts (an operator reset).
     ClearStartFailure,
+    /// Record: the current `environment_connection` requirement was first observed at
+    /// `at` (Unix seconds); the connect deadline counts from it.
+    NoteConnectionRequest {
+        /// Unix seconds.
+        at: u64,
+    },
+    /// Record: no connection is required any more.
+    ClearConnectionRequest,
     /// `DELETE /agents/sessions/{id}` (its own receipt, separate from the stop).
     DeleteSession {
         /// The session to delete.
         session_id: SessionId,
     },
+}
+
+impl Effect {
+    /// Whether the effect only notes when a connection was requested (bookkeeping that
+    /// names no outcome of its own).
+    fn is_note(&self) -> bool {
+        matches!(
+            self,
+            Self::NoteConnectionRequest { .. } | Self::ClearConnectionRequest
+        )
+    }
 }
 
 /// A decision: its named outcome, the evidence, the ordered side effects, and when to look
@@ -425,16 +481,6 @@ pub fn decide(o: &Observed) -> Decision {
     match &o.trigger {
         Trigger::OtherActionRequired { .. } => return Decision::ignore(Reason::NotAComputeAction),
         Trigger::OtherEvent { .. } => return Decision::ignore(Reason::UnrelatedEvent),
-        // Under the lock like any decision; the recheck (a sweep job) then decides from
-        // the session whether to start again.
-        Trigger::ResetStartFailures => {
-            return match o.record.as_ref().and_then(|r| r.start_failure.as_ref()) {
-                Some(_) => Decision::new(Outcome::Ignore, Reason::StartFailuresReset)
-                    .with([Effect::ClearStartFailure])
-                    .recheck(1),
-                None => Decision::ignore(Reason::Converged),
-            };
-        }
         _ => {}
     }
 
@@ -464,32 +510,48 @@ pub fn decide(o: &Observed) -> Decision {
         };
     }
 
+    let mine: Vec<&ComputeInstance> = instances
+        .iter()
+        .filter(|i| i.environment_id == o.environment_id)
+        .collect();
+    let mut active: Vec<&ComputeInstance> = mine
+        .iter()
+        .copied()
+        .filter(|i| i.status.is_active())
+        .collect();
+    // The filter gates new starts only: a record or a compute of this deployment stays its
+    // responsibility (release on failure, deletion, idle, close) if the filter narrows.
+    let mut may_start = true;
     let session = match &o.session {
         SessionView::Found { session } => {
             if session.self_hosted().is_none() {
                 return Decision::ignore(Reason::NotSelfHosted);
             }
             if !o.filter.accepts(session) {
-                return Decision::ignore(Reason::NotOwned);
+                if o.record.is_none() && active.is_empty() {
+                    return Decision::ignore(Reason::NotOwned);
+                }
+                may_start = false;
             }
             Some(session.as_ref())
         }
         _ => None,
     };
-
-    let mine: Vec<&ComputeInstance> = instances
-        .iter()
-        .filter(|i| i.environment_id == o.environment_id)
-        .collect();
+    // A recorded compute the provider does not show yet counts as starting (principle 7).
+    let unseen = not_visible_yet(o, &mine);
+    active.extend(unseen.as_ref());
     let view = View {
         o,
         session,
         record: o.record.as_ref(),
-        active: mine
-            .iter()
-            .copied()
-            .filter(|i| i.status.is_active())
-            .collect(),
+        active,
+        unseen: unseen.as_ref().map(|i| &i.instance_id),
+        recorded_seen: o.record.as_ref().and_then(Record::current).and_then(|r| {
+            mine.iter()
+                .copied()
+                .find(|i| i.instance_id == r.instance_id)
+        }),
+        may_start,
         stopping: mine.iter().any(|i| i.status == ComputeStatus::Stopping),
         max_generation: mine
             .iter()
@@ -501,13 +563,42 @@ pub fn decide(o: &Observed) -> Decision {
     view.decide()
 }
 
+/// The compute the record names, as a `Provisioning` stand-in, when the provider does not
+/// show it (absent or `MISSING`) and it was recorded less than
+/// [`crate::observed::Policy::visibility_window_secs`] ago: ECS reads are eventually
+/// consistent right after `RunTask`, so absence then is "not visible yet", never "gone".
+fn not_visible_yet(o: &Observed, mine: &[&ComputeInstance]) -> Option<ComputeInstance> {
+    let record = o.record.as_ref().filter(|r| r.claims_compute())?;
+    let named = record.current()?;
+    if mine.iter().any(|i| i.instance_id == named.instance_id) {
+        return None;
+    }
+    let recorded_at = record.instance_recorded_at?;
+    (o.now < recorded_at.saturating_add(o.policy.visibility_window_secs)).then(|| ComputeInstance {
+        instance_id: named.instance_id.clone(),
+        environment_id: o.environment_id.clone(),
+        session_id: Some(record.session_id.clone()),
+        generation: named.generation,
+        status: ComputeStatus::Provisioning,
+        started_at: None,
+        stop_code: None,
+    })
+}
+
 /// The observation, pre-digested: this environment's active instances and the like.
 struct View<'a> {
     o: &'a Observed,
     /// `None` when deleted.
     session: Option<&'a Session>,
     record: Option<&'a Record>,
+    /// Active instances, the not-yet-visible recorded one included.
     active: Vec<&'a ComputeInstance>,
+    /// The recorded instance that is not visible yet, if any (it is in `active`).
+    unseen: Option<&'a crate::ids::InstanceId>,
+    /// The instance the record names, as the provider read it (any status).
+    recorded_seen: Option<&'a ComputeInstance>,
+    /// `false` when the ownership filter rejects the session: nothing new starts.
+    may_start: bool,
     stopping: bool,
     max_generation: Generation,
 }
@@ -530,9 +621,33 @@ impl View<'_> {
         })
     }
 
+    /// A `Wait` while the recorded compute is not visible yet: its stop could be neither
+    /// sent nor confirmed, and it must not be forgotten.
+    fn awaiting_visibility(&self) -> Option<Decision> {
+        self.unseen?;
+        let recorded_at = self.record.and_then(|r| r.instance_recorded_at)?;
+        Some(
+            Decision::new(
+                Outcome::Wait,
+                Reason::ComputeNotVisibleYet {
+                    recorded_secs: self.o.now.saturating_sub(recorded_at),
+                },
+            )
+            .recheck(self.o.policy.recheck_secs),
+        )
+    }
+
     fn decide(&self) -> Decision {
         if let Some(d) = self.closed_or_closing() {
             return d;
+        }
+        if self.o.trigger == Trigger::ResetStartFailures {
+            return match self.record.and_then(|r| r.start_failure.as_ref()) {
+                Some(_) => Decision::new(Outcome::Ignore, Reason::StartFailuresReset)
+                    .with([Effect::ClearStartFailure])
+                    .recheck(1),
+                None => Decision::ignore(Reason::Converged),
+            };
         }
         let Some(session) = self.session else {
             return self.deleted();
@@ -542,6 +657,10 @@ impl View<'_> {
         }
         if self.o.trigger == Trigger::Failed {
             return Decision::ignore(Reason::StaleFailedEvent);
+        }
+        if session.status == SessionStatus::Unknown {
+            return Decision::new(Outcome::Uncertain, Reason::UnknownSessionStatus)
+                .recheck(self.o.policy.uncertain_retry_secs);
         }
         if let Some(d) = self.divergent_or_unrecorded(session) {
             return d;
@@ -603,6 +722,9 @@ impl View<'_> {
 
     /// Rows 5 and 6 (and 26 for a deleted session).
     fn deleted(&self) -> Decision {
+        if let Some(d) = self.awaiting_visibility() {
+            return d;
+        }
         if !self.active.is_empty() {
             return Decision::new(Outcome::Release, Reason::SessionDeleted)
                 .with(self.drop_lease())
@@ -623,6 +745,9 @@ impl View<'_> {
 
     /// Row 7.
     fn failed(&self) -> Decision {
+        if let Some(d) = self.awaiting_visibility() {
+            return d;
+        }
         if !self.active.is_empty() {
             return Decision::new(Outcome::Release, Reason::SessionFailed)
                 .with(self.drop_lease())
@@ -647,12 +772,20 @@ impl View<'_> {
     fn divergent_or_unrecorded(&self, session: &Session) -> Option<Decision> {
         let recorded = self.record.and_then(Record::current);
         if self.active.len() > 1 {
-            // Keep the newest generation (a replacement in flight is newer than the
-            // compute it replaces), the running one on a tie.
-            let keep = *self
-                .active
-                .iter()
-                .max_by_key(|i| (i.generation, i.status == ComputeStatus::Running))?;
+            if let Some(d) = self.awaiting_visibility() {
+                return Some(d);
+            }
+            let Some(keep) = self.compute_to_keep(session, recorded) else {
+                return Some(
+                    Decision::new(
+                        Outcome::Wait,
+                        Reason::MultipleComputesUnclear {
+                            active: self.active.len(),
+                        },
+                    )
+                    .recheck(self.o.policy.recheck_secs),
+                );
+            };
             let mut effects: Vec<Effect> = self
                 .active
                 .iter()
@@ -681,10 +814,14 @@ impl View<'_> {
             );
         }
         let c = *self.active.first()?;
-        if recorded == Some(&c.as_ref()) {
+        // Named and claimed: nothing to fix. A live compute a stopped record still names
+        // (read `MISSING` once, say) is adopted again, so the record claims what runs.
+        if recorded == Some(&c.as_ref()) && self.record.is_some_and(Record::claims_compute) {
             return None;
         }
-        let needs_nothing = session.status == SessionStatus::Idle && !session.is_busy();
+        let needs_nothing = session.status == SessionStatus::Idle
+            && !session.is_busy()
+            && !self.turn_may_run(session);
         if self.record.is_none() && self.o.trigger == Trigger::Sweep && needs_nothing {
             return Some(
                 Decision::new(Outcome::Release, Reason::Orphan)
@@ -694,13 +831,74 @@ impl View<'_> {
         let mut effects = Vec::new();
         let rest = self.after_adopting(c, &mut effects);
         let mut d = Decision::new(Outcome::Adopt, Reason::UnrecordedCompute).with(effects);
-        if !rest.effects.is_empty() {
+        if rest.effects.iter().any(|e| !e.is_note()) {
             d.outcome = rest.outcome;
             d.reason = rest.reason;
         }
         d.effects.extend(rest.effects);
         d.recheck_after_secs = rest.recheck_after_secs;
         Some(d)
+    }
+
+    /// Whether a turn runs or may run on the connected executor: the session is
+    /// `in_progress`, waits on a required action other than this environment's connection
+    /// (a paused turn keeps its executor), or the turn evidence shows an active turn
+    /// (agents-api.md: idle can arrive just before queued input starts).
+    fn turn_may_run(&self, session: &Session) -> bool {
+        let paused = session.status == SessionStatus::RequiresAction
+            && !session.requires_connection_of(&self.o.environment_id);
+        session.status == SessionStatus::InProgress
+            || paused
+            || self
+                .o
+                .latest_turn
+                .as_ref()
+                .is_some_and(|t| t.status.is_active())
+    }
+
+    /// Row 13: which of several active computes stays. While a turn may run, an executor
+    /// that may serve it (a running one) is never stopped: the only running one stays,
+    /// and with two running ones nothing is decided (`None`: the caller holds until the
+    /// turn ends). Otherwise, when the environment reads `connected`, the executor that
+    /// connected is the one that ran first: the recorded running one, else the
+    /// longest-running one. Otherwise the newest generation (a replacement in flight is
+    /// newer than what it replaces), the running one on a tie.
+    fn compute_to_keep(
+        &self,
+        session: &Session,
+        recorded: Option<&InstanceRef>,
+    ) -> Option<&ComputeInstance> {
+        let running: Vec<&ComputeInstance> = self
+            .active
+            .iter()
+            .copied()
+            .filter(|i| i.status == ComputeStatus::Running)
+            .collect();
+        if self.turn_may_run(session) {
+            match running.as_slice() {
+                [] => {}
+                [only] => return Some(only),
+                _ => return None,
+            }
+        }
+        let first_connected = self
+            .o
+            .environment_status
+            .is_connected()
+            .then(|| {
+                running
+                    .iter()
+                    .copied()
+                    .find(|i| Some(&i.as_ref()) == recorded)
+                    .or_else(|| running.iter().copied().min_by_key(|i| i.started_at))
+            })
+            .flatten();
+        first_connected.or_else(|| {
+            self.active
+                .iter()
+                .copied()
+                .max_by_key(|i| (i.generation, i.status == ComputeStatus::Running))
+        })
     }
 
     /// Decides again as if `keep` were the only active compute and the record named it;
@@ -720,6 +918,7 @@ impl View<'_> {
             record.instance = Some(keep.as_ref());
             record.status = RecordStatus::Active;
             record.start_failure = None;
+            record.instance_recorded_at = Some(self.o.now);
         }
         if record
             .lease
@@ -736,7 +935,23 @@ impl View<'_> {
     }
 
     /// Rows 1, 9, 10, 11, 16, 28: the session requires `environment_connection` now.
+    /// The first observation of the requirement is noted on the record (the connect
+    /// deadline counts from it); the note goes last, so a start is not preceded by a write.
     fn ensure_compute(&self, session: &Session, current: Option<&ComputeInstance>) -> Decision {
+        let requested_at = self.record.and_then(|r| r.connection_requested_at);
+        let note = requested_at
+            .is_none()
+            .then_some(Effect::NoteConnectionRequest { at: self.o.now });
+        self.ensure_compute_since(session, current, requested_at.unwrap_or(self.o.now))
+            .with(note)
+    }
+
+    fn ensure_compute_since(
+        &self,
+        session: &Session,
+        current: Option<&ComputeInstance>,
+        requested_at: u64,
+    ) -> Decision {
         let policy = &self.o.policy;
         let now = self.o.now;
         let cancel: Vec<Effect> = self.drop_lease().into_iter().collect();
@@ -753,29 +968,41 @@ impl View<'_> {
             if self.stopping {
                 return quiet(Outcome::Wait, Reason::ComputeStopping).recheck(policy.recheck_secs);
             }
-            if let Some(f) = self.record.and_then(|r| r.start_failure.as_ref()) {
+            if !self.may_start {
+                return Decision::ignore(Reason::NotOwned).with(cancel);
+            }
+            let mut effects = cancel;
+            let failure = self.failed_start(&mut effects);
+            if let Some(f) = &failure {
                 if f.attempts >= policy.max_start_attempts {
-                    return Decision::new(
-                        Outcome::Reconcile,
-                        Reason::StartFailing {
-                            attempts: f.attempts,
-                            last_reason: f.reason.clone(),
-                        },
-                    )
-                    .with(cancel);
-                }
-                let retry_at = f
-                    .last_failed_at
-                    .saturating_add(policy.start_backoff_secs(f.attempts));
-                if now < retry_at {
-                    return Decision::new(
-                        Outcome::Wait,
-                        Reason::StartBackoff {
-                            attempts: f.attempts,
-                        },
-                    )
-                    .with(cancel)
-                    .recheck(retry_at - now);
+                    let resume_at = f
+                        .last_failed_at
+                        .saturating_add(policy.start_failing_cooldown_secs);
+                    if now < resume_at {
+                        return Decision::new(
+                            Outcome::Reconcile,
+                            Reason::StartFailing {
+                                attempts: f.attempts,
+                                last_reason: f.reason.clone(),
+                            },
+                        )
+                        .with(effects)
+                        .recheck(resume_at - now);
+                    }
+                } else {
+                    let retry_at = f
+                        .last_failed_at
+                        .saturating_add(policy.start_backoff_secs(f.attempts));
+                    if now < retry_at {
+                        return Decision::new(
+                            Outcome::Wait,
+                            Reason::StartBackoff {
+                                attempts: f.attempts,
+                            },
+                        )
+                        .with(effects)
+                        .recheck(retry_at - now);
+                    }
                 }
             }
             let previous = self
@@ -790,21 +1017,35 @@ impl View<'_> {
                 None => Reason::ConnectionRequired,
             };
             return Decision::new(Outcome::Start, reason)
-                .with(cancel)
+                .with(effects)
                 .with([Effect::StartCompute(self.start_spec(session, previous))])
                 .recheck(policy.recheck_secs);
         };
         if c.status.is_starting() {
-            return quiet(Outcome::Wait, Reason::ComputeStarting).recheck(policy.recheck_secs);
+            let reason = match (self.unseen, self.awaiting_visibility()) {
+                (Some(id), Some(d)) if *id == c.instance_id => d.reason,
+                _ => Reason::ComputeStarting,
+            };
+            return quiet(Outcome::Wait, reason).recheck(policy.recheck_secs);
         }
-        if self.o.environment_status == Some(EnvironmentStatus::Connected) {
+        if self.o.environment_status.is_connected() {
             return quiet(Outcome::Reuse, Reason::ExecutorConnected);
         }
-        let started_at = c.started_at.unwrap_or(now);
-        let running_secs = now.saturating_sub(started_at);
+        // The deadline runs from the later of the compute's start and the connection
+        // request it answers.
+        let since = c.started_at.unwrap_or(now).max(requested_at);
+        let running_secs = now.saturating_sub(since);
         if running_secs <= policy.connect_deadline_secs {
             let left = policy.connect_deadline_secs - running_secs + 1;
             return quiet(Outcome::Wait, Reason::ExecutorConnecting).recheck(left);
+        }
+        // Replace only on evidence that the executor is not connected (row 22).
+        if self.o.environment_status.status().is_none() {
+            return quiet(Outcome::Uncertain, Reason::EnvironmentStatusUnavailable)
+                .recheck(policy.uncertain_retry_secs);
+        }
+        if !self.may_start {
+            return quiet(Outcome::Reuse, Reason::NotOwned);
         }
         let stop = Effect::StopCompute(StopSpec {
             target: c.as_ref(),
@@ -823,6 +1064,31 @@ impl View<'_> {
         .recheck(policy.recheck_secs)
     }
 
+    /// The record's failed starts, counting the recorded compute if the provider read it
+    /// stopped before it ever ran ([`crate::compute::TASK_FAILED_TO_START`]: a failed start
+    /// like a `RunTask` answered with `failures`, row 28); pushes the effect that records it.
+    fn failed_start(&self, effects: &mut Vec<Effect>) -> Option<StartFailure> {
+        let previous = self.record.and_then(|r| r.start_failure.clone());
+        let Some(task) = self
+            .recorded_seen
+            .filter(|i| i.failed_to_start() && self.record.is_some_and(Record::claims_compute))
+        else {
+            return previous;
+        };
+        let failure = StartFailure {
+            attempts: previous.map_or(1, |f| f.attempts.saturating_add(1)),
+            last_failed_at: self.o.now,
+            reason: format!(
+                "task {} (generation {}) stopped before it ran: {}",
+                task.instance_id,
+                task.generation,
+                task.stop_code.as_deref().unwrap_or_default()
+            ),
+        };
+        effects.push(Effect::RecordStartFailure(failure.clone()));
+        Some(failure)
+    }
+
     fn start_spec(&self, session: &Session, previous: Option<InstanceRef>) -> StartSpec {
         let env = session
             .self_hosted()
@@ -839,8 +1105,21 @@ impl View<'_> {
         }
     }
 
-    /// Rows 4, 14, 15, 17, 18, 19, 20, 27: no connection is required right now.
+    /// Rows 4, 14, 15, 17, 18, 19, 20, 27: no connection is required right now (a noted
+    /// connection request is cleared).
     fn without_connection_need(
+        &self,
+        session: &Session,
+        current: Option<&ComputeInstance>,
+    ) -> Decision {
+        let clear = self
+            .record
+            .is_some_and(|r| r.connection_requested_at.is_some())
+            .then_some(Effect::ClearConnectionRequest);
+        self.no_connection_required(session, current).with(clear)
+    }
+
+    fn no_connection_required(
         &self,
         session: &Session,
         current: Option<&ComputeInstance>,
@@ -889,10 +1168,8 @@ impl View<'_> {
 
     /// Rows 14, 20, 27: the session is idle with nothing required.
     fn idle(&self, current: Option<&ComputeInstance>) -> Decision {
-        let disconnected = matches!(
-            self.o.environment_status,
-            Some(EnvironmentStatus::Disconnected)
-        );
+        let disconnected =
+            self.o.environment_status.status() == Some(EnvironmentStatus::Disconnected);
         if let Some(t) = &self.o.latest_turn
             && t.status == TurnStatus::Completed
             && !t.broken_tools.is_empty()

@@ -48,9 +48,41 @@ pub enum Trigger {
     Close,
     /// An input submission got no response; its outcome is unknown (row 21).
     InputTimedOut,
-    /// An operator cleared the environment's failed-start count (`sandboxctl
-    /// reset-start-failures`), so starts are tried again after the cap of row 28.
+    /// An operator resets the environment's failed-start count (`sandboxctl
+    /// reset-start-failures`): attempts resume at once instead of after the cooldown
+    /// ([`Policy::start_failing_cooldown_secs`]).
     ResetStartFailures,
+}
+
+/// The `agent.environment` status as the controller read it for this decision.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EnvironmentRead {
+    /// Not read: the decision did not need it.
+    #[default]
+    NotRead,
+    /// `GET /agents/environments/{id}` answered.
+    Read {
+        /// The status (`connected` means an executor is attached).
+        status: EnvironmentStatus,
+    },
+    /// The read failed: missing evidence, never "not connected" (row 22).
+    Unavailable,
+}
+
+impl EnvironmentRead {
+    /// The status, when it was read.
+    pub fn status(self) -> Option<EnvironmentStatus> {
+        match self {
+            Self::Read { status } => Some(status),
+            _ => None,
+        }
+    }
+
+    /// Whether it was read as `connected`.
+    pub fn is_connected(self) -> bool {
+        self.status() == Some(EnvironmentStatus::Connected)
+    }
 }
 
 /// The session as retrieved just now.
@@ -85,13 +117,20 @@ pub enum Unavailable {
     RateLimited,
 }
 
-/// The provider's instances for the environment (by tag), or unknown.
+/// The provider's instances for the environment, or unknown.
+///
+/// DESIGN.md principle 7, "read by id, list to discover": the instance the record names is
+/// always read by its id (ECS `DescribeTasks` on the ARN); a sweep adds the live instances
+/// its deployment-wide list found for the environment. A recorded instance that is absent
+/// here was answered `MISSING`: [`crate::decide`] treats it as not visible yet within
+/// [`Policy::visibility_window_secs`] of being recorded, and as gone after that. Absence
+/// from a list proves nothing.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Inventory {
-    /// Read back from the provider just now (stopped ones may be included).
+    /// Read back from the provider (stopped ones may be included).
     Known {
-        /// Every instance tagged for the environment.
+        /// The instances read for the environment.
         instances: Vec<ComputeInstance>,
     },
     /// The provider could not be read: never start or stop on that.
@@ -158,6 +197,16 @@ pub struct Policy {
     pub recheck_secs: u64,
     /// Retry delay when evidence is unavailable (default 15).
     pub uncertain_retry_secs: u64,
+    /// How long after it was recorded a compute the provider does not show (ECS
+    /// `MISSING`, absent from `ListTasks`) counts as "not visible yet" — wait, never start
+    /// another — rather than gone (default 300). ECS reads are eventually consistent right
+    /// after `RunTask` (aws-semantics.md); ECS forgets stopped tasks after about an hour,
+    /// so `MISSING` long after the start means gone.
+    pub visibility_window_secs: u64,
+    /// After [`Policy::max_start_attempts`] failed starts, attempts resume one at a time
+    /// this long after the last failure (default 3,600); an operator can reset them at
+    /// once ([`Trigger::ResetStartFailures`]).
+    pub start_failing_cooldown_secs: u64,
 }
 
 impl Default for Policy {
@@ -170,6 +219,8 @@ impl Default for Policy {
             max_start_attempts: 5,
             recheck_secs: 10,
             uncertain_retry_secs: 15,
+            visibility_window_secs: 300,
+            start_failing_cooldown_secs: 3_600,
         }
     }
 }
@@ -194,8 +245,8 @@ pub struct Observed {
     /// The session, retrieved just now.
     pub session: SessionView,
     /// The `agent.environment` status, when it was read (`connected` means the executor
-    /// is attached).
-    pub environment_status: Option<EnvironmentStatus>,
+    /// is attached); a failed read is missing evidence.
+    pub environment_status: EnvironmentRead,
     /// The controller's record under the effect key, if one exists.
     pub record: Option<Record>,
     /// The provider's instances tagged for the environment.

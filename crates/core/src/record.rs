@@ -21,6 +21,21 @@ pub struct Record {
     /// written before the lock is released (DESIGN.md principle 3). `None` before the first
     /// start or after a failed start.
     pub instance: Option<InstanceRef>,
+    /// When the record began naming `instance` (the provider accepted the start, or the
+    /// compute was adopted), Unix seconds. A recorded instance the provider does not show
+    /// is "not visible yet" for [`crate::observed::Policy::visibility_window_secs`] after
+    /// this, "gone" afterwards (ECS reads are eventually consistent: `DescribeTasks` can
+    /// answer `MISSING` right after `RunTask`). `None` in records written before the field
+    /// existed: absent means gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_recorded_at: Option<u64>,
+    /// When the controller first observed the session's current `environment_connection`
+    /// requirement, Unix seconds; cleared once no connection is required. The connect
+    /// deadline of a running compute counts from the later of its start and this, so an
+    /// executor that ran for an hour and briefly disconnected gets its full deadline to
+    /// reconnect before it is replaced (lifecycle-cases.md row 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_requested_at: Option<u64>,
     /// What the controller believes.
     pub status: RecordStatus,
     /// A pending shutdown lease, if any.
@@ -81,6 +96,8 @@ impl Record {
             session_id,
             generation: Generation(0),
             instance: None,
+            instance_recorded_at: None,
+            connection_requested_at: None,
             status: RecordStatus::Active,
             lease: None,
             start_failure: None,

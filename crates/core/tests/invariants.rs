@@ -9,17 +9,21 @@
 //! 4. applying a decision and deciding again on the resulting state yields no further
 //!    effect;
 //! 5. only a current `environment_connection` requirement of an owned, self-hosted,
-//!    not-closing session ever starts compute.
+//!    not-closing session ever starts compute;
+//! 6. never start while the recorded compute is not visible yet (recorded within the
+//!    visibility window, absent from the provider's reads: ECS `MISSING`);
+//! 7. never stop a running compute while a turn may run, unless the session is failed,
+//!    deleted or closing.
 
 mod support;
 
 use proptest::prelude::*;
-use sandbox_core::compute::{ComputeInstance, ComputeStatus};
+use sandbox_core::compute::{ComputeInstance, ComputeStatus, TASK_FAILED_TO_START};
 use sandbox_core::decision::{Effect, StopReason, decide};
 use sandbox_core::environment::EnvironmentStatus;
 use sandbox_core::ids::{Generation, InstanceId};
 use sandbox_core::observed::{
-    Inventory, Observed, SessionView, Trigger, TurnEvidence, Unavailable,
+    EnvironmentRead, Inventory, Observed, SessionView, Trigger, TurnEvidence, Unavailable,
 };
 use sandbox_core::record::{Record, RecordStatus, ShutdownLease, StartFailure};
 use sandbox_core::session::{Environment, RequiredAction, SessionStatus};
@@ -45,20 +49,29 @@ fn compute_status() -> impl Strategy<Value = ComputeStatus> {
 
 fn instances() -> impl Strategy<Value = Vec<ComputeInstance>> {
     prop::collection::vec(
-        (1u64..5, compute_status(), prop::option::of(0u64..1200)),
+        (
+            1u64..5,
+            compute_status(),
+            prop::option::of(0u64..1200),
+            prop::bool::weighted(0.2),
+        ),
         0..4,
     )
     .prop_map(|v| {
         let mut seen = std::collections::BTreeSet::new();
         v.into_iter()
-            .filter(|(g, _, _)| seen.insert(*g))
-            .map(|(g, status, age)| {
+            .filter(|(g, _, _, _)| seen.insert(*g))
+            .map(|(g, status, age, failed_to_start)| {
                 let started = if status.is_starting() {
                     None
                 } else {
                     age.map(|a| NOW - a)
                 };
-                instance(&format!("task-{g}"), g, status, started)
+                let mut i = instance(&format!("task-{g}"), g, status, started);
+                if status == ComputeStatus::Stopped && failed_to_start {
+                    i.stop_code = Some(TASK_FAILED_TO_START.into());
+                }
+                i
             })
             .collect()
     })
@@ -79,22 +92,28 @@ fn record_strategy() -> impl Strategy<Value = Option<Record>> {
             Just(RecordStatus::Closed)
         ],
         prop::option::of(lease_strategy()),
-        prop::option::of((1u32..7, 0u64..2000)),
+        prop::option::of((1u32..7, 0u64..5000)),
         prop::bool::weighted(0.15),
+        prop::option::of(0u64..700),
+        prop::option::of(0u64..700),
     ))
     .prop_map(|o| {
-        o.map(|(g, has_instance, status, lease, failure, cleanup)| {
-            let id = format!("task-{g}");
-            let mut r = record(g, (has_instance && g > 0).then_some(id.as_str()), status);
-            r.lease = lease;
-            r.start_failure = failure.map(|(attempts, ago)| StartFailure {
-                attempts,
-                last_failed_at: NOW - ago,
-                reason: "capacity".into(),
-            });
-            r.cleanup_required = cleanup;
-            r
-        })
+        o.map(
+            |(g, has_instance, status, lease, failure, cleanup, recorded, requested)| {
+                let id = format!("task-{g}");
+                let mut r = record(g, (has_instance && g > 0).then_some(id.as_str()), status);
+                r.instance_recorded_at = recorded.filter(|_| r.instance.is_some()).map(|a| NOW - a);
+                r.connection_requested_at = requested.map(|a| NOW - a);
+                r.lease = lease;
+                r.start_failure = failure.map(|(attempts, ago)| StartFailure {
+                    attempts,
+                    last_failed_at: NOW - ago,
+                    reason: "capacity".into(),
+                });
+                r.cleanup_required = cleanup;
+                r
+            },
+        )
     })
 }
 
@@ -105,12 +124,14 @@ fn session_view() -> impl Strategy<Value = SessionView> {
             Just(SessionStatus::InProgress),
             Just(SessionStatus::RequiresAction),
             Just(SessionStatus::Failed),
+            Just(SessionStatus::Unknown),
         ],
         any::<bool>(),
         any::<bool>(),
         prop::bool::weighted(0.1),
+        prop::bool::weighted(0.1),
     )
-        .prop_map(|(status, conn, fcall, hosted)| {
+        .prop_map(|(status, conn, fcall, hosted, other_agent)| {
             let mut actions = vec![];
             if conn {
                 actions.push(connection_action());
@@ -121,6 +142,10 @@ fn session_view() -> impl Strategy<Value = SessionView> {
             let mut s = session(status, actions);
             if hosted {
                 s.environment = Environment::None;
+            }
+            if other_agent {
+                // The filter (agent_ours) no longer accepts it: narrowed after the record.
+                s.agent.id = "agent_theirs".into();
             }
             SessionView::Found {
                 session: Box::new(s),
@@ -143,6 +168,7 @@ fn trigger(lease: Option<ShutdownLease>) -> impl Strategy<Value = Trigger> {
         Trigger::Sweep,
         Trigger::Close,
         Trigger::InputTimedOut,
+        Trigger::ResetStartFailures,
     ];
     options.extend(due);
     prop::sample::select(options)
@@ -161,11 +187,19 @@ fn observed() -> impl Strategy<Value = Observed> {
                 session_view(),
                 instances(),
                 prop::bool::weighted(0.05),
-                prop::option::of(prop_oneof![
-                    Just(EnvironmentStatus::Connected),
-                    Just(EnvironmentStatus::Disconnected),
-                    Just(EnvironmentStatus::Pending),
-                ]),
+                prop_oneof![
+                    Just(EnvironmentRead::NotRead),
+                    Just(EnvironmentRead::Unavailable),
+                    Just(EnvironmentRead::Read {
+                        status: EnvironmentStatus::Connected
+                    }),
+                    Just(EnvironmentRead::Read {
+                        status: EnvironmentStatus::Disconnected
+                    }),
+                    Just(EnvironmentRead::Read {
+                        status: EnvironmentStatus::Pending
+                    }),
+                ],
                 prop::option::of((
                     prop_oneof![Just(TurnStatus::Completed), Just(TurnStatus::InProgress)],
                     any::<bool>(),
@@ -176,6 +210,7 @@ fn observed() -> impl Strategy<Value = Observed> {
         .prop_map(
             |(record, trigger, view, instances, inventory_down, env_status, turn, shift)| {
                 let mut o = observe_view(trigger, view);
+                o.filter.agent_ids = vec![AGENT.into()];
                 o.record = record;
                 o.inventory = if inventory_down {
                     Inventory::Unavailable
@@ -242,7 +277,14 @@ proptest! {
         };
         // The newest compute the provider reports alive (the provider is the authority: a
         // record naming an instance the provider does not list is not a compute).
-        let newest = known(&o).iter().filter(|i| i.status.is_active()).map(|i| i.generation)
+        // A divergent compute the same decision stops first does not count.
+        let stopped_first: Vec<&InstanceId> = d.effects.iter().filter_map(|e| match e {
+            Effect::StopCompute(s) if s.reason == StopReason::Divergent => Some(&s.target.instance_id),
+            _ => None,
+        }).collect();
+        let newest = known(&o).iter()
+            .filter(|i| i.status.is_active() && !stopped_first.contains(&&i.instance_id))
+            .map(|i| i.generation)
             .max().unwrap_or(Generation(0));
         for e in &d.effects {
             if let Effect::StopCompute(s) = e
@@ -288,6 +330,51 @@ proptest! {
             prop_assert!(session.status != SessionStatus::Failed);
             prop_assert!(o.record.as_ref().is_none_or(|r| !r.cleanup_required && r.status != RecordStatus::Closed));
             prop_assert!(o.trigger != Trigger::Close);
+        }
+    }
+
+    #[test]
+    fn never_starts_while_the_recorded_compute_is_not_visible_yet(o in observed()) {
+        let d = decide(&o);
+        let Some(r) = o.record.as_ref().filter(|r| r.claims_compute()) else { return Ok(()) };
+        let named = r.instance.as_ref().unwrap();
+        let absent = !known(&o).iter().any(|i| i.instance_id == named.instance_id);
+        let recent = r
+            .instance_recorded_at
+            .is_some_and(|at| o.now < at + o.policy.visibility_window_secs);
+        if absent && recent {
+            prop_assert!(
+                !d.effects.iter().any(|e| matches!(e, Effect::StartCompute(_))),
+                "start while {:?} is not visible yet: {:?}", named, d
+            );
+        }
+    }
+
+    #[test]
+    fn never_stops_a_running_compute_while_a_turn_may_run(o in observed()) {
+        let d = decide(&o);
+        let SessionView::Found { session } = &o.session else { return Ok(()) };
+        let turn = o.latest_turn.as_ref().is_some_and(|t| t.status.is_active());
+        let paused = session.status == SessionStatus::RequiresAction
+            && !session.requires_connection_of(&o.environment_id);
+        let busy = session.status == SessionStatus::InProgress || paused || turn;
+        let closing = o.trigger == Trigger::Close
+            || o.record.as_ref().is_some_and(|r| r.cleanup_required || r.status == RecordStatus::Closed);
+        if !busy || closing || session.status == SessionStatus::Failed {
+            return Ok(());
+        }
+        let running: Vec<InstanceId> = known(&o)
+            .into_iter()
+            .filter(|i| i.status == ComputeStatus::Running)
+            .map(|i| i.instance_id)
+            .collect();
+        for e in &d.effects {
+            if let Effect::StopCompute(s) = e {
+                prop_assert!(
+                    s.reason == StopReason::Replaced || !running.contains(&s.target.instance_id),
+                    "stopped running {:?} while a turn may run: {:?}", s.target, d
+                );
+            }
         }
     }
 }

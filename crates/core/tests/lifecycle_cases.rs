@@ -24,6 +24,11 @@ fn starts(d: &sandbox_core::Decision) -> Vec<&sandbox_core::StartSpec> {
         .collect()
 }
 
+/// The record's note that the connection requirement was first seen now.
+fn noted() -> Effect {
+    Effect::NoteConnectionRequest { at: NOW }
+}
+
 fn stop(id: &str, generation: u64, reason: StopReason) -> Effect {
     Effect::StopCompute(StopSpec {
         target: iref(id, generation),
@@ -49,7 +54,10 @@ fn row01_connection_required_with_no_record_and_no_compute_starts_one_with_uncha
         idempotency_token(&env_id(), Generation(1))
     );
     assert_eq!(s[0].previous, None);
-    assert_eq!(d.effects.len(), 1);
+    // The start, then the note the connect deadline counts from (after the start: no
+    // record write precedes RunTask).
+    assert_eq!(d.effects.len(), 2);
+    assert_eq!(d.effects[1], noted());
 }
 
 #[test]
@@ -155,7 +163,7 @@ fn row09_connection_required_while_compute_provisioning_or_pending_waits() {
         let d = decide(&o);
         assert_eq!(d.outcome, Outcome::Wait, "{status:?}");
         assert_eq!(d.reason, Reason::ComputeStarting);
-        assert!(d.effects.is_empty());
+        assert_eq!(d.effects, vec![noted()], "no second compute");
         assert!(d.recheck_after_secs.is_some());
     }
 }
@@ -164,8 +172,10 @@ fn row09_connection_required_while_compute_provisioning_or_pending_waits() {
 fn row10_running_past_connect_deadline_and_not_connected_is_replaced() {
     let deadline = 180;
     let started = NOW - deadline - 1;
+    let mut r = active_record(3, "task-3");
+    r.connection_requested_at = Some(started - 2);
     let o = observe(Trigger::ConnectionRequested, requires_connection())
-        .with_record(active_record(3, "task-3"))
+        .with_record(r)
         .with_instances(vec![instance("task-3", 3, Running, Some(started))])
         .with_env_status(EnvironmentStatus::Disconnected);
     let d = decide(&o);
@@ -204,6 +214,7 @@ fn row11_record_says_running_but_task_stopped_starts_next_generation_without_fil
         }
     );
     assert!(d.reason.to_string().contains("not restored"));
+    assert_eq!(d.effects.last(), Some(&noted()));
     let s = starts(&d);
     assert_eq!(s[0].generation, Generation(3));
     assert_eq!(s[0].previous, Some(iref("task-2", 2)));
@@ -217,7 +228,10 @@ fn row12_crash_between_start_and_record_adopts_the_existing_compute() {
     let d = decide(&o);
     assert_eq!(d.outcome, Outcome::Adopt);
     assert_eq!(d.reason, Reason::UnrecordedCompute);
-    assert_eq!(d.effects, vec![Effect::AdoptCompute(iref("task-1", 1))]);
+    assert_eq!(
+        d.effects,
+        vec![Effect::AdoptCompute(iref("task-1", 1)), noted()]
+    );
     assert!(starts(&d).is_empty());
     // Redelivered again: nothing more.
     let d2 = decide(&apply(&o, &d));
@@ -239,7 +253,8 @@ fn row13_two_computes_for_one_environment_keep_the_newest_and_stop_the_rest() {
         d.effects,
         vec![
             stop("task-1", 1, StopReason::Divergent),
-            Effect::AdoptCompute(iref("task-2", 2))
+            Effect::AdoptCompute(iref("task-2", 2)),
+            noted()
         ]
     );
 }
@@ -293,7 +308,11 @@ fn row16_pending_lease_then_connection_request_or_turn_start_cancels_the_stop() 
             .with_instances(vec![running("task-1", 1)]);
         let d = decide(&o);
         assert_eq!(d.outcome, Outcome::CancelStop, "{trigger:?}");
-        assert_eq!(d.effects, vec![Effect::DropLease]);
+        let mut expected = vec![Effect::DropLease];
+        if trigger == Trigger::ConnectionRequested {
+            expected.push(noted());
+        }
+        assert_eq!(d.effects, expected);
     }
 }
 
@@ -580,17 +599,24 @@ fn row28_failed_start_backs_off_then_retries_and_gives_up_after_max_attempts() {
     assert_eq!(d.reason, Reason::StartBackoff { attempts: 2 });
     // backoff(2) = 30 s; 5 s have passed.
     assert_eq!(d.recheck_after_secs, Some(25));
-    assert!(d.effects.is_empty());
+    assert_eq!(d.effects, vec![noted()], "no start during the backoff");
 
     let d = decide(&o.clone().at(NOW + 25));
     assert_eq!(d.outcome, Outcome::Start);
     assert_eq!(starts(&d)[0].generation, Generation(2));
 
     r.start_failure.as_mut().unwrap().attempts = 5;
-    let d = decide(&o.with_record(r).at(NOW + 10_000));
+    let o = o.with_record(r);
+    let d = decide(&o.clone().at(NOW + 60));
     assert_eq!(d.outcome, Outcome::Reconcile);
     assert!(matches!(d.reason, Reason::StartFailing { attempts: 5, .. }));
-    assert!(d.effects.is_empty(), "never loop creating compute");
+    assert!(!d.touches_resources(), "never loop creating compute");
+    // Not forever: the next attempt comes after the cooldown (a visible deferral).
+    let cooldown = o.policy.start_failing_cooldown_secs;
+    assert_eq!(d.recheck_after_secs, Some(cooldown - 65));
+    let d = decide(&o.at(NOW - 5 + cooldown));
+    assert_eq!(d.outcome, Outcome::Start);
+    assert_eq!(starts(&d).len(), 1);
 }
 
 #[test]
@@ -607,7 +633,7 @@ fn idle_then_connection_request_cancels_pending_stop_and_keeps_compute() {
     o = o.with_env_status(EnvironmentStatus::Connected);
     let d = decide(&o);
     assert_eq!(d.outcome, Outcome::CancelStop);
-    assert_eq!(d.effects, vec![Effect::DropLease]);
+    assert_eq!(d.effects, vec![Effect::DropLease, noted()]);
 }
 
 #[test]
@@ -646,4 +672,243 @@ fn every_effect_serializes_for_the_audit_trail() {
     let json = serde_json::to_value(&d).expect("decision serializes");
     let back: sandbox_core::Decision = serde_json::from_value(json).expect("and parses back");
     assert_eq!(back, d);
+}
+
+// ---- ECS as it really is (issue 11) ---------------------------------------------------
+
+#[test]
+fn second_connection_request_while_the_recorded_task_is_not_visible_yet_waits_never_starts() {
+    // RunTask answered task-1 20 s ago; DescribeTasks says MISSING (ECS is eventually
+    // consistent), so the inventory is empty.
+    let mut r = active_record(1, "task-1");
+    r.instance_recorded_at = Some(NOW - 20);
+    r.connection_requested_at = Some(NOW - 21);
+    for trigger in [Trigger::ConnectionRequested, Trigger::Sweep] {
+        let d = decide(&observe(trigger.clone(), requires_connection()).with_record(r.clone()));
+        assert_eq!(d.outcome, Outcome::Wait, "{trigger:?}");
+        assert_eq!(d.reason, Reason::ComputeNotVisibleYet { recorded_secs: 20 });
+        assert!(starts(&d).is_empty(), "never a second task: {d:?}");
+    }
+}
+
+#[test]
+fn in_progress_event_while_the_recorded_task_is_not_visible_yet_changes_nothing() {
+    let mut r = active_record(1, "task-1");
+    r.instance_recorded_at = Some(NOW - 2);
+    let d = decide(&observe(Trigger::TurnStarted, in_progress()).with_record(r));
+    assert!(!d.touches_resources(), "{d:?}");
+    assert_ne!(d.outcome, Outcome::Reconcile, "the executor exists: {d:?}");
+}
+
+#[test]
+fn recorded_task_missing_past_the_visibility_window_is_gone_and_replaced() {
+    // ECS forgets stopped tasks after about an hour: MISSING long after the start.
+    let mut r = active_record(1, "task-1");
+    r.instance_recorded_at = Some(NOW - 301);
+    r.connection_requested_at = Some(NOW - 3600);
+    let d = decide(&observe(Trigger::ConnectionRequested, requires_connection()).with_record(r));
+    assert_eq!(d.outcome, Outcome::Start);
+    assert_eq!(
+        d.reason,
+        Reason::ComputeGone {
+            previous: Generation(1)
+        }
+    );
+    assert_eq!(starts(&d)[0].generation, Generation(2));
+}
+
+#[test]
+fn session_deleted_while_the_recorded_task_is_not_visible_yet_waits_to_stop_it() {
+    let mut r = active_record(1, "task-1");
+    r.instance_recorded_at = Some(NOW - 5);
+    let d = decide(&observe_view(Trigger::Sweep, SessionView::Deleted).with_record(r));
+    assert_eq!(d.outcome, Outcome::Wait);
+    assert!(matches!(d.reason, Reason::ComputeNotVisibleYet { .. }));
+    assert!(d.effects.is_empty(), "never closed while its task may run");
+}
+
+#[test]
+fn provisioning_for_up_to_thirty_minutes_never_starts_a_second_task() {
+    let r = active_record(1, "task-1");
+    for age in [60, 900, 1_799] {
+        let o = observe(Trigger::Sweep, requires_connection())
+            .with_record(r.clone())
+            .with_instances(vec![instance("task-1", 1, Provisioning, None)])
+            .at(NOW + age);
+        let d = decide(&o);
+        assert_eq!(
+            (d.outcome, d.reason.clone()),
+            (Outcome::Wait, Reason::ComputeStarting)
+        );
+        assert!(starts(&d).is_empty());
+    }
+}
+
+#[test]
+fn task_that_stopped_with_task_failed_to_start_counts_as_a_failed_start() {
+    let mut r = active_record(2, "task-2");
+    r.start_failure = Some(StartFailure {
+        attempts: 1,
+        last_failed_at: NOW - 600,
+        reason: "RESOURCE:ENI".into(),
+    });
+    let mut task = instance("task-2", 2, Stopped, Some(NOW - 1_800));
+    task.stop_code = Some(sandbox_core::compute::TASK_FAILED_TO_START.into());
+    let o = observe(Trigger::Sweep, requires_connection())
+        .with_record(r)
+        .with_instances(vec![task]);
+    let d = decide(&o);
+    assert_eq!(d.outcome, Outcome::Wait);
+    assert_eq!(d.reason, Reason::StartBackoff { attempts: 2 });
+    let Effect::RecordStartFailure(f) = &d.effects[0] else {
+        panic!("expected the failure recorded first: {d:?}");
+    };
+    assert_eq!((f.attempts, f.last_failed_at), (2, NOW));
+    assert!(f.reason.contains("TaskFailedToStart"), "{}", f.reason);
+    assert!(starts(&d).is_empty());
+    // Counted once: deciding again after applying it adds nothing.
+    let again = decide(&apply(&o, &d));
+    assert!(again.effects.is_empty(), "{again:?}");
+}
+
+#[test]
+fn start_failing_resumes_at_once_after_an_operator_reset() {
+    let mut r = record(3, None, RecordStatus::Active);
+    r.start_failure = Some(StartFailure {
+        attempts: 5,
+        last_failed_at: NOW - 10,
+        reason: "RESOURCE:MEMORY".into(),
+    });
+    r.connection_requested_at = Some(NOW - 900);
+    let o = observe(Trigger::ResetStartFailures, requires_connection()).with_record(r);
+    let d = decide(&o);
+    assert_eq!(d.reason, Reason::StartFailuresReset);
+    assert_eq!(d.effects, vec![Effect::ClearStartFailure]);
+    assert!(d.recheck_after_secs.is_some(), "the recheck starts it");
+    let mut next = apply(&o, &d);
+    next.trigger = Trigger::Sweep;
+    let d = decide(&next);
+    assert_eq!(d.outcome, Outcome::Start);
+    assert_eq!(starts(&d)[0].generation, Generation(4));
+}
+
+#[test]
+fn environment_status_read_failure_is_missing_evidence_never_a_replacement() {
+    let mut r = active_record(3, "task-3");
+    r.connection_requested_at = Some(NOW - 1_000);
+    let mut o = observe(Trigger::ConnectionRequested, requires_connection())
+        .with_record(r)
+        .with_instances(vec![instance("task-3", 3, Running, Some(NOW - 1_000))]);
+    o.environment_status = sandbox_core::observed::EnvironmentRead::Unavailable;
+    let d = decide(&o);
+    assert_eq!(d.outcome, Outcome::Uncertain);
+    assert_eq!(d.reason, Reason::EnvironmentStatusUnavailable);
+    assert!(!d.touches_resources());
+}
+
+#[test]
+fn executor_that_ran_an_hour_and_briefly_disconnected_gets_its_full_connect_deadline() {
+    // Started an hour ago, connected since; the session now asks for a reconnection.
+    let r = active_record(3, "task-3");
+    let o = observe(Trigger::ConnectionRequested, requires_connection())
+        .with_record(r)
+        .with_instances(vec![instance("task-3", 3, Running, Some(NOW - 3_600))])
+        .with_env_status(EnvironmentStatus::Disconnected);
+    let d = decide(&o);
+    assert_eq!(d.outcome, Outcome::Wait);
+    assert_eq!(d.reason, Reason::ExecutorConnecting);
+    assert_eq!(d.effects, vec![noted()]);
+    // The deadline counts from the request: replaced only after it passes.
+    let later = apply(&o, &d).at(NOW + 181);
+    assert_eq!(decide(&later).outcome, Outcome::Replace);
+    let within = apply(&o, &d).at(NOW + 180);
+    assert_eq!(decide(&within).outcome, Outcome::Wait);
+}
+
+#[test]
+fn two_running_computes_while_connected_keep_the_recorded_one_not_the_newest() {
+    let o = observe(Trigger::Sweep, idle())
+        .with_record(active_record(1, "task-1"))
+        .with_instances(vec![
+            instance("task-1", 1, Running, Some(NOW - 900)),
+            instance("task-2", 2, Running, Some(NOW - 30)),
+        ])
+        .with_env_status(EnvironmentStatus::Connected);
+    let d = decide(&o);
+    assert_eq!(d.outcome, Outcome::Divergent);
+    assert_eq!(d.effects[0], stop("task-2", 2, StopReason::Divergent));
+    assert!(
+        !d.effects
+            .contains(&stop("task-1", 1, StopReason::Divergent))
+    );
+}
+
+#[test]
+fn two_running_computes_during_an_in_progress_turn_stop_neither_until_it_ends() {
+    let o = observe(Trigger::Sweep, in_progress())
+        .with_record(active_record(1, "task-1"))
+        .with_instances(vec![running("task-1", 1), running("task-2", 2)]);
+    let d = decide(&o);
+    assert_eq!(d.outcome, Outcome::Wait);
+    assert_eq!(d.reason, Reason::MultipleComputesUnclear { active: 2 });
+    assert!(!d.touches_resources());
+    // A provisioning one cannot serve the turn: it goes, the running one stays.
+    let o = observe(Trigger::Sweep, in_progress())
+        .with_record(active_record(2, "task-2"))
+        .with_instances(vec![
+            running("task-1", 1),
+            instance("task-2", 2, Pending, None),
+        ]);
+    let d = decide(&o);
+    assert_eq!(d.outcome, Outcome::Divergent);
+    assert_eq!(d.effects[0], stop("task-2", 2, StopReason::Divergent));
+    assert_eq!(d.effects[1], Effect::AdoptCompute(iref("task-1", 1)));
+}
+
+#[test]
+fn unknown_future_session_status_keeps_the_compute_and_is_uncertain() {
+    let mut r = active_record(1, "task-1");
+    r.lease = Some(lease("task-1", 1, NOW - 1));
+    let o = observe(
+        Trigger::Sweep,
+        sandbox_core::session::Session {
+            status: SessionStatus::Unknown,
+            ..idle()
+        },
+    )
+    .with_record(r)
+    .with_instances(vec![running("task-1", 1)]);
+    let d = decide(&o);
+    assert_eq!(d.outcome, Outcome::Uncertain);
+    assert_eq!(d.reason, Reason::UnknownSessionStatus);
+    assert!(!d.touches_resources());
+}
+
+#[test]
+fn narrowed_ownership_filter_still_releases_the_compute_this_deployment_started() {
+    // The record and the task are ours; the filter no longer accepts the session's agent.
+    let mut s = failed();
+    s.agent.id = "agent_other".into();
+    let mut o = observe(Trigger::Failed, s)
+        .with_record(active_record(1, "task-1"))
+        .with_instances(vec![running("task-1", 1)]);
+    o.filter.agent_ids = vec![AGENT.into()];
+    let d = decide(&o);
+    assert_eq!(d.outcome, Outcome::Release);
+    assert_eq!(d.effects[0], stop("task-1", 1, StopReason::SessionFailed));
+    // ...but starts nothing new for it.
+    let mut s = requires_connection();
+    s.agent.id = "agent_other".into();
+    let mut o = observe(Trigger::ConnectionRequested, s).with_record(record(
+        1,
+        None,
+        RecordStatus::Stopped,
+    ));
+    o.filter.agent_ids = vec![AGENT.into()];
+    let d = decide(&o);
+    assert_eq!(
+        (d.outcome, d.reason.clone()),
+        (Outcome::Ignore, Reason::NotOwned)
+    );
+    assert!(starts(&d).is_empty());
 }

@@ -155,6 +155,7 @@ async fn every_function_flushes_valid_emf_documents_without_ids_as_dimensions() 
         environment_id: None,
         webhook_id: Some("msg_emf".into()),
         enqueued_at: FIXTURE_NOW - 4,
+        swept: None,
     };
     let mut record = SqsMessage::default();
     record.message_id = Some("m1".into());
@@ -195,6 +196,7 @@ async fn every_function_flushes_valid_emf_documents_without_ids_as_dimensions() 
         generation: Generation(1),
         status: ComputeStatus::Running,
         started_at: Some(FIXTURE_NOW - 3_600),
+        stop_code: None,
     });
     let schedule: EventBridgeEvent<Value> =
         serde_json::from_str(&workspace_event("lambda/eventbridge.scheduled.json")).unwrap();

@@ -56,6 +56,7 @@ fn controller() -> TestController {
 fn connection_job(webhook_id: &str) -> String {
     serde_json::to_string(&Job {
         handoffs: 0,
+        swept: None,
         trigger: Trigger::ConnectionRequested,
         session_id: SessionId::new(SESSION),
         environment_id: None,
@@ -68,6 +69,7 @@ fn connection_job(webhook_id: &str) -> String {
 fn sweep_job(session: &str, environment: &str) -> String {
     serde_json::to_string(&Job {
         handoffs: 0,
+        swept: None,
         trigger: Trigger::Sweep,
         session_id: SessionId::new(session),
         environment_id: Some(EnvironmentId::new(environment)),

@@ -386,6 +386,7 @@ impl InstanceRow {
             generation: Generation(self.generation),
             status: self.status(),
             started_at: Some(from_sql_int(self.started_at_ms) / 1000),
+            stop_code: None,
         }
     }
 
@@ -1035,7 +1036,11 @@ impl Compute for ProcessCompute {
                 };
                 let mut out = Vec::with_capacity(rows.len());
                 for row in rows {
-                    out.push(refresh(conn, &children, grace, row)?.instance());
+                    // Live ones only, as ECS lists tasks whose desired status is RUNNING.
+                    let instance = refresh(conn, &children, grace, row)?.instance();
+                    if instance.status.is_active() {
+                        out.push(instance);
+                    }
                 }
                 Ok(out)
             })

@@ -93,8 +93,9 @@ async fn handle_next(world: &World, c: &crate::world::TwinController, timers: bo
 /// 4. `stop (lease due)` — the lease's recheck fires after the grace: stop, read back,
 ///    receipt, record;
 /// 5. `sweep of an idle environment` — a sweep finding that environment stopped and its
-///    session idle (the steady state every later sweep pays per environment), the fixed
-///    cost of the sweep (registry and provider listings) included.
+///    session idle (what a settled environment costs on its turn, once per
+///    `settled_resweep_secs`), the fixed cost of the sweep (registry and provider
+///    listings) included; the job decides on the sweep's read (no provider call).
 ///
 /// Deterministic: the same build gives the same counts.
 pub async fn measure_transitions_async() -> Vec<Transition> {
@@ -158,8 +159,13 @@ pub async fn measure_transitions_async() -> Vec<Transition> {
     });
 
     world.clock.advance_secs(60);
+    // The environment is settled (stopped, nothing pending): a sweep reaches it once per
+    // `settled_resweep_secs`; this measures that sweep.
+    let mut config = World::config("bench-sweeper");
+    config.settled_resweep_secs = 0;
+    let sweeper = world.controller_with(config);
     world.calls.clear();
-    let outcome = match c.sweep().await {
+    let outcome = match sweeper.sweep().await {
         Ok(r) => r.outcomes.keys().cloned().collect::<Vec<_>>().join(","),
         Err(e) => format!("error: {e}"),
     };

@@ -112,6 +112,7 @@ impl TwinCompute {
             generation: i.spec.generation,
             status,
             started_at: (now_ms >= running_at).then_some(running_at / 1_000),
+            stop_code: None,
         }
     }
 
@@ -228,10 +229,12 @@ impl Compute for TwinCompute {
     async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
         let now = self.clock.now_ms();
         let s = self.state();
+        // Live ones whose stop was not requested, as ECS lists `desiredStatus` RUNNING.
         Ok(s.instances
             .iter()
-            .filter(|i| &i.deployment == deployment)
+            .filter(|i| &i.deployment == deployment && i.stop_requested_ms.is_none())
             .map(|i| self.view(i, now))
+            .filter(|i| i.status.is_active())
             .collect())
     }
 

@@ -340,6 +340,13 @@ impl<C: Compute> Compute for Counting<C> {
         self.log.record("compute", "describe");
         self.inner.describe(id).await
     }
+    async fn describe_many(&self, ids: &[InstanceId]) -> Result<Vec<ComputeInstance>, PortError> {
+        // One remote call per 100 ids, as ECS DescribeTasks.
+        for _ in ids.chunks(100) {
+            self.log.record("compute", "describe_many");
+        }
+        self.inner.describe_many(ids).await
+    }
     async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
         self.log.record("compute", "list");
         self.inner.list(deployment).await

@@ -75,6 +75,8 @@ pub struct FaultRule {
     pub remaining: Option<u32>,
     /// Chance that a matching call fires, percent (100: every matching call).
     pub percent: u64,
+    /// Matching calls to let through before the rule starts firing.
+    pub skip: u32,
 }
 
 /// A fault that fired.
@@ -114,12 +116,25 @@ impl FaultPlan {
 
     /// The next `times` matching calls of `port`.`op` (`op` `None`: any) fail with `fault`.
     pub fn fail(&self, port: &'static str, op: Option<&'static str>, fault: Fault, times: u32) {
+        self.fail_after(port, op, fault, 0, times);
+    }
+
+    /// As [`FaultPlan::fail`], after letting the next `skip` matching calls through.
+    pub fn fail_after(
+        &self,
+        port: &'static str,
+        op: Option<&'static str>,
+        fault: Fault,
+        skip: u32,
+        times: u32,
+    ) {
         self.plan().rules.push(FaultRule {
             port,
             op,
             fault,
             remaining: Some(times),
             percent: 100,
+            skip,
         });
     }
 
@@ -142,6 +157,7 @@ impl FaultPlan {
             fault,
             remaining: None,
             percent,
+            skip: 0,
         });
     }
 
@@ -153,6 +169,7 @@ impl FaultPlan {
             fault,
             remaining: None,
             percent: 100,
+            skip: 0,
         });
     }
 
@@ -179,6 +196,10 @@ impl FaultPlan {
                 && (r.percent >= 100 || rng.as_mut().is_some_and(|g| g.chance(r.percent)))
         })?;
         let rule = &mut plan.rules[idx];
+        if rule.skip > 0 {
+            rule.skip -= 1;
+            return None;
+        }
         if let Some(n) = rule.remaining.as_mut() {
             *n -= 1;
         }
@@ -468,6 +489,17 @@ impl<C: Compute> Compute for Faulty<C> {
                 Err(port_error("compute", "describe", &Fault::LostResponse))
             }
             Some(f) => Err(port_error("compute", "describe", &f)),
+        }
+    }
+    async fn describe_many(&self, ids: &[InstanceId]) -> Result<Vec<ComputeInstance>, PortError> {
+        match self.plan.check("compute", "describe_many") {
+            None => self.inner.describe_many(ids).await,
+            Some(Fault::Missing) => Ok(vec![]),
+            Some(Fault::LostResponse) => {
+                let _ = self.inner.describe_many(ids).await;
+                Err(port_error("compute", "describe_many", &Fault::LostResponse))
+            }
+            Some(f) => Err(port_error("compute", "describe_many", &f)),
         }
     }
     async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {

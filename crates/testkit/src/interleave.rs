@@ -170,6 +170,10 @@ impl<C: Compute> Compute for Interleaved<C> {
         yield_once().await;
         self.inner.describe(id).await
     }
+    async fn describe_many(&self, ids: &[InstanceId]) -> Result<Vec<ComputeInstance>, PortError> {
+        yield_once().await;
+        self.inner.describe_many(ids).await
+    }
     async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
         yield_once().await;
         self.inner.list(deployment).await

@@ -332,6 +332,7 @@ impl Sim {
         let session = self.envs[e].session.clone();
         let job = sandbox_controller::Job {
             handoffs: 0,
+            swept: None,
             trigger: trigger.clone(),
             session_id: session,
             environment_id: env,

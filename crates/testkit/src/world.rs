@@ -128,6 +128,7 @@ impl World {
     ) -> Result<Sent, PortError> {
         let job = Job {
             handoffs: 0,
+            swept: None,
             trigger,
             session_id: session.clone(),
             environment_id: env.cloned(),

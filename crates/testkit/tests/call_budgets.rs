@@ -102,24 +102,43 @@ async fn current_remote_call_sequences_are_pinned() {
     );
     assert_eq!(
         seq("stop (lease due)"),
-        "agents_api.retrieve_session(R) → registry.lock(W) → compute.list(R) → \
+        "agents_api.retrieve_session(R) → registry.lock(W) → compute.describe(R) → \
          compute.stop(W) → compute.describe(R) → registry.receipt(W) → registry.release(W)"
     );
 }
 
 /// A start after a holder that did not release cleanly (crashed, or a start whose outcome
-/// is unknown) reads the provider's inventory first: the skip of `compute.list` is only
-/// taken when nothing can be unrecorded.
+/// is unknown) lists nothing: the start replays the generation's idempotency token, which
+/// the provider answers with the task the crashed holder started, if any (ECS
+/// `clientToken`). The job's provider calls stay one, whatever the deployment's size.
 #[tokio::test]
-async fn a_start_after_an_unclean_release_reads_the_inventory() {
+async fn a_start_after_an_unclean_release_lists_nothing() {
     let t = sandbox_testkit::budgets::measure_recovered_start().await;
     assert_eq!(
         t.counts.remote_sequence(),
         "registry.seen_delivery(R) → agents_api.retrieve_session(R) → registry.lock(W) → \
-         compute.list(R) → compute.start(W) → registry.release(W)",
+         compute.start(W) → registry.release(W)",
         "{}",
         report(&t)
     );
+}
+
+/// A job's provider calls on the happy path: at most 2 (a read by id, or a start), plus
+/// the stop's own read-back when it stops — never a list.
+#[tokio::test]
+async fn a_job_never_lists_the_deployment() {
+    for t in measure_transitions_async().await {
+        if t.name.starts_with("sweep") {
+            continue;
+        }
+        assert_eq!(t.counts.of("compute", "list"), 0, "{}", report(&t));
+        let reads_and_starts = t.counts.of("compute", "describe") + t.counts.of("compute", "start");
+        assert!(
+            reads_and_starts <= 2,
+            "{reads_and_starts} provider reads/starts: {}",
+            report(&t)
+        );
+    }
 }
 
 /// The issue's target with the full definition (registry calls included). The controller

@@ -188,6 +188,7 @@ async fn no_configured_secret_appears_in_any_log_or_debug_output() {
     );
     let job = Job {
         handoffs: 0,
+        swept: None,
         trigger: Trigger::Sweep,
         session_id: session.clone(),
         environment_id: Some(env.clone()),

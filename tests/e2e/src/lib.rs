@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod aws_stack;
+pub mod ecs_idempotency_proxy;
 pub mod operator_cli;
 
 use agents_sim::{SimClient, SimConfig, SimHandle, Url};

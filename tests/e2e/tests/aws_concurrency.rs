@@ -79,6 +79,7 @@ async fn aws_concurrency_200_environments_32_workers_duplicated_jobs_yield_one_t
             let webhook_id = format!("wh-{i}-{copy}");
             let job = Job {
                 handoffs: 0,
+                swept: None,
                 trigger: Trigger::ConnectionRequested,
                 session_id: s.clone(),
                 environment_id: Some(env.clone()),

@@ -4,10 +4,12 @@
 //!
 //! The drill: a worker (the worker function's cold start, `e2e-aws-worker`) is killed
 //! between `RunTask` and the record (`SANDBOX_CRASH_AT=after-compute-start`); the operator
-//! sees the task as an orphan; the worker restarts and adopts the task (no second
-//! start); the operator finds the task by its ARN, sees the adoption, closes the session
-//! and reads two receipts (session deleted; compute stopped, read back) and the terminal
-//! record.
+//! sees the task as an orphan; the worker restarts and adopts the task: it replays the
+//! start with the same idempotency token, which ECS answers with the task the dead worker
+//! started (RunTask `clientToken`; moto ignores it, so the workers reach moto through
+//! [`EcsIdempotencyProxy`], which answers as ECS documents), and records it — still one
+//! task. The operator finds the task by its ARN, sees it recorded, closes the session and
+//! reads two receipts (session deleted; compute stopped, read back) and the terminal record.
 
 use aws_sdk_sqs::Client as SqsClient;
 use sandbox_controller::job::Job;
@@ -19,6 +21,7 @@ use sandbox_core::ids::{EnvironmentId, InstanceId, SessionId};
 use sandbox_core::observed::Trigger;
 use sandbox_core::record::{Record, StartFailure};
 use sandbox_e2e::aws_stack::{AwsResources, moto_endpoint, unique};
+use sandbox_e2e::ecs_idempotency_proxy::EcsIdempotencyProxy;
 use sandbox_e2e::operator_cli::{CtlOutput, sandboxctl};
 use sandbox_e2e::workspace_binary;
 use std::process::{Child, Command, Stdio};
@@ -27,12 +30,13 @@ use std::time::{Duration, Instant};
 /// The environment the worker functions get (and so the operator's shell).
 fn worker_env(
     r: &AwsResources,
+    endpoint: &str,
     deployment: &str,
     secret_arn: &str,
     agents_api: &str,
 ) -> Vec<(String, String)> {
     [
-        ("AWS_ENDPOINT_URL", moto_endpoint()),
+        ("AWS_ENDPOINT_URL", endpoint.to_owned()),
         ("AWS_REGION", "us-east-1".into()),
         ("AWS_ACCESS_KEY_ID", "test".into()),
         ("AWS_SECRET_ACCESS_KEY", "test".into()),
@@ -109,7 +113,10 @@ async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_rec
         .unwrap();
     let client = sim.client();
     let deployment = format!("drill-{}", unique());
-    let env = worker_env(&r, &deployment, &api_key_secret(&r).await, &sim.base_url());
+    let secret = api_key_secret(&r).await;
+    let env = worker_env(&r, &moto_endpoint(), &deployment, &secret, &sim.base_url());
+    let proxy = EcsIdempotencyProxy::start(&moto_endpoint()).await.unwrap();
+    let workers_env = worker_env(&r, &proxy.url, &deployment, &secret, &sim.base_url());
 
     // A session that needs its executor, and the job the webhook function enqueues for it.
     let s = client
@@ -131,13 +138,14 @@ async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_rec
                 environment_id: Some(EnvironmentId::new(environment.as_str())),
                 webhook_id: Some("msg_drill".into()),
                 enqueued_at: SystemClock.now(),
+                swept: None,
             },
         })
         .await
         .unwrap();
 
     // The worker dies between RunTask and the record.
-    let mut workers = Workers(vec![worker(&env, true)]);
+    let mut workers = Workers(vec![worker(&workers_env, true)]);
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(status) = workers.0[0].try_wait().unwrap() {
@@ -164,19 +172,14 @@ async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_rec
     let task = orphans[0]["instance_id"].as_str().unwrap().to_owned();
     assert!(task.starts_with("arn:aws:ecs:"), "{task}");
 
-    // Restart: the job comes back; the operator finds the task by its ARN, adopted.
-    workers.0.push(worker(&env, false));
+    // Restart: the job comes back; the operator finds the task by its ARN, recorded.
+    workers.0.push(worker(&workers_env, false));
     let deadline = Instant::now() + Duration::from_secs(90);
     let explained = loop {
         let out = ctl(&["explain", "--json", &task], &env).await;
         if out.code == 0 {
             let doc = out.json();
-            if doc["timeline"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|e| e["outcome"] == "adopt")
-            {
+            if doc["record"]["instance"]["instance_id"] == task.as_str() {
                 break doc;
             }
         }
@@ -186,17 +189,25 @@ async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_rec
     assert_eq!(explained["resolved_as"], "compute");
     assert_eq!(explained["environment_id"], environment.as_str());
     assert_eq!(
-        explained["record"]["instance"]["instance_id"],
-        task.as_str()
+        explained["record"]["generation"], 1,
+        "the dead worker's generation"
     );
-    let starts = explained["timeline"]
+    let recorded: Vec<&serde_json::Value> = explained["timeline"]
         .as_array()
         .unwrap()
         .iter()
-        .flat_map(|e| e["applied"].as_array().cloned().unwrap_or_default())
-        .filter(|a| a["effect"] == "start_compute")
-        .count();
-    assert_eq!(starts, 0, "adopted, never started a second time");
+        .filter(|e| ["start", "adopt"].contains(&e["outcome"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        recorded.len(),
+        1,
+        "one decision recorded the task: {explained:#}"
+    );
+    assert_eq!(
+        *proxy.replays.lock().unwrap(),
+        1,
+        "the restarted worker's start was the dead worker's RunTask, replayed"
+    );
     let out = ctl(&["status", "--json"], &env).await;
     assert_eq!(out.code, 0, "{out:?}");
     let doc = out.json();
@@ -278,6 +289,7 @@ async fn aws_dead_letters_listed_and_redriven_and_start_failures_reset_through_t
     let r = AwsResources::create().await.unwrap();
     let env = worker_env(
         &r,
+        &moto_endpoint(),
         &format!("ops-{}", unique()),
         "arn:aws:secretsmanager:us-east-1:123456789012:secret:unused",
         "http://127.0.0.1:9",
@@ -290,6 +302,7 @@ async fn aws_dead_letters_listed_and_redriven_and_start_failures_reset_through_t
         environment_id: Some(EnvironmentId::new("env_stuck")),
         webhook_id: None,
         enqueued_at: 1,
+        swept: None,
     };
     sqs.send_message()
         .queue_url(&r.queues.events_dlq_url)

@@ -202,6 +202,7 @@ async fn dead_letters_are_listed_then_redriven_with_their_hand_offs_reset() {
         environment_id: None,
         webhook_id: None,
         enqueued_at: 1,
+        swept: None,
     };
     events
         .send(Outgoing {

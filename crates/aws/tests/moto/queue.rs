@@ -81,6 +81,7 @@ fn msg(label: &str, dedup: &str, group: &str) -> Outgoing {
     Outgoing {
         job: Job {
             handoffs: 0,
+            swept: None,
             trigger: Trigger::Idle,
             session_id: SessionId::new(format!("sess_{group}")),
             environment_id: None,

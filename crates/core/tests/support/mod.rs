@@ -7,7 +7,8 @@ use sandbox_core::decision::{Decision, Effect};
 use sandbox_core::environment::EnvironmentStatus;
 use sandbox_core::ids::{EnvironmentId, Generation, InstanceId, SessionId};
 use sandbox_core::observed::{
-    Inventory, Observed, OwnershipFilter, Policy, SessionView, Trigger, TurnEvidence,
+    EnvironmentRead, Inventory, Observed, OwnershipFilter, Policy, SessionView, Trigger,
+    TurnEvidence,
 };
 use sandbox_core::record::{Record, RecordStatus, ShutdownLease};
 use sandbox_core::session::{
@@ -93,6 +94,7 @@ pub fn instance(
         generation: Generation(generation),
         status,
         started_at,
+        stop_code: None,
     }
 }
 
@@ -136,7 +138,7 @@ pub fn observe(trigger: Trigger, session: Session) -> Observed {
         session: SessionView::Found {
             session: Box::new(session),
         },
-        environment_status: None,
+        environment_status: EnvironmentRead::NotRead,
         record: None,
         inventory: Inventory::Known { instances: vec![] },
         latest_turn: None,
@@ -170,7 +172,7 @@ impl ObservedExt for Observed {
         self
     }
     fn with_env_status(mut self, s: EnvironmentStatus) -> Self {
-        self.environment_status = Some(s);
+        self.environment_status = EnvironmentRead::Read { status: s };
         self
     }
     fn with_turn(mut self, t: TurnEvidence) -> Self {
@@ -209,6 +211,7 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                     generation: spec.generation,
                     status: ComputeStatus::Pending,
                     started_at: Some(o.now),
+                    stop_code: None,
                 });
                 fresh(&mut next.record);
                 let r = next.record.as_mut().unwrap();
@@ -219,6 +222,7 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                 });
                 r.status = RecordStatus::Active;
                 r.start_failure = None;
+                r.instance_recorded_at = Some(o.now);
             }
             Effect::StopCompute(spec) => {
                 for i in instances.iter_mut() {
@@ -234,6 +238,26 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                 rec.instance = Some(r.clone());
                 rec.status = RecordStatus::Active;
                 rec.start_failure = None;
+                rec.instance_recorded_at = Some(o.now);
+            }
+            Effect::RecordStartFailure(f) => {
+                fresh(&mut next.record);
+                let rec = next.record.as_mut().unwrap();
+                rec.start_failure = Some(f.clone());
+                rec.instance = None;
+                rec.instance_recorded_at = None;
+            }
+            Effect::ClearStartFailure => {
+                fresh(&mut next.record);
+                next.record.as_mut().unwrap().start_failure = None;
+            }
+            Effect::NoteConnectionRequest { at } => {
+                fresh(&mut next.record);
+                next.record.as_mut().unwrap().connection_requested_at = Some(*at);
+            }
+            Effect::ClearConnectionRequest => {
+                fresh(&mut next.record);
+                next.record.as_mut().unwrap().connection_requested_at = None;
             }
             Effect::PutLease(l) => {
                 fresh(&mut next.record);
@@ -249,6 +273,7 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                 let r = next.record.as_mut().unwrap();
                 r.status = RecordStatus::Stopped;
                 r.lease = None;
+                r.connection_requested_at = None;
             }
             Effect::MarkClosed => {
                 fresh(&mut next.record);
@@ -256,15 +281,11 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                 r.status = RecordStatus::Closed;
                 r.cleanup_required = false;
                 r.lease = None;
+                r.connection_requested_at = None;
             }
             Effect::RequireCleanup => {
                 fresh(&mut next.record);
                 next.record.as_mut().unwrap().cleanup_required = true;
-            }
-            Effect::ClearStartFailure => {
-                if let Some(r) = next.record.as_mut() {
-                    r.start_failure = None;
-                }
             }
             Effect::DeleteSession { .. } => next.session = SessionView::Deleted,
         }

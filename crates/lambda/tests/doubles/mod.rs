@@ -158,6 +158,7 @@ impl Compute for MemoryCompute {
             generation: spec.generation,
             status: ComputeStatus::Running,
             started_at: Some(FIXTURE_NOW),
+            stop_code: None,
         };
         instances.push(instance.clone());
         Ok(Started::Instance(instance))
