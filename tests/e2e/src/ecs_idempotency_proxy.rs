@@ -26,11 +26,14 @@ pub struct EcsIdempotencyProxy {
     pub replays: Arc<Mutex<usize>>,
 }
 
+/// A first answer: HTTP status, content type, body.
+type Answer = (u16, String, Bytes);
+
 #[derive(Clone)]
 struct State {
     upstream: String,
     client: reqwest::Client,
-    answers: Arc<Mutex<HashMap<String, (u16, String, Bytes)>>>,
+    answers: Arc<Mutex<HashMap<String, Answer>>>,
     replays: Arc<Mutex<usize>>,
 }
 
