@@ -108,9 +108,13 @@ async fn api_key_secret(r: &AwsResources) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_receipts() {
     let r = AwsResources::create().await.unwrap();
-    let sim = agents_sim::spawn(agents_sim::SimConfig::default())
-        .await
-        .unwrap();
+    // The submission waits for its executor; give the simulator's input-time connection
+    // deadline a day, so a slow restart (a loaded machine) never turns the session idle
+    // before the drill is over.
+    let sim =
+        agents_sim::spawn(agents_sim::SimConfig::default().with_connect_deadline_secs(86_400.0))
+            .await
+            .unwrap();
     let client = sim.client();
     let deployment = format!("drill-{}", unique());
     let secret = api_key_secret(&r).await;
