@@ -6,7 +6,7 @@
 #                     alone no longer looks inside SAM resources); tsc; cdk synth; cfn-lint
 #                     on the CDK template; the CDK assertion tests (node --test);
 #                     infra/tests (pytest: SAM vs CDK agreement, least privilege, wiring to
-#                     crates/lambda/src/settings.rs, the executor entrypoint and the pinned
+#                     crates/aws/src/settings.rs, the executor entrypoint and the pinned
 #                     `codex exec-server --help`).
 #   make deploy-sam   sam build + sam deploy       (variables: see `make deploy-help`)
 #   make deploy-cdk   make build + cdk deploy       (variables: see `make deploy-help`)

@@ -8,7 +8,7 @@
   conditioned on the cluster; each secret readable only where it is needed; an executor
   task role without any policy.
 - Wiring: every function environment variable is one the Rust code reads
-  (crates/lambda/src/settings.rs, parsed here), every required one is set, and the
+  (crates/aws/src/settings.rs, parsed here), every required one is set, and the
   failed-start metric filter matches a message the controller really logs.
 
 Roles are matched across the two templates by what uses them (a function, by its
@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SETTINGS_RS = REPO / "crates" / "lambda" / "src" / "settings.rs"
+SETTINGS_RS = REPO / "crates" / "aws" / "src" / "settings.rs"
 WORKER_RS = REPO / "crates" / "controller" / "src" / "worker.rs"
+METRICS_RS = REPO / "crates" / "controller" / "src" / "metrics.rs"
 
 # Resource types that may legitimately differ between the two templates. Empty: the
 # construct declares exactly what SAM generates (CDK metadata is off in bin/app.ts).
@@ -320,3 +321,84 @@ def test_registry_table_matches_the_adapter_schema(any_cfn):
     assert gsi["IndexName"] == "by_session"
     assert gsi["KeySchema"] == [{"AttributeName": "session_id", "KeyType": "HASH"}]
     assert gsi["Projection"] == {"ProjectionType": "KEYS_ONLY"}
+
+
+# ----------------------------------------------------------------------------- alarms, dashboard
+def emitted_metric_names() -> set[str]:
+    """The metric names the controller records (the `names` module of metrics.rs)."""
+    return set(re.findall(r'pub const [A-Z_]+: &str = "([a-z_]+)";', METRICS_RS.read_text()))
+
+
+def alarm_signatures(cfn: dict) -> Counter:
+    """Each alarm as (namespace, metric, dimensions, statistic, period, evaluation periods,
+    datapoints to alarm, threshold, operator). A dimension whose value is an intrinsic (a
+    queue name, a function name, the deployment id) counts by name only."""
+    out = Counter()
+    for alarm in resources(cfn, "AWS::CloudWatch::Alarm").values():
+        p = alarm["Properties"]
+        dims = tuple(
+            sorted(
+                (d["Name"], d["Value"] if isinstance(d["Value"], str) and d["Name"] != "deployment" else "<ref>")
+                for d in p.get("Dimensions", [])
+            )
+        )
+        # The log metric filter's namespace names the stack (an intrinsic in SAM).
+        namespace = p["Namespace"]
+        if not isinstance(namespace, str) or namespace.startswith("sandbox-lifecycle/"):
+            namespace = "<stack>"
+        evaluation = int(p["EvaluationPeriods"])
+        out[
+            (
+                namespace,
+                p["MetricName"],
+                dims,
+                p["Statistic"],
+                int(p["Period"]),
+                evaluation,
+                int(p.get("DatapointsToAlarm", evaluation)),
+                float(p["Threshold"]),
+                p["ComparisonOperator"],
+            )
+        ] += 1
+    return out
+
+
+def test_sam_and_cdk_define_the_same_alarms(sam_cfn, cdk_cfn):
+    sam, cdk = alarm_signatures(sam_cfn), alarm_signatures(cdk_cfn)
+    assert sam == cdk, f"only SAM {sorted((sam - cdk).elements())}, only CDK {sorted((cdk - sam).elements())}"
+
+
+def test_alarms_cover_the_lifecycle_and_name_only_emitted_metrics(any_cfn):
+    alarms = alarm_signatures(any_cfn)
+    emf = {
+        (metric, dict(dims).get("outcome"), evaluation)
+        for (ns, metric, dims, _, _, evaluation, *_) in alarms
+        if ns == "SandboxLifecycle"
+    }
+    assert emf == {
+        ("decisions", "divergent", 1),
+        ("decisions", "reconcile", 3),  # held 15 minutes: three 5-minute periods
+        ("decisions", "uncertain", 3),
+        ("orphans_released", None, 1),
+        ("stuck_jobs", None, 1),
+    }
+    assert {m for m, _, _ in emf} <= emitted_metric_names()
+    for ns, _, dims, *_ in alarms:
+        if ns == "SandboxLifecycle":
+            assert ("deployment", "<ref>") in dims, "every EMF alarm is scoped to this deployment"
+            assert {name for name, _ in dims} <= {"deployment", "outcome", "reason"}, "never an id as a dimension"
+    others = {(ns, metric) for (ns, metric, *_) in alarms if ns != "SandboxLifecycle"}
+    assert others == {
+        ("<stack>", "FailedStarts"),
+        ("AWS/SQS", "ApproximateNumberOfMessagesVisible"),
+        ("AWS/Lambda", "Errors"),
+    }
+
+
+def test_one_dashboard_shows_the_lifecycle_at_a_glance(any_cfn):
+    (dashboard,) = resources(any_cfn, "AWS::CloudWatch::Dashboard").values()
+    body = flat(dashboard["Properties"]["DashboardBody"])
+    shown = {m for m in emitted_metric_names() if re.search(r'\\*"' + m + r'\\*"', body)}
+    assert shown == emitted_metric_names(), f"not on the dashboard: {sorted(emitted_metric_names() - shown)}"
+    for title in ("Decisions by outcome", "Dead letters", "Function errors", "Sweeps", "Webhook deliveries"):
+        assert title in body, title

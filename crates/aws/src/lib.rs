@@ -8,12 +8,15 @@
 //!   in the module docs; [`create_table`] creates it);
 //! - [`ecs_compute`] — [`EcsCompute`]: the [`Compute`](sandbox_controller::ports::Compute)
 //!   port on ECS Fargate tasks (a lost start is found again by its RunTask `clientToken`);
+//! - [`sqs_dead_letters`] — the dead-letter queues for the operator: find, peek, redrive;
 //! - [`secrets`] — [`read_secret`]: one Secrets Manager value behind a redacted type;
 //! - `bootstrap` (feature `bootstrap`) — creating the queues, the ECS cluster and task definition (and, on
 //!   moto only, pinning task states) for tests and a local stack on moto;
 //! - `strict_ecs` (feature `bootstrap`) — `StrictEcs`: the ECS client interceptor of the
 //!   moto tests, which rejects requests the ECS API reference forbids, records every
 //!   request's shape and can make new tasks lag like ECS;
+//! - [`settings`] — the deployment's configuration from environment variables, read
+//!   alike by the Lambda functions and `sandboxctl --backend aws`;
 //! - [`sdk_config`] — [`load_sdk_config`]: the shared SDK configuration (region, optional
 //!   endpoint override for moto).
 //!
@@ -37,6 +40,8 @@ pub mod ecs_compute;
 pub mod sdk_config;
 mod sdk_error;
 pub mod secrets;
+pub mod settings;
+pub mod sqs_dead_letters;
 pub mod sqs_queue;
 #[cfg(feature = "bootstrap")]
 pub mod strict_ecs;

@@ -6,23 +6,37 @@
 //!   prints it re-serialized;
 //! - `serve`: the embedded stack (local mode) against an Agents API base URL;
 //! - `demo`: the whole pipeline against the Agents API simulator (what `make run` runs);
-//! - `status`, `explain`: read-only views of a local data directory.
+//! - operating a deployment, on either backend (`--backend local|aws`, [`backend`]):
+//!   `status`, `explain <id>` (read), `close <session> [--wait]`, `sweep [--dry-run]`,
+//!   `dlq list|redrive`, `reset-start-failures <environment>` (write: each enqueues a job
+//!   the worker decides under the effect-key lock). `--json` prints one document of the
+//!   schema in `crates/cli/sandboxctl.schema.json`.
 //!
 //! The webhook secret is read only from an environment variable (never a flag: flags show
-//! in process lists) and is never printed.
+//! in process lists) and is never printed; neither is any other secret.
 //!
-//! Exit codes: 0 success; 1 a delivery failed verification; 2 unusable input, arguments or
-//! configuration (malformed JSON, missing or invalid secret, I/O failure).
+//! Exit codes: 0 success; 1 a delivery failed verification, or an operator command's
+//! answer shows a problem ([`report`]); 2 unusable input, arguments, configuration or
+//! access (malformed JSON, missing or invalid secret or setting, I/O or AWS failure).
 #![deny(clippy::all)]
 #![warn(missing_docs)]
 
+mod backend;
+mod dead_letters_cmd;
 mod decode_object;
 mod demo;
-mod inspect;
+mod explain_view;
+mod no_sessions;
+mod operator_jobs;
+mod report;
 mod secret_from_env;
 mod serve;
 mod sign_delivery;
+mod status_view;
+mod timestamps;
 mod verify_delivery;
+
+use backend::{BackendArgs, BackendKind};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -52,10 +66,37 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Run the whole pipeline against the simulator with a scripted scenario.
     Demo(demo::DemoArgs),
-    /// List the environment records of a local data directory.
-    Status(inspect::StatusArgs),
-    /// Show the decisions, effects and receipts of one environment (or session).
-    Explain(inspect::ExplainArgs),
+    /// Every environment, orphan and dead letter of a deployment (exit 1 on a problem).
+    Status(status_view::StatusArgs),
+    /// One environment's decisions and receipts in time order, by session, environment or
+    /// task id, and the terminal record of its cleanup.
+    Explain(explain_view::ExplainArgs),
+    /// Close a session: enqueue the operator close (delete the session, stop the compute).
+    Close(operator_jobs::CloseArgs),
+    /// Enqueue a sweep of every environment now, or print what one would decide.
+    Sweep(operator_jobs::SweepArgs),
+    /// The dead-letter queues: list or redrive.
+    #[command(subcommand)]
+    Dlq(dead_letters_cmd::DlqCommand),
+    /// Enqueue the reset of an environment's failed-start count.
+    ResetStartFailures(operator_jobs::ResetArgs),
+}
+
+/// Runs `$body` (an async expression over `$ops`) on the backend `$args` select.
+macro_rules! with_ops {
+    ($args:expr, |$ops:ident| $body:expr) => {{
+        let args: &BackendArgs = $args;
+        match args.kind() {
+            BackendKind::Local => {
+                let $ops = backend::LocalOps::open(args)?;
+                $body.await
+            }
+            BackendKind::Aws => {
+                let $ops = backend::AwsOps::open().await?;
+                $body.await
+            }
+        }
+    }};
 }
 
 /// Exit code for unusable input, arguments or configuration (as clap's usage errors).
@@ -77,10 +118,58 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => return block_on(true, serve::run(*args)),
         Command::Demo(args) => return block_on(false, demo::run(args)),
         Command::Status(args) => {
-            return block_on(false, inspect::status(args, &mut io::stdout().lock()));
+            return operate(async move {
+                with_ops!(&args.backend, |ops| status_view::run(
+                    &ops,
+                    &args,
+                    &mut io::stdout().lock()
+                ))
+            });
         }
         Command::Explain(args) => {
-            return block_on(false, inspect::explain(args, &mut io::stdout().lock()));
+            return operate(async move {
+                with_ops!(&args.backend, |ops| explain_view::run(
+                    &ops,
+                    &args,
+                    &mut io::stdout().lock()
+                ))
+            });
+        }
+        Command::Close(args) => {
+            return operate(async move {
+                with_ops!(&args.backend, |ops| operator_jobs::close(
+                    &ops,
+                    &args,
+                    &mut io::stdout().lock()
+                ))
+            });
+        }
+        Command::Sweep(args) => {
+            return operate(async move {
+                with_ops!(&args.backend, |ops| operator_jobs::sweep(
+                    &ops,
+                    &args,
+                    &mut io::stdout().lock()
+                ))
+            });
+        }
+        Command::ResetStartFailures(args) => {
+            return operate(async move {
+                with_ops!(&args.backend, |ops| operator_jobs::reset_start_failures(
+                    &ops,
+                    &args,
+                    &mut io::stdout().lock()
+                ))
+            });
+        }
+        Command::Dlq(cmd) => {
+            return operate(async move {
+                with_ops!(cmd.backend(), |ops| dead_letters_cmd::run(
+                    &ops,
+                    &cmd,
+                    &mut io::stdout().lock()
+                ))
+            });
         }
         _ => {}
     }
@@ -92,7 +181,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             verify_delivery::run(&args, stdin, &mut stdout).context("verify")?
         }
         Command::Decode(args) => decode_object::run(&args, stdin, &mut stdout).context("decode")?,
-        Command::Serve(_) | Command::Demo(_) | Command::Status(_) | Command::Explain(_) => {
+        Command::Serve(_)
+        | Command::Demo(_)
+        | Command::Status(_)
+        | Command::Explain(_)
+        | Command::Close(_)
+        | Command::Sweep(_)
+        | Command::Dlq(_)
+        | Command::ResetStartFailures(_) => {
             unreachable!("async commands are handled above")
         }
     };
@@ -113,6 +209,16 @@ fn runtime(verbose: bool) -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?)
+}
+
+/// Runs an operator command (logs: warnings only, on stderr) and turns its verdict into
+/// the exit code (0 or 1; an error is 2, in `main`).
+fn operate(
+    fut: impl std::future::Future<Output = anyhow::Result<report::Verdict>>,
+) -> anyhow::Result<ExitCode> {
+    runtime(false)?
+        .block_on(fut)
+        .map(|v| ExitCode::from(v.exit_code()))
 }
 
 /// Runs an async command to completion on a fresh runtime.

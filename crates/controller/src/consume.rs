@@ -13,6 +13,16 @@
 //! is a hint — the worker decides from the session's current state whenever it runs — so
 //! leaving the FIFO group's order is harmless; every hand-off is delayed, so there is no
 //! tight loop. When the hand-off send fails, the message is retried on its own queue.
+//!
+//! **Hand-offs are capped** ([`MAX_HANDOFFS`]): a job handed off that many times (about
+//! 76 minutes of waiting from the 15 s evidence retry, 32 minutes from the 2 s busy-lock
+//! retry, the delays doubling up to 900 s) is *stuck*. It is no longer handed off: it is
+//! logged at error level with its environment, counted in the `stuck_jobs` metric, and
+//! retried through its own message, so its receive count grows and the queue's redrive
+//! policy moves it to the dead-letter queue after `maxReceiveCount` receives, where the
+//! dead-letter alarm fires and `sandboxctl dlq list` shows it (`dlq redrive` sends it
+//! back with its hand-off count reset). Nothing is lost meanwhile: the sweeper re-derives
+//! every environment on its own schedule.
 
 use crate::job::Job;
 use crate::ports::{Compute, Outgoing, PortError, Queue, Received, Registry};
@@ -34,6 +44,9 @@ pub enum Settled {
     /// Keep it: it becomes visible again after its retry delay.
     Kept,
 }
+
+/// Hand-offs of one job before it counts as stuck (see the module docs).
+pub const MAX_HANDOFFS: u32 = 10;
 
 /// Largest delay of a standard queue's message (SQS `DelaySeconds`), seconds.
 pub const MAX_DELAY_SECS: u32 = 900;
@@ -93,8 +106,9 @@ where
     /// the queue loop above and the Lambda worker:
     /// - done → [`Settled::Delete`];
     /// - [`Disposition::RetryAfter`] → the job is handed off ([`Controller::hand_off`]) →
-    ///   [`Settled::Delete`]; when the hand-off fails, the message itself is made visible
-    ///   again after the delay → [`Settled::Kept`];
+    ///   [`Settled::Delete`]; when the hand-off fails, or the job was handed off
+    ///   [`MAX_HANDOFFS`] times already (stuck: toward the dead-letter queue), the message
+    ///   itself is made visible again after the delay → [`Settled::Kept`];
     /// - a port error → visible again after [`failure_backoff_secs`]`(receive_count)` →
     ///   [`Settled::Kept`] (the redrive policy bounds these retries).
     ///
@@ -113,9 +127,23 @@ where
         let delay = match result {
             Ok(p) => match p.disposition {
                 Disposition::Done => return Settled::Delete,
+                Disposition::RetryAfter(secs) if job.handoffs >= MAX_HANDOFFS => {
+                    tracing::error!(
+                        message_id,
+                        session_id = %job.session_id,
+                        environment_id = job.environment_id.as_ref().map(|e| e.as_str()),
+                        handoffs = job.handoffs,
+                        receive_count,
+                        reason = p.note.or(p.error.as_deref()).unwrap_or("deferred"),
+                        "job stuck: hand-off cap reached; retried through its own message toward the dead-letter queue"
+                    );
+                    crate::metrics::stuck_job();
+                    secs
+                }
                 Disposition::RetryAfter(secs) => {
                     match self.hand_off(job, message_id, receive_count, secs).await {
                         Ok(()) => {
+                            crate::metrics::handoff();
                             tracing::info!(
                                 message_id,
                                 retry_after_secs = secs,

@@ -7,7 +7,10 @@
 //! - [`consume`] — receive, process, ack or retry (local mode's queue loop);
 //! - [`sweep`] — reconcile the registry against the provider inventory and the sessions;
 //! - [`close`] — the operator's cleanup transaction;
-//! - [`ports`] — the traits every backend implements.
+//! - [`dry_run`] — what a sweep would decide, without a lock or an effect;
+//! - [`ports`] — the traits every backend implements;
+//! - [`metrics`] — the metric names and where they are recorded (the `metrics` facade;
+//!   the Lambda functions emit them in CloudWatch embedded metric format).
 //!
 //! With the `test-support` feature (tests, the fuzz target and the benches only): `contract`
 //! (the contract suite every adapter passes), `doubles` (a stopped clock and a recording
@@ -25,7 +28,9 @@ pub mod contract;
 pub mod crash_point;
 #[cfg(feature = "test-support")]
 pub mod doubles;
+pub mod dry_run;
 pub mod job;
+pub mod metrics;
 pub mod ports;
 pub mod sweep;
 pub mod webhook;

@@ -139,6 +139,7 @@ impl<Q: Queue> Intake<Q> {
         I: IntoIterator<Item = (&'a str, &'a [u8])>,
     {
         if body.len() > self.max_body_bytes {
+            crate::metrics::webhook_rejected("too_large");
             return Answer::error(413, "body exceeds the size limit");
         }
         let now = self.clock.now();
@@ -146,6 +147,11 @@ impl<Q: Queue> Intake<Q> {
             Ok(v) => v,
             Err(e) => {
                 tracing::warn!(error = %e, "webhook rejected");
+                crate::metrics::webhook_rejected(if e.http_status() == 401 {
+                    "signature"
+                } else {
+                    "headers"
+                });
                 return Answer::error(e.http_status(), e.to_string());
             }
         };
@@ -153,6 +159,7 @@ impl<Q: Queue> Intake<Q> {
             Ok(e) => e,
             Err(e) => {
                 tracing::warn!(webhook_id = %verified.webhook_id, what = %e.what, "malformed event");
+                crate::metrics::webhook_rejected("malformed");
                 return Answer::error(400, format!("malformed {}", e.what));
             }
         };
@@ -164,6 +171,7 @@ impl<Q: Queue> Intake<Q> {
             } => (trigger, session_id, environment_id),
             Route::Drop(why) => {
                 tracing::debug!(webhook_id = %verified.webhook_id, why, "webhook ignored");
+                crate::metrics::webhook_ignored();
                 return Answer::ok("ignored", why);
             }
         };
@@ -186,10 +194,12 @@ impl<Q: Queue> Intake<Q> {
         match self.queue.send(msg).await {
             Ok(sent) => {
                 tracing::info!(webhook_id = %verified.webhook_id, session_id = %session, ?sent, "webhook queued");
+                crate::metrics::webhook_accepted();
                 Answer::ok("queued", format!("{sent:?}").to_lowercase())
             }
             Err(e) => {
                 tracing::error!(webhook_id = %verified.webhook_id, error = %e, "queue write failed");
+                crate::metrics::webhook_rejected("queue_unavailable");
                 Answer::error(503, "queue unavailable; retry")
             }
         }

@@ -247,7 +247,7 @@ where
     ///   (lifecycle-cases.md row 12), at a constant cost.
     ///
     /// A provider error is [`Inventory::Unavailable`]: the decision changes nothing.
-    async fn inventory(
+    pub(crate) async fn inventory(
         &self,
         job: &Job,
         env: &EnvironmentId,
@@ -365,6 +365,7 @@ where
             retry_after: None,
         };
         self.apply(&decision, &mut act, now).await;
+        crate::metrics::decision_applied(job, &observed, &decision, &act.applied, self.clock.now());
         let mut error = act.error.clone().or(act.deferred_error.clone());
 
         let mut disposition = if let Some(secs) = act.retry_after {
@@ -445,7 +446,7 @@ where
     /// which of several computes to keep) or after idle (mid-turn disconnect evidence, row
     /// 20); the turn for row 20 and a timed-out submission (row 21). A failed status read
     /// is [`EnvironmentRead::Unavailable`]: missing evidence, never "not connected".
-    async fn evidence(
+    pub(crate) async fn evidence(
         &self,
         job: &Job,
         env: &EnvironmentId,
@@ -577,6 +578,7 @@ where
             }
             Ok(Started::Failed { reason }) => {
                 tracing::warn!(environment_id = %spec.environment_id, %reason, "compute start failed");
+                crate::metrics::start_failed();
                 let attempts = act
                     .fresh
                     .start_failure

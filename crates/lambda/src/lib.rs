@@ -8,7 +8,8 @@
 //!
 //! Each binary reads its [`settings`] from environment variables, reads its secrets once
 //! per cold start ([`secrets_at_init`]), builds its AWS clients once ([`aws_wiring`]) and
-//! runs. Logs are JSON ([`json_logs`]).
+//! runs. Logs are JSON ([`json_logs`]); metrics are CloudWatch embedded metric format
+//! documents flushed after every invocation ([`emf`]).
 //!
 //! Features: `webhook`, `worker`, `sweeper` (all by default). The webhook alone
 //! (`--no-default-features --features webhook`) links only the SQS and Secrets Manager
@@ -20,9 +21,11 @@
 pub mod aws_wiring;
 #[cfg(feature = "worker")]
 pub mod batch_response;
+pub mod emf;
 pub mod json_logs;
 pub mod secrets_at_init;
-pub mod settings;
+/// The settings, shared with `sandboxctl --backend aws`: they live in `sandbox_aws::settings`.
+pub use sandbox_aws::settings;
 #[cfg(feature = "sweeper")]
 pub mod sweeper_handler;
 #[cfg(feature = "webhook")]

@@ -58,8 +58,14 @@ where
         deployment = %controller.config.deployment,
     );
     async {
+        let started = std::time::Instant::now();
         match controller.sweep_fan_out().await {
             Ok(report) => {
+                sandbox_controller::metrics::sweep_done(
+                    started.elapsed().as_secs_f64(),
+                    report.environments,
+                    report.deferred,
+                );
                 let dead_letters = match controller.events.dead_letter_count().await {
                     Ok(n) => Some(n),
                     Err(e) => {
@@ -108,12 +114,12 @@ where
         move |event: LambdaEvent<EventBridgeEvent<Value>>| {
             let controller = Arc::clone(&controller);
             async move {
-                handle_schedule(&controller, &event.payload)
-                    .await
-                    .map_err(|e| Diagnostic {
-                        error_type: "SweepFailed".into(),
-                        error_message: e.to_string(),
-                    })
+                let answer = handle_schedule(&controller, &event.payload).await;
+                crate::emf::flush();
+                answer.map_err(|e| Diagnostic {
+                    error_type: "SweepFailed".into(),
+                    error_message: e.to_string(),
+                })
             }
         },
     ))

@@ -41,5 +41,10 @@ pub fn service<Q: Queue>(intake: Arc<Intake<Q>>) -> WebhookService {
 /// # Errors
 /// The runtime's error when the Lambda Runtime API is unreachable.
 pub async fn run<Q: Queue>(intake: Arc<Intake<Q>>) -> Result<(), lambda_http::Error> {
-    lambda_http::run(service(intake)).await
+    // The answer is complete here: flush this invocation's metrics before returning it.
+    let flushed = service(intake).map_response(|answer| {
+        crate::emf::flush();
+        answer
+    });
+    lambda_http::run(flushed).await
 }

@@ -224,9 +224,9 @@ where
         async move {
             let deadline = UNIX_EPOCH + Duration::from_millis(event.context.deadline);
             let (controller, routes) = &*shared;
-            Ok::<_, Infallible>(
-                handle_batch(controller, routes, &event.payload, Some(deadline)).await,
-            )
+            let response = handle_batch(controller, routes, &event.payload, Some(deadline)).await;
+            crate::emf::flush();
+            Ok::<_, Infallible>(response)
         }
     }))
     .await

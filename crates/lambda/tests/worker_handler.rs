@@ -305,3 +305,27 @@ async fn a_job_handed_off_again_waits_twice_as_long() {
     assert_eq!(sent[0].job.handoffs, 4);
     assert_eq!(sent[0].delay_secs, c.config.lock_busy_retry_secs * 8);
 }
+
+#[tokio::test]
+async fn a_job_past_the_hand_off_cap_is_retried_on_its_own_queue_toward_the_dead_letter_queue() {
+    let c = controller();
+    c.registry.busy.store(true, Ordering::SeqCst);
+    let mut job: Job = serde_json::from_str(&sweep_job(SESSION, ENVIRONMENT)).unwrap();
+    job.handoffs = sandbox_controller::consume::MAX_HANDOFFS;
+    let event = batch(vec![record(
+        "t1",
+        &serde_json::to_string(&job).unwrap(),
+        false,
+        2,
+    )]);
+    assert_eq!(run(&c, &event).await, failures(&["t1"]));
+    assert!(
+        c.timers.sent.lock().unwrap().is_empty(),
+        "no further hand-off"
+    );
+    assert_eq!(
+        *c.timers.retries.lock().unwrap(),
+        vec![("receipt-t1".to_owned(), c.config.lock_busy_retry_secs)],
+        "its own message comes back after the delay, one receive closer to the DLQ"
+    );
+}

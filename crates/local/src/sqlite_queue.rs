@@ -326,6 +326,62 @@ impl SqliteQueue {
             .await
     }
 
+    /// Moves up to `max` dead-lettered messages back onto the queue, oldest first, as new
+    /// messages visible at once with their job's hand-off count reset (`sandboxctl dlq
+    /// redrive`; the same as the SQS adapter's redrive). A message whose body is not a job
+    /// stays in the dead-letter table. One transaction: all of them move, or none.
+    /// Returns how many moved.
+    ///
+    /// # Errors
+    /// A [`PortError`] when the database fails.
+    pub async fn redrive_dead_letters(&self, max: usize) -> Result<usize, PortError> {
+        let name = Arc::clone(&self.name);
+        let moved = self
+            .db
+            .call(DEP, "redrive_dead_letters", move |conn| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let rows: Vec<(i64, String, String, String)> = {
+                    let mut stmt = tx.prepare(
+                        "SELECT id, group_id, dedup_id, body FROM queue_dead_letters
+                         WHERE queue = ?1 ORDER BY id",
+                    )?;
+                    stmt.query_map(params![&*name], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                    })?
+                    .collect::<Result<_, _>>()?
+                };
+                let now = now_ms();
+                let mut moved = 0;
+                for (id, group, dedup, body) in rows {
+                    if moved >= max {
+                        break;
+                    }
+                    let Ok(mut job) = serde_json::from_str::<Job>(&body) else {
+                        continue;
+                    };
+                    job.handoffs = 0;
+                    let Ok(body) = serde_json::to_string(&job) else {
+                        continue;
+                    };
+                    tx.execute(
+                        "INSERT INTO queue_messages
+                           (queue, group_id, dedup_id, body, sent_at_ms, visible_at_ms)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+                        params![&*name, group, format!("redrive:{dedup}"), body, now],
+                    )?;
+                    tx.execute("DELETE FROM queue_dead_letters WHERE id = ?1", params![id])?;
+                    moved += 1;
+                }
+                tx.commit()?;
+                Ok(moved)
+            })
+            .await?;
+        if moved > 0 {
+            self.notify.notify_waiters();
+        }
+        Ok(moved)
+    }
+
     /// One receive attempt, no waiting.
     async fn try_receive(
         &self,

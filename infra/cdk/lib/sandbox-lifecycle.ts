@@ -8,7 +8,7 @@
  * `lambda.EventSourceMapping`, and every role carries its whole policy inline: nothing is
  * added to a role behind the author's back, so the policies read here are all there is.
  *
- * Environment variables are the ones `crates/lambda/src/settings.rs` reads.
+ * Environment variables are the ones `crates/aws/src/settings.rs` reads.
  */
 import { Duration, RemovalPolicy, Stack, Token } from "aws-cdk-lib";
 import * as cloudwatch from "aws-cdk-lib/aws-cloudwatch";
@@ -400,6 +400,7 @@ export class SandboxLifecycle extends Construct {
       environment: {
         EVENTS_QUEUE_URL: this.eventsQueue.queueUrl,
         WEBHOOK_SECRET_ARN: props.webhookSecretArn,
+        DEPLOYMENT_ID: deploymentId,
       },
     });
     // The signature is the authentication, so the URL is public (AuthType NONE).
@@ -480,11 +481,13 @@ export class SandboxLifecycle extends Construct {
       });
     }
     const topic = props.alarmTopicArn ? sns.Topic.fromTopicArn(this, "AlarmTopic", props.alarmTopicArn) : undefined;
-    const alarm = (name: string, description: string, metric: cloudwatch.IMetric, threshold = 1) => {
+    const alarm = (name: string, description: string, metric: cloudwatch.IMetric, threshold = 1, periods = 1) => {
       const a = new cloudwatch.Alarm(this, name, {
         alarmDescription: description,
         metric,
-        evaluationPeriods: 1,
+        evaluationPeriods: periods,
+        // Every period breaching (SAM states DatapointsToAlarm for all alarms alike).
+        datapointsToAlarm: periods,
         threshold,
         comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
         treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
@@ -519,8 +522,128 @@ export class SandboxLifecycle extends Construct {
       this.sweeperFunction.metricErrors({ statistic: "Sum", period: Duration.minutes(15) }),
       2,
     );
+
+    // The controller's own metrics: CloudWatch embedded metric format from the three
+    // functions (namespace SandboxLifecycle, dimension deployment; names in
+    // crates/controller/src/metrics.rs). A held reconcile or uncertain is re-decided by
+    // every sweep (every 5 minutes), so "held 15 minutes" is one such decision in each of
+    // three consecutive 5-minute periods.
+    const lifecycle = (metricName: string, extra: Record<string, string> = {}, statistic = "Sum") =>
+      new cloudwatch.Metric({
+        namespace: METRICS_NAMESPACE,
+        metricName,
+        dimensionsMap: { deployment: deploymentId, ...extra },
+        statistic,
+        period: fiveMinutes,
+      });
+    alarm(
+      "DivergentAlarm",
+      "More than one compute for an environment, or a record the provider contradicts (decision outcome divergent).",
+      lifecycle("decisions", { outcome: "divergent" }),
+    );
+    alarm(
+      "ReconcileHeldAlarm",
+      "An environment has waited for an owner (decision outcome reconcile) for 15 minutes.",
+      lifecycle("decisions", { outcome: "reconcile" }),
+      1,
+      3,
+    );
+    alarm(
+      "UncertainHeldAlarm",
+      "Evidence has been missing (decision outcome uncertain) for 15 minutes.",
+      lifecycle("decisions", { outcome: "uncertain" }),
+      1,
+      3,
+    );
+    alarm(
+      "OrphansReleasedAlarm",
+      "A compute of this deployment ran without a record and was stopped by a sweep.",
+      lifecycle("orphans_released"),
+    );
+    alarm(
+      "StuckJobsAlarm",
+      "A job reached the hand-off cap and is on its way to a dead-letter queue.",
+      lifecycle("stuck_jobs"),
+    );
+
+    // ------------------------------------------------------------ dashboard
+    const labelled = (m: cloudwatch.Metric, label: string) => m.with({ label });
+    const graph = (title: string, left: cloudwatch.IMetric[]) =>
+      new cloudwatch.GraphWidget({ title, left, width: 12, height: 6 });
+    new cloudwatch.Dashboard(this, "LifecycleDashboard", {
+      dashboardName: `${stack.stackName}-lifecycle`,
+      widgets: [
+        [
+          graph(
+            "Decisions by outcome",
+            DECISION_OUTCOMES.map((outcome) => lifecycle("decisions", { outcome })),
+          ),
+          graph(
+            "Starts, failed starts, orphans released, hand-offs, stuck jobs",
+            ["starts", "start_failures", "orphans_released", "handoffs", "stuck_jobs"].map((n) => lifecycle(n)),
+          ),
+        ],
+        [
+          graph(
+            "Webhook enqueue to RunTask (seconds)",
+            ["p50", "p90", "Maximum"].map((s) => labelled(lifecycle("enqueue_to_start_seconds", {}, s), s)),
+          ),
+          graph("Executor lifetime at stop and idle compute before a stop (seconds)", [
+            labelled(lifecycle("executor_lifetime_seconds", {}, "p50"), "lifetime p50"),
+            labelled(lifecycle("executor_lifetime_seconds", {}, "p90"), "lifetime p90"),
+            labelled(lifecycle("idle_to_stop_seconds"), "idle compute seconds"),
+          ]),
+        ],
+        [
+          graph("Sweeps", [
+            labelled(lifecycle("sweep_duration_seconds", {}, "Maximum"), "duration max (s)"),
+            labelled(lifecycle("environments_swept"), "environments swept"),
+            labelled(lifecycle("sweep_deferred"), "deferred"),
+          ]),
+          graph("Webhook deliveries", [
+            lifecycle("webhook_accepted"),
+            lifecycle("webhook_ignored"),
+            ...WEBHOOK_REJECTIONS.map((reason) => lifecycle("webhook_rejected", { reason })),
+          ]),
+        ],
+        [
+          graph("Dead letters", [
+            labelled(eventsDlq.metricApproximateNumberOfMessagesVisible({ statistic: "Maximum", period: fiveMinutes }), "events DLQ"),
+            labelled(timersDlq.metricApproximateNumberOfMessagesVisible({ statistic: "Maximum", period: fiveMinutes }), "timers DLQ"),
+          ]),
+          graph(
+            "Function errors",
+            [this.webhookFunction, this.workerFunction, this.sweeperFunction].map((f) =>
+              f.metricErrors({ statistic: "Sum", period: fiveMinutes }),
+            ),
+          ),
+        ],
+      ],
+    });
   }
 }
+
+/** The namespace of the controller's EMF metrics (crates/controller/src/metrics.rs). */
+const METRICS_NAMESPACE = "SandboxLifecycle";
+/** Every decision outcome (sandbox_core::decision::Outcome). */
+const DECISION_OUTCOMES = [
+  "start",
+  "adopt",
+  "reuse",
+  "wait",
+  "replace",
+  "schedule-stop",
+  "cancel-stop",
+  "stop",
+  "release",
+  "reconcile",
+  "uncertain",
+  "divergent",
+  "cleanup",
+  "ignore",
+];
+/** The `reason` label of `webhook_rejected` (crates/controller/src/metrics.rs). */
+const WEBHOOK_REJECTIONS = ["too_large", "headers", "signature", "malformed", "queue_unavailable"];
 
 function validate(props: SandboxLifecycleProps): void {
   const problems: string[] = [];

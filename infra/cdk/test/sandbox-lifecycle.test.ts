@@ -83,7 +83,8 @@ describe("SandboxLifecycle", () => {
     template.resourceCountIs("AWS::Lambda::EventSourceMapping", 2);
     template.resourceCountIs("AWS::Events::Rule", 1);
     template.resourceCountIs("AWS::Logs::LogGroup", 4);
-    template.resourceCountIs("AWS::CloudWatch::Alarm", 5);
+    template.resourceCountIs("AWS::CloudWatch::Alarm", 10);
+    template.resourceCountIs("AWS::CloudWatch::Dashboard", 1);
     template.resourceCountIs("AWS::IAM::Policy", 0);
   });
 
@@ -248,9 +249,12 @@ describe("SandboxLifecycle", () => {
     assert.equal(env.SUBNETS, "subnet-0123456789abcdef0,subnet-0123456789abcdef1");
     assert.equal(env.CONTAINER_NAME, "executor");
     assert.deepEqual(Object.keys(functionNamed(t, "webhook").Environment.Variables).sort(), [
+      "DEPLOYMENT_ID",
       "EVENTS_QUEUE_URL",
       "WEBHOOK_SECRET_ARN",
     ]);
+    // The webhook's metrics carry the deployment dimension too.
+    assert.equal(functionNamed(t, "webhook").Environment.Variables.DEPLOYMENT_ID, "prod-1");
     assert.deepEqual(functionNamed(t, "sweeper").Environment.Variables, env);
   });
 
@@ -286,6 +290,34 @@ describe("SandboxLifecycle", () => {
     t.hasResourceProperties("AWS::CloudWatch::Alarm", { Namespace: "AWS/Lambda", MetricName: "Errors" });
     for (const alarm of Object.values(template.findResources("AWS::CloudWatch::Alarm"))) {
       assert.equal(alarm.Properties.AlarmActions, undefined);
+    }
+  });
+
+  it("alarms on the controller's EMF metrics with the deployment dimension, never an id", () => {
+    const emf = Object.values(template.findResources("AWS::CloudWatch::Alarm")).filter(
+      (a) => a.Properties.Namespace === "SandboxLifecycle",
+    );
+    const shown = emf.map((a) => {
+      const dims = Object.fromEntries(
+        a.Properties.Dimensions.map((d: { Name: string; Value: unknown }) => [d.Name, d.Value]),
+      );
+      assert.ok("deployment" in dims, JSON.stringify(a.Properties));
+      return `${a.Properties.MetricName}/${dims.outcome ?? ""}/${a.Properties.EvaluationPeriods}`;
+    });
+    assert.deepEqual(shown.sort(), [
+      "decisions/divergent/1",
+      "decisions/reconcile/3",
+      "decisions/uncertain/3",
+      "orphans_released//1",
+      "stuck_jobs//1",
+    ]);
+  });
+
+  it("has one dashboard with the lifecycle metrics", () => {
+    const [dashboard] = Object.values(template.findResources("AWS::CloudWatch::Dashboard"));
+    const body = JSON.stringify(dashboard.Properties.DashboardBody);
+    for (const metric of ["decisions", "starts", "start_failures", "enqueue_to_start_seconds", "sweep_duration_seconds", "webhook_rejected"]) {
+      assert.ok(body.includes(metric), metric);
     }
   });
 });

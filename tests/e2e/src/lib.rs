@@ -11,6 +11,8 @@ pub mod aws_stack;
 mod lifecycle_harness;
 
 pub use lifecycle_harness::LifecycleHarness;
+pub mod ecs_idempotency_proxy;
+pub mod operator_cli;
 
 use agents_sim::{SimClient, SimConfig, SimHandle, Url};
 use anyhow::{Context as _, bail};

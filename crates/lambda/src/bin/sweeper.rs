@@ -7,6 +7,7 @@ use sandbox_lambda::{aws_wiring, sweeper_handler};
 async fn main() {
     init();
     let settings = ControllerSettings::from_env().unwrap_or_else(|e| fatal("cold start", &e));
+    sandbox_lambda::emf::init(settings.controller.deployment.as_str());
     let controller = aws_wiring::controller(&settings)
         .await
         .unwrap_or_else(|e| fatal("cold start", &e));

@@ -8,6 +8,7 @@ use std::sync::Arc;
 async fn main() {
     init();
     let settings = WebhookSettings::from_env().unwrap_or_else(|e| fatal("cold start", &e));
+    sandbox_lambda::emf::init(settings.deployment_id.as_deref().unwrap_or("unset"));
     let intake = aws_wiring::webhook_intake(&settings)
         .await
         .unwrap_or_else(|e| fatal("cold start", &e));

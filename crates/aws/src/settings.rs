@@ -1,4 +1,7 @@
-//! The functions' configuration, read from environment variables once per cold start.
+//! The deployment's configuration, read from environment variables: once per cold start
+//! by the Lambda functions (`sandbox-lambda` re-exports this module as
+//! `sandbox_lambda::settings`), and by `sandboxctl --backend aws`, so the operator's tool
+//! reads exactly what the worker and the sweeper read.
 //!
 //! | variable | function | required | meaning |
 //! |---|---|---|---|
@@ -12,7 +15,7 @@
 //! | `SUBNETS` | worker, sweeper | yes | comma-separated subnet ids (at least one) |
 //! | `SECURITY_GROUPS` | worker, sweeper | no | comma-separated security group ids (default: none, the VPC default group) |
 //! | `ASSIGN_PUBLIC_IP` | worker, sweeper | no | `true`/`false` (also `ENABLED`/`DISABLED`, `1`/`0`); default `false` |
-//! | `DEPLOYMENT_ID` | worker, sweeper | yes | this deployment: 1–36 characters of `[A-Za-z0-9_-]`; tags every task |
+//! | `DEPLOYMENT_ID` | worker, sweeper (webhook: optional) | yes | this deployment: 1–36 characters of `[A-Za-z0-9_-]`; tags every task; the metrics' `deployment` dimension |
 //! | `AGENT_IDS` | worker, sweeper | no | comma-separated `agent.id`s this deployment owns (default: any) |
 //! | `WORKSPACE_DIRECTORY` | worker, sweeper | no | required `environment.workspace_directory` (default: any) |
 //! | `SHUTDOWN_GRACE_SECS` | worker, sweeper | no | seconds between an idle session and the stop (default 300) |
@@ -68,6 +71,8 @@ pub struct WebhookSettings {
     pub events_queue_fifo: bool,
     /// `WEBHOOK_SECRET_ARN`.
     pub webhook_secret: SecretRef,
+    /// `DEPLOYMENT_ID`, optional here: only the metrics' `deployment` dimension uses it.
+    pub deployment_id: Option<String>,
     /// `AWS_ENDPOINT_URL` (tests only).
     pub aws_endpoint_url: Option<String>,
 }
@@ -236,6 +241,7 @@ impl WebhookSettings {
             events_queue_fifo: events_queue_url.ends_with(".fifo"),
             events_queue_url,
             webhook_secret: vars.secret_ref("WEBHOOK_SECRET_ARN")?,
+            deployment_id: vars.optional("DEPLOYMENT_ID"),
             aws_endpoint_url: vars.optional("AWS_ENDPOINT_URL"),
         })
     }

@@ -1,0 +1,344 @@
+//! `sandboxctl explain <id>`: one environment's story — its record, every decision (audit
+//! entries) and every receipt merged in time order — and, once a close ran, the terminal
+//! record of the cleanup.
+//!
+//! The id may be a session id, an environment id or a compute id (an ECS task ARN, the
+//! task id at its end, or a local `pid:...` handle); it is resolved in that order, and an
+//! id nothing matches is a usage error that names the kinds tried.
+//!
+//! The terminal record (the seed's cleanup record), assembled from receipts and audit:
+//! - `session_deleted`: the `session_deleted` receipt (`DELETE` answered, or 404);
+//! - `compute_stopped`: the last `compute_stopped` receipt, written only after the provider
+//!   read the compute back stopped (ECS `DescribeTasks` `lastStatus` `STOPPED`, or gone);
+//! - `executor_credential`: the executor key is one restricted key shared by every
+//!   executor of the deployment (`api.agents.environments.connect` only), and the Agents
+//!   API has no per-environment credential to revoke, so: "not revoked: shared key; task
+//!   stopped" once the stop is confirmed ("... task not confirmed stopped" before);
+//! - `workspace_disposition`: `none` — the executor's `/workspace` is the task's ephemeral
+//!   storage; nothing is snapshotted or retained (until workspaces persist);
+//! - `effect_reconciliation`: `observed` when a decision recorded turn and tool evidence
+//!   for an owner (`reconcile`: a mid-turn disconnect, a timed-out submission found);
+//!   `unknown` when a submission's outcome stayed unknown (`uncertain` on a timed-out
+//!   input) with no later `reconcile`; `not_needed` otherwise.
+
+use crate::backend::{BackendArgs, Ops};
+use crate::report::{Verdict, checked_id, write_json};
+use crate::timestamps::{stamp, utc};
+use sandbox_controller::ports::{AuditEntry, Compute as _, Receipt, ReceiptKind, Registry as _};
+use sandbox_core::ids::{EnvironmentId, InstanceId, SessionId};
+use sandbox_core::record::{Record, RecordStatus};
+use serde_json::{Value, json};
+use std::io::Write;
+
+/// Arguments of `sandboxctl explain`.
+#[derive(Debug, clap::Args)]
+pub struct ExplainArgs {
+    /// A session id, an environment id or a compute id (ECS task ARN or id).
+    pub id: String,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+}
+
+/// The kinds of id `explain` tries, in order.
+pub const KINDS_TRIED: [&str; 3] = [
+    "session id",
+    "environment id",
+    "compute id (task ARN or id)",
+];
+
+/// How the id was resolved.
+struct Resolved {
+    kind: &'static str,
+    environment: EnvironmentId,
+}
+
+async fn resolve<O: Ops>(ops: &O, id: &str) -> anyhow::Result<Option<Resolved>> {
+    if let Some(r) = ops.registry().find_by_session(&SessionId::new(id)).await? {
+        return Ok(Some(Resolved {
+            kind: "session",
+            environment: r.environment_id,
+        }));
+    }
+    let env = EnvironmentId::new(id);
+    let key = env.effect_key();
+    if ops.registry().get(&key).await?.is_some() || !ops.audit_entries(&key).await?.is_empty() {
+        return Ok(Some(Resolved {
+            kind: "environment",
+            environment: env,
+        }));
+    }
+    // A compute: the record that names it (by ARN, or by the task id at the ARN's end),
+    // else the provider's read-back of its tags.
+    let records = ops.registry().list().await?;
+    let names = |r: &Record| {
+        r.instance.as_ref().is_some_and(|i| {
+            let s = i.instance_id.as_str();
+            s == id || s.rsplit('/').next() == Some(id)
+        })
+    };
+    if let Some(r) = records.iter().find(|r| names(r)) {
+        return Ok(Some(Resolved {
+            kind: "compute",
+            environment: r.environment_id.clone(),
+        }));
+    }
+    // The provider may refuse an id that is no task id at all (ECS
+    // `InvalidParameterException`): that only means "not a compute".
+    match ops.compute().describe(&InstanceId::new(id)).await {
+        Ok(Some(i)) => Ok(Some(Resolved {
+            kind: "compute",
+            environment: i.environment_id,
+        })),
+        Ok(None) => Ok(None),
+        Err(e) if !e.retryable => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn receipt_json(r: &Receipt) -> Value {
+    let mut v = json!({"at": stamp(r.at), "kind": "receipt"});
+    if let (Some(obj), Ok(Value::Object(kind))) = (v.as_object_mut(), serde_json::to_value(&r.kind))
+    {
+        obj.insert("receipt".into(), Value::Object(kind));
+    }
+    v
+}
+
+/// Whether the applied effect `applied` (as audited) is the one that wrote a receipt of
+/// `kind`.
+fn wrote(applied: &Value, kind: &ReceiptKind) -> bool {
+    match kind {
+        ReceiptKind::SessionDeleted { session_id } => {
+            applied["effect"] == "delete_session" && applied["session_id"] == session_id.as_str()
+        }
+        ReceiptKind::ComputeStopped { instance_id, .. } => {
+            applied["effect"] == "stop_compute"
+                && applied["target"]["instance_id"] == instance_id.as_str()
+        }
+    }
+}
+
+fn decision_json(e: &AuditEntry) -> Value {
+    json!({
+        "at": stamp(e.at),
+        "kind": "decision",
+        "trigger": e.trigger,
+        "outcome": e.outcome,
+        "reason": e.reason,
+        "applied": e.applied,
+        "error": e.error,
+        "observed": e.observed,
+    })
+}
+
+/// The terminal record (module docs), or `None` before any close or deletion.
+fn terminal(record: Option<&Record>, audit: &[AuditEntry], receipts: &[Receipt]) -> Option<Value> {
+    let closing = record.is_some_and(|r| r.cleanup_required || r.status == RecordStatus::Closed);
+    let deleted = receipts.iter().rev().find_map(|r| match &r.kind {
+        ReceiptKind::SessionDeleted { session_id } => Some((r.at, session_id.clone())),
+        _ => None,
+    });
+    if !closing && deleted.is_none() {
+        return None;
+    }
+    let stopped = receipts.iter().rev().find_map(|r| match &r.kind {
+        ReceiptKind::ComputeStopped {
+            instance_id,
+            generation,
+            reason,
+        } => Some(json!({
+            "confirmed": true,
+            "at": stamp(r.at),
+            "instance_id": instance_id,
+            "generation": generation,
+            "reason": reason,
+            "read_back": "stopped",
+        })),
+        _ => None,
+    });
+    // A record that never named a compute has nothing to stop.
+    let nothing_to_stop = record.is_some_and(|r| r.instance.is_none() && r.generation.0 == 0);
+    let stop_confirmed = stopped.is_some() || nothing_to_stop;
+    let reconcile = audit.iter().rposition(|e| e.outcome == "reconcile");
+    let unknown = audit.iter().rposition(|e| {
+        e.outcome == "uncertain" && e.trigger.get("kind") == Some(&json!("input_timed_out"))
+    });
+    let effects = match (reconcile, unknown) {
+        (Some(r), Some(u)) if u > r => "unknown",
+        (None, Some(_)) => "unknown",
+        (Some(_), _) => "observed",
+        (None, None) => "not_needed",
+    };
+    Some(json!({
+        "closed": record.is_some_and(|r| r.status == RecordStatus::Closed && !r.cleanup_required),
+        "cleanup_required": record.is_some_and(|r| r.cleanup_required),
+        "session_deleted": match &deleted {
+            Some((at, session)) => json!({"confirmed": true, "at": stamp(*at), "session_id": session}),
+            None => json!({"confirmed": false}),
+        },
+        "compute_stopped": stopped.unwrap_or_else(|| json!({
+            "confirmed": nothing_to_stop,
+            "read_back": if nothing_to_stop { "nothing started" } else { "not confirmed" },
+        })),
+        "executor_credential": if stop_confirmed {
+            "not revoked: shared key; task stopped"
+        } else {
+            "not revoked: shared key; task not confirmed stopped"
+        },
+        "workspace_disposition": "none",
+        "effect_reconciliation": effects,
+    }))
+}
+
+/// Runs `explain`.
+///
+/// # Errors
+/// A malformed or unknown id (usage: naming the kinds tried) or a failed read (access).
+pub async fn run<O: Ops>(
+    ops: &O,
+    args: &ExplainArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<Verdict> {
+    let id = checked_id("the id", &args.id)?;
+    let Some(resolved) = resolve(ops, id).await? else {
+        anyhow::bail!(
+            "nothing matches {id:?} in the {} backend (tried as: {})",
+            ops.backend(),
+            KINDS_TRIED.join(", ")
+        );
+    };
+    let key = resolved.environment.effect_key();
+    let record = ops.registry().get(&key).await?;
+    let audit = ops.audit_entries(&key).await?;
+    let receipts = ops.registry().receipts(&key).await?;
+    // Decisions by time (the audit is oldest first); each receipt right after the decision
+    // whose effect wrote it (its `at` is the decision's start, the receipt's is later),
+    // else by its own time.
+    let mut keyed: Vec<((u64, usize, u8), u64, Value)> = audit
+        .iter()
+        .enumerate()
+        .map(|(n, e)| ((e.at, n, 0), e.at, decision_json(e)))
+        .collect();
+    for r in &receipts {
+        let anchor = audit
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, e)| e.at <= r.at && e.applied.iter().any(|a| wrote(a, &r.kind)));
+        let key = anchor.map_or((r.at, usize::MAX, 1), |(n, e)| (e.at, n, 1));
+        keyed.push((key, r.at, receipt_json(r)));
+    }
+    keyed.sort_by_key(|(key, _, _)| *key);
+    let timeline: Vec<(u64, u8, Value)> = keyed.into_iter().map(|(_, at, v)| (at, 0, v)).collect();
+    let terminal = terminal(record.as_ref(), &audit, &receipts);
+    let mut problems = vec![];
+    if record.as_ref().is_some_and(|r| r.cleanup_required) {
+        problems.push("cleanup required: the close is not finished".to_owned());
+    }
+    if let Some(last) = audit.last()
+        && ["divergent", "reconcile"].contains(&last.outcome.as_str())
+    {
+        problems.push(format!("last decision {}: {}", last.outcome, last.reason));
+    }
+    if args.backend.json {
+        write_json(
+            out,
+            "explain",
+            ops.backend(),
+            json!({
+                "query": id,
+                "resolved_as": resolved.kind,
+                "environment_id": resolved.environment,
+                "effect_key": key,
+                "record": record,
+                "timeline": timeline.iter().map(|(_, _, v)| v.clone()).collect::<Vec<_>>(),
+                "terminal": terminal,
+                "problems": problems,
+            }),
+        )?;
+        return Ok(Verdict::of(&problems));
+    }
+    writeln!(out, "{key} (found as a {} id)", resolved.kind)?;
+    match &record {
+        Some(r) => writeln!(
+            out,
+            "  record: session {}, {:?}, generation {}, instance {}, cleanup_required {}",
+            r.session_id,
+            r.status,
+            r.generation.0,
+            r.instance.as_ref().map_or_else(
+                || "-".to_owned(),
+                |i| format!("{} (g{})", i.instance_id, i.generation.0)
+            ),
+            r.cleanup_required
+        )?,
+        None => writeln!(out, "  record: none")?,
+    }
+    for (at, _, v) in &timeline {
+        if v["kind"] == "decision" {
+            writeln!(
+                out,
+                "  {} {:<22} → {:<13} {}",
+                utc(*at),
+                v["trigger"]["kind"].as_str().unwrap_or("?"),
+                v["outcome"].as_str().unwrap_or("?"),
+                v["reason"].as_str().unwrap_or("")
+            )?;
+            for effect in v["applied"].as_array().into_iter().flatten() {
+                writeln!(out, "      applied {effect}")?;
+            }
+            if let Some(err) = v["error"].as_str() {
+                writeln!(out, "      error   {err}")?;
+            }
+        } else {
+            writeln!(out, "  {} receipt {}", utc(*at), v["receipt"])?;
+        }
+    }
+    if let Some(t) = &terminal {
+        writeln!(out, "  terminal record:")?;
+        let deleted = &t["session_deleted"];
+        writeln!(
+            out,
+            "    session deleted:       {}",
+            if deleted["confirmed"] == true {
+                format!(
+                    "yes, receipt at {}",
+                    deleted["at"]["utc"].as_str().unwrap_or("")
+                )
+            } else {
+                "not confirmed".into()
+            }
+        )?;
+        let stopped = &t["compute_stopped"];
+        writeln!(
+            out,
+            "    compute stopped:       {}",
+            match stopped["at"]["utc"].as_str() {
+                Some(at) => format!(
+                    "yes, {} read back stopped, receipt at {at}",
+                    stopped["instance_id"].as_str().unwrap_or("")
+                ),
+                None => stopped["read_back"].as_str().unwrap_or("").to_owned(),
+            }
+        )?;
+        writeln!(
+            out,
+            "    executor credential:   {}",
+            t["executor_credential"].as_str().unwrap_or("")
+        )?;
+        writeln!(
+            out,
+            "    workspace disposition: {}",
+            t["workspace_disposition"].as_str().unwrap_or("")
+        )?;
+        writeln!(
+            out,
+            "    effect reconciliation: {}",
+            t["effect_reconciliation"].as_str().unwrap_or("")
+        )?;
+    }
+    for p in &problems {
+        writeln!(out, "problem: {p}")?;
+    }
+    Ok(Verdict::of(&problems))
+}

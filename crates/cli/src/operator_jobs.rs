@@ -1,0 +1,393 @@
+//! The operator's write commands. None writes the registry or calls the provider: each
+//! enqueues a job that a worker (the Lambda worker, or `serve`'s worker loops) processes
+//! under the effect-key lock like any other, through the same decision.
+//!
+//! - `close <session> [--wait]`: a `close` job on the events queue (FIFO group = the
+//!   session, so it is ordered with the session's webhook jobs). The worker rejects new
+//!   work for the session (`cleanup_required`), waits out a start in flight, deletes the
+//!   session and stops the compute, each with its receipt (lifecycle row 25). `--wait`
+//!   polls the registry until the record is closed (exit 0) or `--timeout-secs` passes
+//!   (exit 1, printing what is still unconfirmed).
+//! - `sweep`: the sweeper function's fan-out — one read of the registry and the provider,
+//!   one `sweep` job per environment with that evidence, on the timers queue (needs no
+//!   Agents API key); `sweep --dry-run`: the decisions a sweep would take now, nothing enqueued
+//!   (reads the sessions: needs the Agents API key).
+//! - `reset-start-failures <environment>`: a `reset_start_failures` job for an environment
+//!   whose record holds failed starts; the worker clears them under the lock and then
+//!   rechecks (a start follows if the session still needs one).
+
+use crate::backend::{BackendArgs, Ops, QueueKind};
+use crate::no_sessions::NoSessions;
+use crate::report::{Verdict, checked_id, write_json};
+use crate::timestamps::stamp;
+use sandbox_controller::Controller;
+use sandbox_controller::job::Job;
+use sandbox_controller::ports::{Clock, Outgoing, Queue as _, Receipt, Registry as _, SystemClock};
+use sandbox_core::ids::{EnvironmentId, SessionId};
+use sandbox_core::observed::Trigger;
+use sandbox_core::record::RecordStatus;
+use serde_json::{Value, json};
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Arguments of `sandboxctl close`.
+#[derive(Debug, clap::Args)]
+pub struct CloseArgs {
+    /// The session to close.
+    pub session: String,
+    /// Follow the close until both receipts (or the timeout).
+    #[arg(long)]
+    pub wait: bool,
+    /// With `--wait`: give up after this many seconds (exit 1; the close goes on).
+    #[arg(long, default_value_t = 300)]
+    pub timeout_secs: u64,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+}
+
+/// Arguments of `sandboxctl sweep`.
+#[derive(Debug, clap::Args)]
+pub struct SweepArgs {
+    /// Print the decisions a sweep would take now; enqueue nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+}
+
+/// Arguments of `sandboxctl reset-start-failures`.
+#[derive(Debug, clap::Args)]
+pub struct ResetArgs {
+    /// The environment whose failed starts to clear.
+    pub environment: String,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+}
+
+fn job(trigger: Trigger, session: SessionId, env: Option<EnvironmentId>, now: u64) -> Job {
+    Job {
+        handoffs: 0,
+        trigger,
+        session_id: session,
+        environment_id: env,
+        webhook_id: None,
+        enqueued_at: now,
+        swept: None,
+    }
+}
+
+async fn enqueue<O: Ops>(ops: &O, which: QueueKind, job: Job, dedup: String) -> anyhow::Result<()> {
+    ops.queue(which)
+        .send(Outgoing {
+            group: job.group().to_owned(),
+            job,
+            dedup_id: dedup,
+            delay_secs: 0,
+        })
+        .await?;
+    Ok(())
+}
+
+fn receipts_json(receipts: &[Receipt]) -> Vec<Value> {
+    receipts
+        .iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(&r.kind).unwrap_or(Value::Null);
+            if let Some(o) = v.as_object_mut() {
+                o.insert("at".into(), stamp(r.at));
+            }
+            v
+        })
+        .collect()
+}
+
+/// Runs `close`.
+///
+/// # Errors
+/// A malformed session id (usage) or a failed send or read (access).
+pub async fn close<O: Ops>(
+    ops: &O,
+    args: &CloseArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<Verdict> {
+    let session = SessionId::new(checked_id("the session id", &args.session)?);
+    let now = SystemClock.now();
+    let record = ops.registry().find_by_session(&session).await?;
+    let env = record.as_ref().map(|r| r.environment_id.clone());
+    enqueue(
+        ops,
+        QueueKind::Events,
+        job(Trigger::Close, session.clone(), env.clone(), now),
+        format!("close:{session}:{now}"),
+    )
+    .await?;
+    if !args.wait {
+        if args.backend.json {
+            write_json(
+                out,
+                "close",
+                ops.backend(),
+                json!({
+                    "session_id": session, "environment_id": env, "enqueued_at": stamp(now),
+                    "waited": false, "result": null, "problems": [],
+                }),
+            )?;
+        } else {
+            writeln!(
+                out,
+                "close of {session} enqueued; follow it with `sandboxctl explain {session}`"
+            )?;
+        }
+        return Ok(Verdict::Ok);
+    }
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let (closed, record) = loop {
+        let record = ops.registry().find_by_session(&session).await?;
+        let closed = record
+            .as_ref()
+            .is_some_and(|r| r.status == RecordStatus::Closed && !r.cleanup_required);
+        if closed || Instant::now() >= deadline {
+            break (closed, record);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let receipts = match &record {
+        Some(r) => {
+            ops.registry()
+                .receipts(&r.environment_id.effect_key())
+                .await?
+        }
+        None => vec![],
+    };
+    let last_error = match &record {
+        Some(r) => ops
+            .audit_entries(&r.environment_id.effect_key())
+            .await?
+            .into_iter()
+            .rev()
+            .find_map(|e| e.error),
+        None => None,
+    };
+    let mut problems = vec![];
+    if !closed {
+        problems.push(match &record {
+            None => format!("no record for {session} yet: the close job was not processed (is a worker running?)"),
+            Some(r) if r.cleanup_required => format!(
+                "close not finished: cleanup_required is kept{}",
+                last_error.as_ref().map(|e| format!("; last error: {e}")).unwrap_or_default()
+            ),
+            Some(_) => "the close job was not processed yet (is a worker running?)".to_owned(),
+        });
+    }
+    if args.backend.json {
+        write_json(
+            out,
+            "close",
+            ops.backend(),
+            json!({
+                "session_id": session,
+                "environment_id": record.as_ref().map(|r| &r.environment_id),
+                "enqueued_at": stamp(now),
+                "waited": true,
+                "result": {"closed": closed, "receipts": receipts_json(&receipts)},
+                "problems": problems,
+            }),
+        )?;
+    } else {
+        writeln!(
+            out,
+            "close of {session}: {}",
+            if closed { "closed" } else { "NOT finished" }
+        )?;
+        for r in receipts_json(&receipts) {
+            writeln!(
+                out,
+                "  receipt {} at {}",
+                r["kind"].as_str().unwrap_or("?"),
+                r["at"]["utc"].as_str().unwrap_or("")
+            )?;
+        }
+        for p in &problems {
+            writeln!(out, "problem: {p}")?;
+        }
+    }
+    Ok(Verdict::of(&problems))
+}
+
+/// Runs `sweep` and `sweep --dry-run`.
+///
+/// # Errors
+/// A failed read or send (access); for `--dry-run`, a missing Agents API key.
+pub async fn sweep<O: Ops>(
+    ops: &O,
+    args: &SweepArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<Verdict> {
+    let now = SystemClock.now();
+    if args.dry_run {
+        let controller = Controller::new(
+            ops.queue(QueueKind::Events).clone(),
+            ops.queue(QueueKind::Timers).clone(),
+            ops.registry().clone(),
+            ops.compute().clone(),
+            ops.sessions().await?,
+            Arc::new(SystemClock) as Arc<dyn Clock>,
+            ops.config().clone(),
+        );
+        let decisions = controller.sweep_dry_run().await?;
+        let problems: Vec<String> = decisions
+            .iter()
+            .filter(|d| ["divergent", "reconcile"].contains(&d.decision.outcome.as_str()))
+            .map(|d| {
+                format!(
+                    "{}: would decide {} ({})",
+                    d.environment_id, d.decision.outcome, d.decision.reason
+                )
+            })
+            .collect();
+        if args.backend.json {
+            write_json(
+                out,
+                "sweep",
+                ops.backend(),
+                json!({
+                    "dry_run": true,
+                    "at": stamp(now),
+                    "decisions": decisions.iter().map(|d| json!({
+                        "environment_id": d.environment_id,
+                        "session_id": d.session_id,
+                        "outcome": d.decision.outcome.as_str(),
+                        "reason": d.decision.reason.to_string(),
+                        "effects": d.decision.effects,
+                    })).collect::<Vec<_>>(),
+                    "enqueued": 0,
+                    "problems": problems,
+                }),
+            )?;
+        } else {
+            writeln!(
+                out,
+                "dry run: {} environment(s); nothing enqueued, nothing changed",
+                decisions.len()
+            )?;
+            for d in &decisions {
+                writeln!(
+                    out,
+                    "  {:<30} {:<14} {} ({} effect(s))",
+                    d.environment_id.as_str(),
+                    d.decision.outcome.as_str(),
+                    d.decision.reason,
+                    d.decision.effects.len()
+                )?;
+            }
+            for p in &problems {
+                writeln!(out, "problem: {p}")?;
+            }
+        }
+        return Ok(Verdict::of(&problems));
+    }
+    // The sweeper function's own fan-out: one read, one job per environment with its
+    // evidence, on the timers queue, spread over time.
+    let controller = Controller::new(
+        ops.queue(QueueKind::Events).clone(),
+        ops.queue(QueueKind::Timers).clone(),
+        ops.registry().clone(),
+        ops.compute().clone(),
+        NoSessions,
+        Arc::new(SystemClock) as Arc<dyn Clock>,
+        ops.config().clone(),
+    );
+    let report = controller.sweep_fan_out().await?;
+    let problems: Vec<String> = if report.deferred > 0 {
+        vec![format!(
+            "{} sweep job(s) could not be enqueued (the next sweep plans them again)",
+            report.deferred
+        )]
+    } else {
+        vec![]
+    };
+    if args.backend.json {
+        write_json(
+            out,
+            "sweep",
+            ops.backend(),
+            json!({
+                "dry_run": false,
+                "at": stamp(now),
+                "decisions": [],
+                "enqueued": report.enqueued,
+                "environments_examined": report.environments,
+                "settled_skipped": report.settled_skipped,
+                "problems": problems,
+            }),
+        )?;
+    } else {
+        writeln!(
+            out,
+            "{} sweep job(s) enqueued on the timers queue ({} environment(s) examined, {} settled skipped); the worker decides each under its lock",
+            report.enqueued, report.environments, report.settled_skipped
+        )?;
+        for p in &problems {
+            writeln!(out, "problem: {p}")?;
+        }
+    }
+    Ok(Verdict::of(&problems))
+}
+
+/// Runs `reset-start-failures`.
+///
+/// # Errors
+/// A malformed id or an environment without a record (usage), or a failed read or send.
+pub async fn reset_start_failures<O: Ops>(
+    ops: &O,
+    args: &ResetArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<Verdict> {
+    let env = EnvironmentId::new(checked_id("the environment id", &args.environment)?);
+    let Some(record) = ops.registry().get(&env.effect_key()).await? else {
+        anyhow::bail!("no record for environment {env}: nothing to reset");
+    };
+    let now = SystemClock.now();
+    let failures = record
+        .start_failure
+        .as_ref()
+        .map(|f| f.attempts)
+        .unwrap_or(0);
+    if failures > 0 {
+        enqueue(
+            ops,
+            QueueKind::Events,
+            job(
+                Trigger::ResetStartFailures,
+                record.session_id.clone(),
+                Some(env.clone()),
+                now,
+            ),
+            format!("reset-start-failures:{env}:{now}"),
+        )
+        .await?;
+    }
+    if args.backend.json {
+        write_json(
+            out,
+            "reset-start-failures",
+            ops.backend(),
+            json!({
+                "environment_id": env,
+                "session_id": record.session_id,
+                "failed_starts": failures,
+                "enqueued": failures > 0,
+                "problems": [],
+            }),
+        )?;
+    } else if failures > 0 {
+        writeln!(
+            out,
+            "reset of {failures} failed start(s) of {env} enqueued; the worker clears them under the lock, then rechecks"
+        )?;
+    } else {
+        writeln!(out, "{env} has no failed starts: nothing enqueued")?;
+    }
+    Ok(Verdict::Ok)
+}

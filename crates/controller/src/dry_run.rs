@@ -1,0 +1,97 @@
+//! What a sweep would decide, without taking a lock or applying anything
+//! (`sandboxctl sweep --dry-run`).
+//!
+//! The sweep's own plan ([`Controller::plan_sweep`]: one read of the registry and the
+//! provider, one job per environment with its evidence), then, per job, the worker's own
+//! observation (the session, the record, the compute by the job's evidence or by id, and
+//! the environment status and latest turn when they matter) and the same
+//! [`sandbox_core::decide`]; nothing is written, started, stopped or enqueued. Read
+//! without the effect-key lock, an observation may be overtaken by a worker deciding at
+//! the same moment: a dry run says what a sweep would do now, not what one will do.
+
+use crate::job::Job;
+use crate::ports::{Compute, Locked, PortError, Queue, Registry};
+use crate::worker::Controller;
+use sandbox_agents_api::SessionsApi;
+use sandbox_core::decision::{Decision, decide};
+use sandbox_core::ids::{EnvironmentId, SessionId};
+use sandbox_core::observed::{Observed, SessionView};
+
+/// One environment's decision in a dry run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DryRunDecision {
+    /// The environment.
+    pub environment_id: EnvironmentId,
+    /// Its session.
+    pub session_id: SessionId,
+    /// What its sweep job would decide now.
+    pub decision: Decision,
+}
+
+impl<Q, R, C, S> Controller<Q, R, C, S>
+where
+    Q: Queue,
+    R: Registry,
+    C: Compute,
+    S: SessionsApi,
+{
+    /// The decision `job` (about `env`) would get now, observed without the lock and
+    /// applied nowhere.
+    ///
+    /// # Errors
+    /// A [`PortError`] when the record cannot be read (an unreadable provider or session
+    /// is part of the observation: the decision is then `uncertain`, as the worker's).
+    pub async fn decide_only(&self, job: &Job, env: &EnvironmentId) -> Result<Decision, PortError> {
+        let now = self.clock.now();
+        let session = match self.sessions.retrieve_session(&job.session_id).await {
+            Ok(s) => SessionView::Found {
+                session: Box::new(s),
+            },
+            Err(e) if e.is_not_found() => SessionView::Deleted,
+            Err(e) => SessionView::Unavailable {
+                cause: e
+                    .unavailable()
+                    .unwrap_or(sandbox_core::observed::Unavailable::ServerError),
+            },
+        };
+        let locked = Locked {
+            record: self.registry.get(&env.effect_key()).await?,
+            recovered: false,
+        };
+        let inventory = self.inventory(job, env, &locked, now).await;
+        let (environment_status, latest_turn) = self.evidence(job, env, &session, &inventory).await;
+        Ok(decide(&Observed {
+            trigger: job.trigger.clone(),
+            environment_id: env.clone(),
+            session,
+            environment_status,
+            record: locked.record,
+            inventory,
+            latest_turn,
+            filter: self.config.filter.clone(),
+            policy: self.config.policy.clone(),
+            now,
+        }))
+    }
+
+    /// What a sweep would decide for every environment it would examine, now.
+    ///
+    /// # Errors
+    /// As [`Controller::plan_sweep`] (a sweep would not run either), or a record read.
+    pub async fn sweep_dry_run(&self) -> Result<Vec<DryRunDecision>, PortError> {
+        let plan = self.plan_sweep().await?;
+        let mut out = Vec::with_capacity(plan.jobs.len());
+        for job in &plan.jobs {
+            let Some(env) = &job.environment_id else {
+                continue;
+            };
+            let decision = self.decide_only(job, env).await?;
+            out.push(DryRunDecision {
+                environment_id: env.clone(),
+                session_id: job.session_id.clone(),
+                decision,
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,422 @@
+//! The operator's recovery drill on the AWS backend (moto), and the operator's write
+//! commands there: only `sandboxctl --backend aws`, configured with the worker's own
+//! environment variables, is used to look and to act.
+//!
+//! The drill: a worker (the worker function's cold start, `e2e-aws-worker`) is killed
+//! between `RunTask` and the record (`SANDBOX_CRASH_AT=after-compute-start`); the operator
+//! sees the task as an orphan; the worker restarts and adopts the task: it replays the
+//! start with the same idempotency token, which ECS answers with the task the dead worker
+//! started (RunTask `clientToken`; moto ignores it, so the workers reach moto through
+//! [`EcsIdempotencyProxy`], which answers as ECS documents), and records it — still one
+//! task. The operator finds the task by its ARN, sees it recorded, closes the session and
+//! reads two receipts (session deleted; compute stopped, read back) and the terminal record.
+
+use aws_sdk_sqs::Client as SqsClient;
+use sandbox_controller::job::Job;
+use sandbox_controller::ports::{
+    Clock as _, Compute as _, Fence, Outgoing, Queue as _, Registry as _, Release, SystemClock,
+};
+use sandbox_core::compute::ComputeStatus;
+use sandbox_core::ids::{EnvironmentId, InstanceId, SessionId};
+use sandbox_core::observed::Trigger;
+use sandbox_core::record::{Record, StartFailure};
+use sandbox_e2e::aws_stack::{AwsResources, moto_endpoint, unique};
+use sandbox_e2e::ecs_idempotency_proxy::EcsIdempotencyProxy;
+use sandbox_e2e::operator_cli::{CtlOutput, sandboxctl};
+use sandbox_e2e::workspace_binary;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The environment the worker functions get (and so the operator's shell).
+fn worker_env(
+    r: &AwsResources,
+    endpoint: &str,
+    deployment: &str,
+    secret_arn: &str,
+    agents_api: &str,
+) -> Vec<(String, String)> {
+    [
+        ("AWS_ENDPOINT_URL", endpoint.to_owned()),
+        ("AWS_REGION", "us-east-1".into()),
+        ("AWS_ACCESS_KEY_ID", "test".into()),
+        ("AWS_SECRET_ACCESS_KEY", "test".into()),
+        ("EVENTS_QUEUE_URL", r.queues.events_url.clone()),
+        ("TIMERS_QUEUE_URL", r.queues.timers_url.clone()),
+        ("TABLE_NAME", r.table.clone()),
+        ("ECS_CLUSTER", r.ecs.cluster.clone()),
+        ("TASK_DEFINITION", r.ecs.task_definition.clone()),
+        ("CONTAINER_NAME", r.ecs.container_name.clone()),
+        ("SUBNETS", r.ecs.subnets.join(",")),
+        ("SECURITY_GROUPS", r.ecs.security_groups.join(",")),
+        ("DEPLOYMENT_ID", deployment.into()),
+        ("OPENAI_API_KEY_SECRET_ARN", secret_arn.into()),
+        ("AGENTS_API_BASE_URL", agents_api.into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+async fn ctl(args: &[&str], env: &[(String, String)]) -> CtlOutput {
+    let mut all = vec!["--backend", "aws"];
+    all.splice(0..0, args.iter().copied());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    sandboxctl(&all, &env).await
+}
+
+/// Kills the worker processes a failed assertion would leave running.
+struct Workers(Vec<Child>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn worker(env: &[(String, String)], crash: bool) -> Child {
+    let mut cmd = Command::new(workspace_binary("e2e-aws-worker").unwrap());
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("E2E_VISIBILITY_SECS", "2")
+        .env("E2E_LOCK_TTL_SECS", "3")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    if crash {
+        cmd.env("SANDBOX_CRASH_AT", "after-compute-start");
+    }
+    cmd.spawn().unwrap()
+}
+
+async fn api_key_secret(r: &AwsResources) -> String {
+    aws_sdk_secretsmanager::Client::new(&r.sdk)
+        .create_secret()
+        .name(format!("drill-{}", unique()))
+        .secret_string(agents_sim::DEFAULT_API_KEY)
+        .send()
+        .await
+        .unwrap()
+        .arn()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_receipts() {
+    let r = AwsResources::create().await.unwrap();
+    // The submission waits for its executor; give the simulator's input-time connection
+    // deadline a day, so a slow restart (a loaded machine) never turns the session idle
+    // before the drill is over.
+    let sim =
+        agents_sim::spawn(agents_sim::SimConfig::default().with_connect_deadline_secs(86_400.0))
+            .await
+            .unwrap();
+    let client = sim.client();
+    let deployment = format!("drill-{}", unique());
+    let secret = api_key_secret(&r).await;
+    let env = worker_env(&r, &moto_endpoint(), &deployment, &secret, &sim.base_url());
+    let proxy = EcsIdempotencyProxy::start(&moto_endpoint()).await.unwrap();
+    let workers_env = worker_env(&r, &proxy.url, &deployment, &secret, &sim.base_url());
+
+    // A session that needs its executor, and the job the webhook function enqueues for it.
+    let s = client
+        .create_session(agents_sim::SessionEnvironment::self_hosted())
+        .await
+        .unwrap();
+    let environment = s.self_hosted().unwrap().id.as_str().to_owned();
+    let session = s.id.as_str().to_owned();
+    client.submit_message(&session, "go").await.unwrap();
+    r.events()
+        .send(Outgoing {
+            group: session.clone(),
+            dedup_id: "msg_drill".into(),
+            delay_secs: 0,
+            job: Job {
+                handoffs: 0,
+                trigger: Trigger::ConnectionRequested,
+                session_id: SessionId::new(session.as_str()),
+                environment_id: Some(EnvironmentId::new(environment.as_str())),
+                webhook_id: Some("msg_drill".into()),
+                enqueued_at: SystemClock.now(),
+                swept: None,
+            },
+        })
+        .await
+        .unwrap();
+
+    // The worker dies between RunTask and the record.
+    let mut workers = Workers(vec![worker(&workers_env, true)]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = workers.0[0].try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the crash point never fired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!status.success(), "aborted at the crash point: {status:?}");
+
+    // The operator: a task of this deployment runs with no record — an orphan (exit 1).
+    let out = ctl(&["status", "--json"], &env).await;
+    assert_eq!(out.code, 1, "{out:?}");
+    let doc = out.json();
+    assert_eq!(
+        doc["environments"],
+        serde_json::json!([]),
+        "nothing recorded"
+    );
+    let orphans = doc["orphans"].as_array().unwrap();
+    assert_eq!(orphans.len(), 1, "{doc:#}");
+    assert_eq!(orphans[0]["environment_id"], environment.as_str());
+    assert_eq!(orphans[0]["provider_status"], "running");
+    let task = orphans[0]["instance_id"].as_str().unwrap().to_owned();
+    assert!(task.starts_with("arn:aws:ecs:"), "{task}");
+
+    // Restart: the job comes back; the operator finds the task by its ARN, recorded.
+    workers.0.push(worker(&workers_env, false));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let explained = loop {
+        let out = ctl(&["explain", "--json", &task], &env).await;
+        if out.code == 0 {
+            let doc = out.json();
+            if doc["record"]["instance"]["instance_id"] == task.as_str() {
+                break doc;
+            }
+        }
+        assert!(Instant::now() < deadline, "never adopted: {out:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(explained["resolved_as"], "compute");
+    assert_eq!(explained["environment_id"], environment.as_str());
+    assert_eq!(
+        explained["record"]["generation"], 1,
+        "the dead worker's generation"
+    );
+    let recorded: Vec<&serde_json::Value> = explained["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| ["start", "adopt"].contains(&e["outcome"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        recorded.len(),
+        1,
+        "one decision recorded the task: {explained:#}"
+    );
+    assert_eq!(
+        *proxy.replays.lock().unwrap(),
+        1,
+        "the restarted worker's start was the dead worker's RunTask, replayed"
+    );
+    let out = ctl(&["status", "--json"], &env).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let doc = out.json();
+    assert_eq!(doc["orphans"], serde_json::json!([]));
+    assert_eq!(
+        doc["environments"][0]["instance"]["instance_id"],
+        task.as_str()
+    );
+    assert_eq!(
+        doc["environments"][0]["instance"]["provider_status"],
+        "running"
+    );
+    let live: Vec<_> = r
+        .compute()
+        .list(&sandbox_core::ids::DeploymentId::new(deployment.as_str()).unwrap())
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|i| i.status.is_live())
+        .collect();
+    assert_eq!(live.len(), 1, "exactly one task: {live:?}");
+
+    // Close through the worker: two receipts, the terminal record.
+    let out = ctl(
+        &[
+            "close",
+            "--wait",
+            "--timeout-secs",
+            "90",
+            "--json",
+            &session,
+        ],
+        &env,
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let doc = out.json();
+    assert_eq!(doc["result"]["closed"], true);
+    let mut kinds: Vec<String> = doc["result"]["receipts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap().to_owned())
+        .collect();
+    kinds.sort();
+    assert_eq!(kinds, ["compute_stopped", "session_deleted"]);
+    let doc = ctl(&["explain", "--json", &task], &env).await.json();
+    let t = &doc["terminal"];
+    assert_eq!(t["session_deleted"]["confirmed"], true);
+    assert_eq!(t["compute_stopped"]["instance_id"], task.as_str());
+    assert_eq!(t["compute_stopped"]["read_back"], "stopped");
+    assert_eq!(
+        t["executor_credential"],
+        "not revoked: shared key; task stopped"
+    );
+    assert_eq!(t["workspace_disposition"], "none");
+    let text = ctl(&["explain", &session], &env).await;
+    assert_eq!(text.code, 0, "{text:?}");
+    assert!(
+        text.stdout.contains("compute stopped:       yes"),
+        "{}",
+        text.stdout
+    );
+    let stopped = r
+        .compute()
+        .describe(&InstanceId::new(task.as_str()))
+        .await
+        .unwrap();
+    assert_eq!(stopped.map(|i| i.status), Some(ComputeStatus::Stopped));
+    let out = ctl(&["status", "--json"], &env).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.json()["environments"][0]["status"], "closed");
+    drop(workers);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn aws_dead_letters_listed_and_redriven_and_start_failures_reset_through_the_queue() {
+    let r = AwsResources::create().await.unwrap();
+    let env = worker_env(
+        &r,
+        &moto_endpoint(),
+        &format!("ops-{}", unique()),
+        "arn:aws:secretsmanager:us-east-1:123456789012:secret:unused",
+        "http://127.0.0.1:9",
+    );
+    let sqs = SqsClient::new(&r.sdk);
+    let stuck = Job {
+        handoffs: 10,
+        trigger: Trigger::Sweep,
+        session_id: SessionId::new("sess_stuck"),
+        environment_id: Some(EnvironmentId::new("env_stuck")),
+        webhook_id: None,
+        enqueued_at: 1,
+        swept: None,
+    };
+    sqs.send_message()
+        .queue_url(&r.queues.events_dlq_url)
+        .message_body(serde_json::to_string(&stuck).unwrap())
+        .message_group_id("sess_stuck")
+        .message_deduplication_id("stuck-1")
+        .send()
+        .await
+        .unwrap();
+    sqs.send_message()
+        .queue_url(&r.queues.timers_dlq_url)
+        .message_body("not a job")
+        .send()
+        .await
+        .unwrap();
+
+    // Listed (twice: a peek leaves them in place), exit 1.
+    for _ in 0..2 {
+        let out = ctl(&["dlq", "list", "--json"], &env).await;
+        assert_eq!(out.code, 1, "{out:?}");
+        let doc = out.json();
+        assert_eq!(doc["queues"]["events"][0]["job"]["handoffs"], 10);
+        assert_eq!(doc["queues"]["timers"][0]["job"], serde_json::Value::Null);
+    }
+    let out = ctl(&["status", "--json"], &env).await;
+    assert_eq!(out.code, 1, "{out:?}");
+    assert_eq!(
+        out.json()["dead_letters"],
+        serde_json::json!({"events": 1, "timers": 1})
+    );
+
+    // Redriven: the job goes back with its hand-offs reset; the body that is no job stays.
+    let out = ctl(&["dlq", "redrive", "--json"], &env).await;
+    assert_eq!(out.code, 1, "the timers body stays: {out:?}");
+    let doc = out.json();
+    assert_eq!(doc["queues"]["events"]["moved"], 1);
+    assert_eq!(doc["queues"]["timers"]["moved"], 0);
+    assert_eq!(doc["queues"]["timers"]["left"].as_array().unwrap().len(), 1);
+    let back = r.events().receive(10, 30, 1000).await.unwrap();
+    assert_eq!(back.len(), 1);
+    assert_eq!(
+        back[0].job,
+        Job {
+            handoffs: 0,
+            ..stuck
+        }
+    );
+    r.events().ack(&back[0].receipt).await.unwrap();
+    let out = ctl(&["dlq", "list", "--queue", "events", "--json"], &env).await;
+    assert_eq!(out.code, 0, "{out:?}");
+
+    // reset-start-failures: a record holding failed starts gets a reset job on the events
+    // queue; the registry itself is not written by the tool.
+    let registry = r.registry();
+    let environment = EnvironmentId::new(format!("env_failing_{}", unique()));
+    let key = environment.effect_key();
+    let now = SystemClock.now();
+    let locked = registry.lock(&key, "test", now + 30, now).await.unwrap();
+    assert!(locked.is_some());
+    let mut record = Record::new(environment.clone(), SessionId::new("sess_failing"));
+    record.start_failure = Some(StartFailure {
+        attempts: 5,
+        last_failed_at: now,
+        reason: "RESOURCE:ENI".into(),
+    });
+    let fence = Fence {
+        key: key.clone(),
+        owner: "test".into(),
+    };
+    assert!(
+        registry
+            .release(
+                &fence,
+                now,
+                Release {
+                    record: Some((&record, None)),
+                    audit: None,
+                    delivery: None,
+                    clean: true
+                }
+            )
+            .await
+            .unwrap()
+    );
+    let out = ctl(&["status", "--json"], &env).await;
+    assert_eq!(out.code, 1, "at the cap: {out:?}");
+    assert_eq!(
+        out.json()["environments"][0]["start_failure"]["attempts"],
+        5
+    );
+    let out = ctl(
+        &["reset-start-failures", "--json", environment.as_str()],
+        &env,
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.json()["enqueued"], true);
+    let queued = r.events().receive(10, 30, 1000).await.unwrap();
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].job.trigger, Trigger::ResetStartFailures);
+    assert_eq!(queued[0].job.environment_id.as_ref(), Some(&environment));
+    let unchanged = registry.get(&key).await.unwrap().unwrap();
+    assert_eq!(
+        unchanged.start_failure.map(|f| f.attempts),
+        Some(5),
+        "only the worker clears it"
+    );
+    let out = ctl(&["reset-start-failures", "env with spaces"], &env).await;
+    assert_eq!(out.code, 2, "{out:?}");
+    let missing = ctl(&["status"], &env[..4]).await;
+    assert_eq!(missing.code, 2, "{missing:?}");
+    assert!(missing.stderr.contains("EVENTS_QUEUE_URL"), "{missing:?}");
+}

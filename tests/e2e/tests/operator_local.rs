@@ -1,0 +1,250 @@
+//! `sandboxctl` against a running local stack's data directory, as an operator uses it:
+//! every command, `--json` validated against the schema, the exit codes, and the close
+//! taken through the worker (two receipts, the terminal record).
+
+use sandbox_controller::job::Job;
+use sandbox_controller::ports::{Outgoing, Queue as _};
+use sandbox_core::ids::SessionId;
+use sandbox_core::observed::Trigger;
+use sandbox_e2e::operator_cli::sandboxctl;
+use sandbox_e2e::{DEPLOYMENT, Harness, Options};
+use sandbox_local::SqliteRegistry;
+use sandbox_local::embedded::EVENTS_QUEUE;
+use sandbox_local::sqlite_queue::{QueueOptions, SqliteQueue};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operator_command_on_a_running_local_stack() {
+    let h = Harness::start(Options {
+        grace_secs: 600,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let dir = h.dir.path().to_str().unwrap().to_owned();
+    let local = ["--data-dir", dir.as_str(), "--deployment", DEPLOYMENT];
+    let with = |cmd: &[&str]| -> Vec<String> {
+        cmd.iter()
+            .map(|s| (*s).to_owned())
+            .chain(local.iter().map(|s| (*s).to_owned()))
+            .collect()
+    };
+    async fn run(args: Vec<String>, envs: &[(&str, &str)]) -> sandbox_e2e::operator_cli::CtlOutput {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        sandboxctl(&refs, envs).await
+    }
+
+    let s = h
+        .client
+        .create_session(agents_sim::SessionEnvironment::self_hosted())
+        .await
+        .unwrap();
+    let env = s.self_hosted().unwrap().id.as_str().to_owned();
+    let session = s.id.as_str().to_owned();
+    h.client.submit_message(&session, "go").await.unwrap();
+    h.wait_until("executor connected", T, || h.connected(&env))
+        .await
+        .unwrap();
+    let task = h
+        .record(&env)
+        .await
+        .unwrap()
+        .unwrap()
+        .instance
+        .unwrap()
+        .instance_id;
+
+    // status: the environment, its running executor, no problem.
+    let out = run(with(&["status", "--json"]), &[]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let doc = out.json();
+    let e = &doc["environments"][0];
+    assert_eq!(e["environment_id"], env.as_str());
+    assert_eq!(e["instance"]["provider_status"], "running");
+    assert_eq!(e["instance"]["instance_id"], task.as_str());
+    assert!(
+        e["last_decision"]["at"]["utc"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
+    let text = run(with(&["status", "--session", &session]), &[]).await;
+    assert_eq!(text.code, 0, "{text:?}");
+    assert!(text.stdout.contains(&env), "{}", text.stdout);
+    let none = run(with(&["status", "--json", "--status", "closed"]), &[]).await;
+    assert_eq!(none.json()["environments"], serde_json::json!([]));
+
+    // explain by each kind of id resolves to the same environment.
+    for (id, kind) in [
+        (session.as_str(), "session"),
+        (env.as_str(), "environment"),
+        (task.as_str(), "compute"),
+    ] {
+        let out = run(with(&["explain", "--json", id]), &[]).await;
+        assert_eq!(out.code, 0, "{out:?}");
+        let doc = out.json();
+        assert_eq!(doc["resolved_as"], kind);
+        assert_eq!(doc["environment_id"], env.as_str());
+        assert_eq!(doc["timeline"][0]["outcome"], "start");
+        assert!(doc["terminal"].is_null(), "no close yet");
+    }
+    let unknown = run(with(&["explain", "sess_nobody"]), &[]).await;
+    assert_eq!(unknown.code, 2);
+    assert!(
+        unknown
+            .stderr
+            .contains("session id, environment id, compute id"),
+        "{unknown:?}"
+    );
+    let bad = run(with(&["explain", "x y"]), &[]).await;
+    assert_eq!(bad.code, 2, "{bad:?}");
+
+    // sweep --dry-run reads the sessions and changes nothing; sweep enqueues.
+    let base = h.sim.base_url();
+    let keyed = [
+        ("OPENAI_API_KEY", agents_sim::DEFAULT_API_KEY),
+        ("AGENTS_API_BASE_URL", base.as_str()),
+    ];
+    let dry = run(with(&["sweep", "--dry-run", "--json"]), &keyed).await;
+    assert_eq!(dry.code, 0, "{dry:?}");
+    let dry = dry.json();
+    assert_eq!(dry["decisions"][0]["environment_id"], env.as_str());
+    assert_eq!(dry["enqueued"], 0);
+    let no_key = run(with(&["sweep", "--dry-run"]), &[]).await;
+    assert_eq!(no_key.code, 2, "{no_key:?}");
+    assert!(no_key.stderr.contains("OPENAI_API_KEY"));
+    let sweep = run(with(&["sweep", "--json"]), &[]).await;
+    assert_eq!(sweep.code, 0, "{sweep:?}");
+    assert_eq!(sweep.json()["enqueued"], 1);
+
+    // reset-start-failures: nothing to reset here; an unknown environment is a usage error.
+    let reset = run(with(&["reset-start-failures", "--json", &env]), &[]).await;
+    assert_eq!(reset.code, 0, "{reset:?}");
+    assert_eq!(reset.json()["enqueued"], false);
+    let reset = run(with(&["reset-start-failures", "env_nobody"]), &[]).await;
+    assert_eq!(reset.code, 2, "{reset:?}");
+
+    // dlq list: both empty.
+    let dlq = run(with(&["dlq", "list", "--json"]), &[]).await;
+    assert_eq!(dlq.code, 0, "{dlq:?}");
+    assert_eq!(
+        dlq.json()["queues"],
+        serde_json::json!({"events": [], "timers": []})
+    );
+
+    // close --wait: the worker closes it; two receipts; the terminal record.
+    let close = run(
+        with(&[
+            "close",
+            "--wait",
+            "--timeout-secs",
+            "60",
+            "--json",
+            &session,
+        ]),
+        &[],
+    )
+    .await;
+    assert_eq!(close.code, 0, "{close:?}");
+    let close = close.json();
+    assert_eq!(close["result"]["closed"], true);
+    let mut kinds: Vec<&str> = close["result"]["receipts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap())
+        .collect();
+    kinds.sort_unstable();
+    assert_eq!(kinds, ["compute_stopped", "session_deleted"]);
+    let explain = run(with(&["explain", "--json", &session]), &[])
+        .await
+        .json();
+    let t = &explain["terminal"];
+    assert_eq!(t["closed"], true);
+    assert_eq!(t["session_deleted"]["confirmed"], true);
+    assert_eq!(t["compute_stopped"]["read_back"], "stopped");
+    assert_eq!(t["compute_stopped"]["instance_id"], task.as_str());
+    assert_eq!(
+        t["executor_credential"],
+        "not revoked: shared key; task stopped"
+    );
+    assert_eq!(t["workspace_disposition"], "none");
+    assert_eq!(t["effect_reconciliation"], "not_needed");
+    let text = run(with(&["explain", &session]), &[]).await;
+    assert!(text.stdout.contains("terminal record:"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("session deleted:       yes"),
+        "{}",
+        text.stdout
+    );
+    let closed = run(with(&["status", "--json", "--status", "closed"]), &[]).await;
+    assert_eq!(closed.code, 0, "{closed:?}");
+    assert_eq!(closed.json()["environments"][0]["status"], "closed");
+    h.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn dead_letters_are_listed_then_redriven_with_their_hand_offs_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    SqliteRegistry::open(dir.path().join("sandbox.db")).unwrap();
+    let events = SqliteQueue::open(
+        dir.path().join("queues.db"),
+        EVENTS_QUEUE,
+        QueueOptions::fifo().with_max_receive_count(1),
+    )
+    .unwrap();
+    let job = Job {
+        handoffs: 10,
+        trigger: Trigger::Sweep,
+        session_id: SessionId::new("sess_stuck"),
+        environment_id: None,
+        webhook_id: None,
+        enqueued_at: 1,
+        swept: None,
+    };
+    events
+        .send(Outgoing {
+            group: "sess_stuck".into(),
+            dedup_id: "d1".into(),
+            job: job.clone(),
+            delay_secs: 0,
+        })
+        .await
+        .unwrap();
+    // Received once and not acked: the next receive dead-letters it.
+    assert_eq!(events.receive(1, 0, 0).await.unwrap().len(), 1);
+    assert!(events.receive(1, 0, 0).await.unwrap().is_empty());
+    let d = dir.path().to_str().unwrap();
+    let list = sandboxctl(&["dlq", "list", "--json", "--data-dir", d], &[]).await;
+    assert_eq!(list.code, 1, "a dead letter is a problem: {list:?}");
+    let doc = list.json();
+    assert_eq!(doc["queues"]["events"][0]["job"]["handoffs"], 10);
+    assert_eq!(doc["queues"]["timers"], serde_json::json!([]));
+    let status = sandboxctl(&["status", "--json", "--data-dir", d], &[]).await;
+    assert_eq!(status.code, 1, "{status:?}");
+    assert_eq!(status.json()["dead_letters"]["events"], 1);
+    let redrive = sandboxctl(
+        &[
+            "dlq",
+            "redrive",
+            "--queue",
+            "events",
+            "--json",
+            "--data-dir",
+            d,
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(redrive.code, 0, "{redrive:?}");
+    assert_eq!(redrive.json()["queues"]["events"]["moved"], 1);
+    let back = events.receive(1, 30, 0).await.unwrap();
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].job, Job { handoffs: 0, ..job });
+    let list = sandboxctl(&["dlq", "list", "--data-dir", d], &[]).await;
+    assert_eq!(list.code, 0, "{list:?}");
+    let bad = sandboxctl(&["dlq", "list", "--max", "0", "--data-dir", d], &[]).await;
+    assert_eq!(bad.code, 2, "{bad:?}");
+}
