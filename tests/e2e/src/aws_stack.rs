@@ -37,7 +37,7 @@ use sandbox_aws::{DynamoRegistry, EcsCompute, SqsQueue, create_table, load_sdk_c
 use sandbox_controller::ports::{Clock, Compute as _, NO_DEADLINE, PortError, SystemClock};
 use sandbox_controller::{Controller, ControllerConfig, Intake, router};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
-use sandbox_core::ids::{DeploymentId, EnvironmentId, InstanceId};
+use sandbox_core::ids::{DeploymentId, InstanceId};
 use sandbox_core::observed::Policy;
 use sandbox_core::webhook::WebhookVerifier;
 use std::collections::HashMap;

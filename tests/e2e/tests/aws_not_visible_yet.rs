@@ -242,10 +242,12 @@ async fn aws_a_sweep_recheck_while_the_recorded_task_is_not_yet_visible_never_st
     );
     assert_eq!(l.run_tasks(), 1, "the sweep started nothing");
     let swept = l.guard.requests().split_off(before);
+    let td = &l.resources.ecs.task_definition;
+    let family = td.rsplit('/').next().unwrap().split(':').next().unwrap();
     assert_eq!(
         swept[0].body,
-        serde_json::json!({"cluster": l.resources.ecs.cluster, "startedBy": l.c.config.deployment.as_str()}),
-        "the sweep's inventory: ListTasks by startedBy alone"
+        serde_json::json!({"cluster": l.resources.ecs.cluster, "family": family, "desiredStatus": "RUNNING"}),
+        "the sweep's inventory: ListTasks by family and RUNNING"
     );
     assert!(
         swept.iter().any(|r| r.operation == "DescribeTasks"
