@@ -53,7 +53,6 @@ async fn aws_concurrency_200_environments_32_workers_duplicated_jobs_yield_one_t
         // The bridge lists all 200 tasks per tick: once a second keeps it from competing
         // with the workers for moto.
         bridge_every: Duration::from_secs(1),
-        ..AwsOptions::default()
     })
     .await
     .unwrap();
