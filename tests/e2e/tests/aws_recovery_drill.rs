@@ -4,11 +4,11 @@
 //!
 //! The drill: a worker (the worker function's cold start, `e2e-aws-worker`) is killed
 //! between `RunTask` and the record (`SANDBOX_CRASH_AT=after-compute-start`); the operator
-//! sees the task as an orphan; the worker restarts and adopts the task: it replays the
-//! start with the same idempotency token, which ECS answers with the task the dead worker
-//! started (RunTask `clientToken`; moto ignores it, so the workers reach moto through
-//! [`EcsIdempotencyProxy`], which answers as ECS documents), and records it — still one
-//! task. The operator finds the task by its ARN, sees it recorded, closes the session and
+//! sees the task as an orphan; the worker restarts, finds the effect-key lock unclean,
+//! reads that environment's own live tasks (ListTasks by its `startedBy`, one call) and
+//! adopts the task — still one task, no second RunTask (had it started, it would have
+//! replayed the same idempotency token, which ECS answers with the dead worker's task;
+//! the workers reach moto through [`EcsIdempotencyProxy`], which counts such replays). The operator finds the task by its ARN, sees it recorded, closes the session and
 //! reads two receipts (session deleted; compute stopped, read back) and the terminal record.
 
 use aws_sdk_sqs::Client as SqsClient;
@@ -207,10 +207,13 @@ async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_rec
         1,
         "one decision recorded the task: {explained:#}"
     );
+    // The restarted worker found the lock unclean and read the environment's own live
+    // tasks (ListTasks by its startedBy): it adopted the dead worker's task without
+    // sending RunTask again (a start would have replayed the same clientToken).
     assert_eq!(
         *proxy.replays.lock().unwrap(),
-        1,
-        "the restarted worker's start was the dead worker's RunTask, replayed"
+        0,
+        "adopted from the environment's live tasks, no RunTask replayed"
     );
     let out = ctl(&["status", "--json"], &env).await;
     assert_eq!(out.code, 0, "{out:?}");

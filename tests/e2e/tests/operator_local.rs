@@ -6,6 +6,7 @@ use sandbox_controller::job::Job;
 use sandbox_controller::ports::{Outgoing, Queue as _};
 use sandbox_core::ids::SessionId;
 use sandbox_core::observed::Trigger;
+use sandbox_e2e::LifecycleHarness as _;
 use sandbox_e2e::operator_cli::sandboxctl;
 use sandbox_e2e::{DEPLOYMENT, Harness, Options};
 use sandbox_local::SqliteRegistry;
