@@ -209,12 +209,17 @@ async fn every_function_flushes_valid_emf_documents_without_ids_as_dimensions() 
         Some(&Value::from(1))
     );
     assert!(value(&docs, "sweep_duration_seconds", &[]).is_some());
+    // The sweeper fans out: the worker decides the environment's sweep job.
+    let sent = c.timers.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1, "one sweep job on the timers queue");
+    c.process(&sent[0].job).await.unwrap();
+    let worker_docs = flushed_documents();
     assert_eq!(
-        value(&docs, "decisions", &[("outcome", "release")]),
+        value(&worker_docs, "decisions", &[("outcome", "release")]),
         Some(&Value::from(1))
     );
     assert_eq!(
-        value(&docs, "executor_lifetime_seconds", &[]),
+        value(&worker_docs, "executor_lifetime_seconds", &[]),
         Some(&serde_json::json!([3600.0]))
     );
     let units: Vec<&Value> = docs
