@@ -697,10 +697,23 @@ impl Sim {
             let world = self.sessions.get(&env.session);
             // Row 28: after `max_start_attempts` failed starts (TaskFailedToStart) nothing
             // starts until the cooldown or an operator reset: documented, not lost.
+            let policy = &self.sweeper.config.policy;
+            let now = self.clock.now();
+            // A start that failed late in the settle (a task stuck `PROVISIONING` for up to
+            // 30 min, then `TaskFailedToStart`) is still in its backoff at the end: deferred
+            // with a recheck queued, not lost.
+            let recheck_queued = self
+                .events
+                .messages()
+                .iter()
+                .chain(self.timers.messages().iter())
+                .any(|m| m.msg.job.session_id == env.session);
             let start_failing = record.as_ref().is_some_and(|r| {
-                r.start_failure
-                    .as_ref()
-                    .is_some_and(|f| f.attempts >= self.sweeper.config.policy.max_start_attempts)
+                r.start_failure.as_ref().is_some_and(|f| {
+                    f.attempts >= policy.max_start_attempts
+                        || (recheck_queued
+                            && now < f.last_failed_at + policy.start_backoff_secs(f.attempts))
+                })
             });
             let expected = match &world {
                 _ if start_failing => None,
