@@ -309,11 +309,10 @@ impl Demo {
             close.receipts.len()
         ));
 
-        // echo: an executor tagged by this deployment that no record names (a worker died
-        // between the start and the record). It connects to its idle session, so the sweep
-        // adopts it (a connected executor serves its session: never killed as an orphan)
-        // and the idle lease stops it after the grace. Unconnected, it would be released
-        // as an orphan (lifecycle-cases.md row 26).
+        // echo: an executor tagged by this deployment that no record names, for an idle
+        // session, started behind the controller's back (no lock was left unclean, so no
+        // worker looks for it) → the sweep releases it as an orphan (lifecycle-cases.md
+        // row 26).
         let echo = self
             .client
             .create_session(SessionEnvironment::self_hosted())
