@@ -728,7 +728,8 @@ impl Sim {
             {
                 return Err(self.violation(format!(
                     "after the settle, env {e} (session {:?}) has {} live computes, expected \
-                     {n} (something was lost): record {record:?}",
+                     {n} (something was lost; a job of the session queued: {recheck_queued}, \
+                     now {now}): record {record:?}",
                     world.map(|s| (s.status, s.required_actions.len())),
                     live.len()
                 )));
