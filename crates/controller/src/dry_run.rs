@@ -15,7 +15,7 @@ use crate::worker::Controller;
 use sandbox_agents_api::SessionsApi;
 use sandbox_core::decision::{Decision, decide};
 use sandbox_core::ids::{EnvironmentId, SessionId};
-use sandbox_core::observed::{Observed, SessionView};
+use sandbox_core::observed::Observed;
 
 /// One environment's decision in a dry run.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,17 +43,8 @@ where
     /// is part of the observation: the decision is then `uncertain`, as the worker's).
     pub async fn decide_only(&self, job: &Job, env: &EnvironmentId) -> Result<Decision, PortError> {
         let now = self.clock.now();
-        let session = match self.sessions.retrieve_session(&job.session_id).await {
-            Ok(s) => SessionView::Found {
-                session: Box::new(s),
-            },
-            Err(e) if e.is_not_found() => SessionView::Deleted,
-            Err(e) => SessionView::Unavailable {
-                cause: e
-                    .unavailable()
-                    .unwrap_or(sandbox_core::observed::Unavailable::ServerError),
-            },
-        };
+        let session =
+            crate::worker::session_view(self.sessions.retrieve_session(&job.session_id).await);
         let locked = Locked {
             record: self.registry.get(&env.effect_key()).await?,
             recovered: false,

@@ -112,7 +112,10 @@ impl Processed {
     }
 }
 
-fn session_view(result: Result<sandbox_core::session::Session, ApiError>) -> SessionView {
+/// The session as an observation: 404 is deleted, any other error missing evidence.
+pub(crate) fn session_view(
+    result: Result<sandbox_core::session::Session, ApiError>,
+) -> SessionView {
     match result {
         Ok(s) => SessionView::Found {
             session: Box::new(s),
