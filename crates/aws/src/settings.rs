@@ -94,6 +94,21 @@ pub struct EcsSettings {
     pub assign_public_ip: bool,
 }
 
+#[cfg(feature = "ecs")]
+impl EcsSettings {
+    /// The compute adapter's configuration (the same fields).
+    pub fn ecs_config(&self) -> crate::EcsConfig {
+        crate::EcsConfig {
+            cluster: self.cluster.clone(),
+            task_definition: self.task_definition.clone(),
+            container_name: self.container_name.clone(),
+            subnets: self.subnets.clone(),
+            security_groups: self.security_groups.clone(),
+            assign_public_ip: self.assign_public_ip,
+        }
+    }
+}
+
 /// Settings of the worker and sweeper functions.
 #[derive(Clone, Debug)]
 pub struct ControllerSettings {

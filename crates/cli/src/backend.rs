@@ -18,7 +18,7 @@ use anyhow::{Context as _, bail};
 use sandbox_agents_api::{AgentsClient, ClientConfig};
 use sandbox_aws::settings::ControllerSettings;
 use sandbox_aws::sqs_dead_letters;
-use sandbox_aws::{DynamoRegistry, EcsCompute, EcsConfig, SqsQueue, SqsQueueOptions};
+use sandbox_aws::{DynamoRegistry, EcsCompute, SqsQueue, SqsQueueOptions};
 use sandbox_controller::ControllerConfig;
 use sandbox_controller::job::Job;
 use sandbox_controller::ports::{AuditEntry, Compute, PortError, Queue, Registry};
@@ -332,18 +332,7 @@ impl AwsOps {
         let timers = queue(&settings.timers_queue_url, false, &timers_dlq);
         let registry =
             DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&sdk), &settings.table_name);
-        let ecs = &settings.ecs;
-        let compute = EcsCompute::new(
-            aws_sdk_ecs::Client::new(&sdk),
-            EcsConfig {
-                cluster: ecs.cluster.clone(),
-                task_definition: ecs.task_definition.clone(),
-                container_name: ecs.container_name.clone(),
-                subnets: ecs.subnets.clone(),
-                security_groups: ecs.security_groups.clone(),
-                assign_public_ip: ecs.assign_public_ip,
-            },
-        );
+        let compute = EcsCompute::new(aws_sdk_ecs::Client::new(&sdk), settings.ecs.ecs_config());
         Ok(Self {
             secrets: aws_sdk_secretsmanager::Client::new(&sdk),
             settings,

@@ -73,7 +73,7 @@ mod controller_stack {
     use super::{InitError, sqs_queue};
     use crate::settings::ControllerSettings;
     use sandbox_agents_api::{AgentsClient, ClientConfig};
-    use sandbox_aws::{DynamoRegistry, EcsCompute, EcsConfig, SqsQueue};
+    use sandbox_aws::{DynamoRegistry, EcsCompute, SqsQueue};
     use sandbox_controller::Controller;
     use sandbox_controller::ports::SystemClock;
     use std::sync::Arc;
@@ -107,18 +107,7 @@ mod controller_stack {
         let timers = sqs_queue(&sqs, &settings.timers_queue_url, false, None);
         let registry =
             DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&sdk), &settings.table_name);
-        let ecs = &settings.ecs;
-        let compute = EcsCompute::new(
-            aws_sdk_ecs::Client::new(&sdk),
-            EcsConfig {
-                cluster: ecs.cluster.clone(),
-                task_definition: ecs.task_definition.clone(),
-                container_name: ecs.container_name.clone(),
-                subnets: ecs.subnets.clone(),
-                security_groups: ecs.security_groups.clone(),
-                assign_public_ip: ecs.assign_public_ip,
-            },
-        );
+        let compute = EcsCompute::new(aws_sdk_ecs::Client::new(&sdk), settings.ecs.ecs_config());
         Ok(Controller::new(
             events,
             timers,
