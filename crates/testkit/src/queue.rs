@@ -58,8 +58,6 @@ struct Stored {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Bumped by every change (send, receive, ack, retry, dead-letter, redrive).
-    changes: u64,
     messages: Vec<Stored>,
     /// dedup id → retained until (Unix ms).
     dedup: BTreeMap<String, u64>,
@@ -126,18 +124,11 @@ impl TwinQueue {
         self.state().dead_letters.clone()
     }
 
-    /// A counter bumped by every change to the queue: equal values mean nothing
-    /// happened in between.
-    pub fn changes(&self) -> u64 {
-        self.state().changes
-    }
-
     /// Moves every dead letter back to the queue (receive count reset, visible now), as
     /// an SQS DLQ redrive does. Returns how many moved.
     pub fn redrive(&self) -> usize {
         let now = self.clock.now_ms();
         let mut s = self.state();
-        s.changes += 1;
         let dead = std::mem::take(&mut s.dead_letters);
         let n = dead.len();
         for mut view in dead {
@@ -165,7 +156,6 @@ impl TwinQueue {
     /// simulations). Returns how many were removed.
     pub fn lose_where(&self, lose: impl Fn(&StoredMessage) -> bool) -> usize {
         let mut s = self.state();
-        s.changes += 1;
         let before = s.messages.len();
         s.messages.retain(|m| !lose(&m.view));
         before - s.messages.len()
@@ -174,7 +164,6 @@ impl TwinQueue {
     fn take_visible(&self, max: usize, visibility_secs: u32) -> Vec<Received> {
         let now = self.clock.now_ms();
         let mut s = self.state();
-        s.changes += 1;
         let mut out = Vec::new();
         let mut blocked: HashSet<String> = HashSet::new();
         let mut i = 0;
@@ -247,7 +236,6 @@ impl Queue for TwinQueue {
             }
             s.dedup.insert(msg.dedup_id.clone(), now + DEDUP_WINDOW_MS);
         }
-        s.changes += 1;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let visible_at_ms = now + u64::from(msg.delay_secs) * 1_000;
         s.messages.push(Stored {
@@ -283,7 +271,6 @@ impl Queue for TwinQueue {
         // A stale receipt (the message was received again since) deletes nothing and
         // succeeds, as SQS does.
         let mut s = self.state();
-        s.changes += 1;
         s.messages.retain(|m| m.receipt.as_deref() != Some(receipt));
         Ok(())
     }
@@ -298,7 +285,6 @@ impl Queue for TwinQueue {
         {
             Some(m) => {
                 m.view.visible_at_ms = now + u64::from(delay_secs) * 1_000;
-                s.changes += 1;
                 Ok(())
             }
             None => Err(PortError::permanent(
