@@ -14,7 +14,7 @@
 //! |---|---|---|---|
 //! | `decisions` | count | `outcome` (`start`, `adopt`, `divergent`, `reconcile`, `uncertain`, ...) | every decision taken under the lock (worker, sweeper, close) |
 //! | `starts` | count | | a compute start the provider accepted |
-//! | `start_failures` | count | | a start answered without an instance (row 28) |
+//! | `start_failures` | count | | a start answered without an instance, or a started compute that stopped before it ran (ECS `TaskFailedToStart`; row 28) |
 //! | `orphans_released` | count | | a compute without a record, stopped (row 26) |
 //! | `handoffs` | count | | a job handed off to the timers queue |
 //! | `stuck_jobs` | count | | a job past the hand-off cap ([`crate::consume::MAX_HANDOFFS`]) |
@@ -148,6 +148,11 @@ pub fn decision_applied(
                         .record(now.saturating_sub(lease.requested_at) as f64);
                 }
             }
+            // A compute that stopped before it ran (row 28): the start failed after the
+            // provider accepted it.
+            Effect::RecordStartFailure(_) => {
+                metrics::counter!(names::START_FAILURES).increment(1);
+            }
             _ => {}
         }
     }
@@ -188,4 +193,110 @@ pub fn webhook_ignored() {
 /// A delivery rejected; `reason` is one of the fixed names in the module docs.
 pub fn webhook_rejected(reason: &'static str) {
     metrics::counter!(names::WEBHOOK_REJECTED, "reason" => reason).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use sandbox_core::compute::{
+        ComputeInstance, ComputeStatus, InstanceRef, TASK_FAILED_TO_START,
+    };
+    use sandbox_core::decision::decide;
+    use sandbox_core::ids::{Generation, InstanceId};
+    use sandbox_core::observed::{EnvironmentRead, OwnershipFilter, Policy, SessionView, Trigger};
+    use sandbox_core::record::Record;
+    use sandbox_core::session::Session;
+
+    const NOW: u64 = 1_764_400_000;
+
+    /// Counter totals by name (labels summed) of what `f` recorded.
+    fn counters(f: impl FnOnce()) -> std::collections::HashMap<String, u64> {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, f);
+        let mut out = std::collections::HashMap::new();
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            if let DebugValue::Counter(n) = value {
+                *out.entry(key.key().name().to_owned()).or_default() += n;
+            }
+        }
+        out
+    }
+
+    /// The session wants a connection; the record names task-1 (generation 1), which ECS
+    /// now reports `STOPPED` with `stopCode` `status`.
+    fn recorded_task_stopped(stop_code: &str) -> Observed {
+        let session: Session = serde_json::from_str(include_str!(
+            "../../../events/sessions/self_hosted.requires_action.environment_connection.json"
+        ))
+        .expect("events/ fixture parses");
+        let environment_id = session.self_hosted().expect("self_hosted").id.clone();
+        let instance = ComputeInstance {
+            instance_id: InstanceId::new("task-1"),
+            environment_id: environment_id.clone(),
+            session_id: Some(session.id.clone()),
+            generation: Generation(1),
+            status: ComputeStatus::Stopped,
+            started_at: None,
+            stop_code: Some(stop_code.to_owned()),
+        };
+        let mut record = Record::new(environment_id.clone(), session.id.clone());
+        record.generation = Generation(1);
+        record.instance = Some(InstanceRef {
+            instance_id: instance.instance_id.clone(),
+            generation: Generation(1),
+        });
+        record.instance_recorded_at = Some(NOW - 600);
+        record.version = 2;
+        Observed {
+            trigger: Trigger::Sweep,
+            environment_id,
+            session: SessionView::Found {
+                session: Box::new(session),
+            },
+            environment_status: EnvironmentRead::NotRead,
+            record: Some(record),
+            inventory: Inventory::Known {
+                instances: vec![instance],
+            },
+            latest_turn: None,
+            filter: OwnershipFilter::default(),
+            policy: Policy::default(),
+            now: NOW,
+        }
+    }
+
+    fn job(o: &Observed) -> Job {
+        Job {
+            trigger: o.trigger.clone(),
+            session_id: o.record.as_ref().expect("recorded").session_id.clone(),
+            environment_id: Some(o.environment_id.clone()),
+            webhook_id: None,
+            enqueued_at: NOW - 5,
+            handoffs: 0,
+            swept: None,
+        }
+    }
+
+    #[test]
+    fn a_task_that_stopped_before_it_ran_counts_as_a_failed_start() {
+        let o = recorded_task_stopped(TASK_FAILED_TO_START);
+        let d = decide(&o);
+        let seen = counters(|| decision_applied(&job(&o), &o, &d, &d.effects, NOW));
+        assert_eq!(seen.get(names::START_FAILURES), Some(&1), "{d:?}");
+    }
+
+    #[test]
+    fn a_task_that_ran_and_stopped_is_not_a_failed_start() {
+        let o = recorded_task_stopped("EssentialContainerExited");
+        let d = decide(&o);
+        let seen = counters(|| decision_applied(&job(&o), &o, &d, &d.effects, NOW));
+        assert_eq!(seen.get(names::START_FAILURES), None, "{d:?}");
+        assert_eq!(
+            seen.get(names::STARTS),
+            Some(&1),
+            "the next generation starts: {d:?}"
+        );
+    }
 }

@@ -38,8 +38,6 @@ export const WORKER_TIMEOUT_SECS = 120;
 export const QUEUE_VISIBILITY_SECS = 6 * WORKER_TIMEOUT_SECS;
 /** Sweeper period and timeout, seconds. */
 export const SWEEP_PERIOD_SECS = 300;
-/** What the controller logs when RunTask starts no task (crates/controller/src/worker.rs). */
-export const FAILED_START_LOG_MESSAGE = "compute start failed";
 
 /** The three function packages. */
 export interface SandboxLifecycleCode {
@@ -466,20 +464,6 @@ export class SandboxLifecycle extends Construct {
     });
 
     // ------------------------------------------------------------ alarms
-    const namespace = `sandbox-lifecycle/${stack.stackName}`;
-    for (const [name, group] of [
-      ["Worker", workerLogs],
-      ["Sweeper", sweeperLogs],
-    ] as const) {
-      new logs.MetricFilter(this, `${name}FailedStartsMetricFilter`, {
-        logGroup: group,
-        filterPattern: logs.FilterPattern.stringValue("$.message", "=", FAILED_START_LOG_MESSAGE),
-        metricNamespace: namespace,
-        metricName: "FailedStarts",
-        metricValue: "1",
-        unit: cloudwatch.Unit.COUNT,
-      });
-    }
     const topic = props.alarmTopicArn ? sns.Topic.fromTopicArn(this, "AlarmTopic", props.alarmTopicArn) : undefined;
     const alarm = (name: string, description: string, metric: cloudwatch.IMetric, threshold = 1, periods = 1) => {
       const a = new cloudwatch.Alarm(this, name, {
@@ -496,11 +480,6 @@ export class SandboxLifecycle extends Construct {
       return a;
     };
     const fiveMinutes = Duration.minutes(5);
-    alarm(
-      "FailedStartsAlarm",
-      "An executor task failed to start (RunTask answered failures).",
-      new cloudwatch.Metric({ namespace, metricName: "FailedStarts", statistic: "Sum", period: fiveMinutes }),
-    );
     alarm(
       "EventsDeadLetterAlarm",
       "Webhook jobs reached the events dead-letter queue.",
@@ -564,6 +543,11 @@ export class SandboxLifecycle extends Construct {
       "StuckJobsAlarm",
       "A job reached the hand-off cap and is on its way to a dead-letter queue.",
       lifecycle("stuck_jobs"),
+    );
+    alarm(
+      "FailedStartsAlarm",
+      "An executor task failed to start (RunTask answered failures, or the task stopped before it ran).",
+      lifecycle("start_failures"),
     );
 
     // ------------------------------------------------------------ dashboard

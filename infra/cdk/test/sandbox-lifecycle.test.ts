@@ -10,7 +10,6 @@ import assert from "node:assert/strict";
 import * as path from "node:path";
 import { describe, it } from "node:test";
 import {
-  FAILED_START_LOG_MESSAGE,
   QUEUE_VISIBILITY_SECS,
   SandboxLifecycle,
   SandboxLifecycleProps,
@@ -271,14 +270,12 @@ describe("SandboxLifecycle", () => {
     assert.throws(() => synth({ webhookSecretArn: "whsec_abc" }), /full Secrets Manager ARN/);
   });
 
-  it("counts failed starts from the controller's log line in the worker and the sweeper", () => {
-    const filters = Object.values(template.findResources("AWS::Logs::MetricFilter"));
-    assert.equal(filters.length, 2);
-    for (const f of filters) {
-      assert.equal(f.Properties.FilterPattern, `{ $.message = "${FAILED_START_LOG_MESSAGE}" }`);
-      assert.equal(f.Properties.MetricTransformations[0].MetricName, "FailedStarts");
-    }
-    template.hasResourceProperties("AWS::CloudWatch::Alarm", { MetricName: "FailedStarts" });
+  it("alarms on failed starts from the controller's start_failures metric, not a log filter", () => {
+    assert.equal(Object.keys(template.findResources("AWS::Logs::MetricFilter")).length, 0);
+    template.hasResourceProperties("AWS::CloudWatch::Alarm", {
+      Namespace: "SandboxLifecycle",
+      MetricName: "start_failures",
+    });
   });
 
   it("alarms on dead letters and worker errors, notifying the topic when one is given", () => {
@@ -309,6 +306,7 @@ describe("SandboxLifecycle", () => {
       "decisions/reconcile/3",
       "decisions/uncertain/3",
       "orphans_released//1",
+      "start_failures//1",
       "stuck_jobs//1",
     ]);
   });
