@@ -42,11 +42,11 @@ use sandbox_agents_api::{ApiError, PageParams, SessionsApi};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::{Decision, Effect, Outcome, StopReason, StopSpec, decide};
 use sandbox_core::environment::EnvironmentStatus;
+use sandbox_core::evidence::{ConnectionObservation, ToolLayer, TurnDetail, evidence_for};
 use sandbox_core::ids::{EnvironmentId, InstanceId, SessionId};
 use sandbox_core::observed::{
     EnvironmentRead, Inventory, Observed, SessionView, Trigger, TurnEvidence,
 };
-use sandbox_core::evidence::{ConnectionObservation, ToolLayer, TurnDetail, evidence_for};
 use sandbox_core::record::{Record, StartFailure};
 use serde_json::json;
 use std::sync::Arc;
@@ -371,7 +371,13 @@ where
             deferred_error: None,
             retry_after: None,
         };
-        self.keep_mapping(job, &observed, &decision, gathered.detail.as_ref(), &mut act);
+        self.keep_mapping(
+            job,
+            &observed,
+            &decision,
+            gathered.detail.as_ref(),
+            &mut act,
+        );
         self.apply(&decision, &mut act, now).await;
         crate::metrics::decision_applied(job, &observed, &decision, &act.applied, self.clock.now());
         let mut error = act.error.clone().or(act.deferred_error.clone());
@@ -516,7 +522,11 @@ where
             || (job.trigger == Trigger::Idle
                 && status.status() == Some(EnvironmentStatus::Disconnected));
         if wants_items {
-            if let Some(turn) = self.latest_turns(&session.id, 1).await.and_then(|p| p.into_iter().next()) {
+            if let Some(turn) = self
+                .latest_turns(&session.id, 1)
+                .await
+                .and_then(|p| p.into_iter().next())
+            {
                 if let Some((t, detail)) = self.turn_with_items(&session.id, turn).await {
                     gathered.turn = Some(t);
                     gathered.detail = Some(detail);
@@ -549,8 +559,8 @@ where
         record: Option<&Record>,
         now: u64,
     ) -> bool {
-        let idle = session.status == sandbox_core::session::SessionStatus::Idle
-            && !session.is_busy();
+        let idle =
+            session.status == sandbox_core::session::SessionStatus::Idle && !session.is_busy();
         let lease_due = record
             .and_then(|r| r.lease.as_ref())
             .is_some_and(|l| now >= l.due_at);

@@ -7,8 +7,8 @@ mod support;
 use sandbox_core::decision::{Effect, Outcome, Reason, StopReason, StopSpec, decide};
 use sandbox_core::environment::EnvironmentStatus;
 use sandbox_core::evidence::{
-    EffectState, Evidence, EvidenceTrigger, MAX_EVIDENCE, Resolution, SubmissionOutcome,
-    ToolLayer, TurnDetail, TurnLayer, WorkspaceLayer, append, evidence_for,
+    EffectState, Evidence, EvidenceTrigger, MAX_EVIDENCE, Resolution, SubmissionOutcome, ToolLayer,
+    TurnDetail, TurnLayer, WorkspaceLayer, append, evidence_for,
 };
 use sandbox_core::observed::{Trigger, TurnEvidence, Unavailable};
 use sandbox_core::record::Record;
@@ -105,10 +105,16 @@ fn mid_turn_disconnect_decision_records_turn_tool_workspace_and_unknown_effect()
     assert_eq!(e.trigger, EvidenceTrigger::MidTurnDisconnect);
     assert_eq!(e.turn.as_ref().unwrap().id, "turn_9");
     assert_eq!(e.turn.as_ref().unwrap().status, TurnStatus::Completed);
-    assert_eq!(e.tools, detail.tools, "every tool item that is not completed");
+    assert_eq!(
+        e.tools, detail.tools,
+        "every tool item that is not completed"
+    );
     assert_eq!(e.workspace.live_in, Some(iref("task-1", 1)));
     assert_eq!(e.workspace.snapshot, None);
-    assert_eq!(e.workspace.to_string(), "live in task task-1 (generation 1)");
+    assert_eq!(
+        e.workspace.to_string(),
+        "live in task task-1 (generation 1)"
+    );
     assert_eq!(e.effect, EffectState::Unknown);
     assert_eq!(e.observed_at, NOW);
     assert!(e.is_open() && e.holds_files());
@@ -130,7 +136,11 @@ fn idle_while_a_mid_turn_reconciliation_is_open_holds_the_compute_without_a_leas
         }
     );
     assert!(d.effects.is_empty(), "no lease: {:?}", d.effects);
-    assert_eq!(evidence_for(&o, &d, None, true), None, "held is not a new question");
+    assert_eq!(
+        evidence_for(&o, &d, None, true),
+        None,
+        "held is not a new question"
+    );
 }
 
 #[test]
@@ -344,7 +354,10 @@ fn a_resolution_must_say_what_the_owner_found() {
         assert_eq!(EffectState::parse_resolution(ok).unwrap().as_str(), ok);
     }
     let err = EffectState::parse_resolution("unknown").unwrap_err();
-    assert!(err.contains("observed, compensated, not_needed, abandoned"), "{err}");
+    assert!(
+        err.contains("observed, compensated, not_needed, abandoned"),
+        "{err}"
+    );
 }
 
 #[test]
