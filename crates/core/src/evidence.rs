@@ -303,9 +303,6 @@ pub fn evidence_for(
         (_, Reason::HeldForOwner { .. }) => return None,
         (Outcome::Reconcile, _) => EvidenceTrigger::Divergent,
         (Outcome::Divergent, _) => EvidenceTrigger::Divergent,
-        (Outcome::Uncertain, Reason::SubmissionOutcomeUnknown) if retried => {
-            EvidenceTrigger::Uncertain
-        }
         (Outcome::Uncertain, _) if retried => EvidenceTrigger::Uncertain,
         _ => return None,
     };
@@ -367,7 +364,14 @@ fn workspace_of(o: &Observed) -> WorkspaceLayer {
 /// Appends `entry` to `list` unless the same question is already recorded; keeps at most
 /// [`MAX_EVIDENCE`] entries (open ones are never dropped). Returns whether `list` changed.
 pub fn append(list: &mut Vec<Evidence>, entry: Evidence) -> bool {
-    if list.iter().any(|e| e.same_question(&entry)) {
+    if let Some(known) = list.iter_mut().find(|e| e.same_question(&entry)) {
+        // An application asking again about a timed-out submission gets a fresh answer
+        // time; other questions are recorded once (a sweep re-deciding writes nothing).
+        if entry.trigger == EvidenceTrigger::InputTimedOut && known.observed_at < entry.observed_at
+        {
+            known.observed_at = entry.observed_at;
+            return true;
+        }
         return false;
     }
     list.push(entry);
