@@ -526,11 +526,10 @@ where
                 .latest_turns(&session.id, 1)
                 .await
                 .and_then(|p| p.into_iter().next())
+                && let Some((t, detail)) = self.turn_with_items(&session.id, turn).await
             {
-                if let Some((t, detail)) = self.turn_with_items(&session.id, turn).await {
-                    gathered.turn = Some(t);
-                    gathered.detail = Some(detail);
-                }
+                gathered.turn = Some(t);
+                gathered.detail = Some(detail);
             }
         } else if self.may_stop(job, session, active, record, now)
             && let Some(turn) = self
