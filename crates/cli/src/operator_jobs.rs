@@ -426,6 +426,16 @@ pub struct ResolveArgs {
     pub backend: BackendArgs,
 }
 
+/// The wall clock in nanoseconds: a de-duplication id per request, so two reports (or
+/// resolutions) sent within one second are two messages, not one dropped as a duplicate by
+/// the FIFO queue's five-minute de-duplication window.
+fn request_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default()
+}
+
 /// The record of a session or environment id: the session's record, else the
 /// environment's.
 async fn record_of<O: Ops>(ops: &O, id: &str) -> anyhow::Result<Option<Record>> {
@@ -495,7 +505,7 @@ pub async fn resolve<O: Ops>(
                 Some(env.clone()),
                 now,
             ),
-            format!("resolve:{env}:{now}"),
+            format!("resolve:{env}:{}", request_nanos()),
         )
         .await?;
     }
@@ -621,7 +631,7 @@ pub async fn report_timeout<O: Ops>(
             Some(env.clone()),
             now,
         ),
-        format!("timeout:{session}:{now}"),
+        format!("timeout:{session}:{}", request_nanos()),
     )
     .await?;
     let mut problems = vec![];
