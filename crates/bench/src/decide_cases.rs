@@ -56,6 +56,7 @@ fn observed(trigger: Trigger, session: Session, running: bool) -> Observed {
         filter: OwnershipFilter::default(),
         policy: Policy::default(),
         now: NOW,
+        turn_not_found: false,
     }
 }
 

@@ -502,6 +502,9 @@ fn describe_effect(v: &serde_json::Value) -> String {
         Ok(Effect::ClearStartFailure) => "failed starts reset".into(),
         Ok(Effect::NoteConnectionRequest { .. }) => "connection requested".into(),
         Ok(Effect::ClearConnectionRequest) => "connection no longer requested".into(),
+        Ok(Effect::ResolveReconciliation(r)) => {
+            format!("reconciliation resolved ({})", r.effect.as_str())
+        }
         Err(_) => v.to_string(),
     }
 }

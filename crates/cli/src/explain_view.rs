@@ -163,7 +163,19 @@ fn terminal(record: Option<&Record>, audit: &[AuditEntry], receipts: &[Receipt])
     let unknown = audit.iter().rposition(|e| {
         e.outcome == "uncertain" && e.trigger.get("kind") == Some(&json!("input_timed_out"))
     });
+    // The record's evidence says it best: an open question is `unknown`, the latest
+    // resolution says what the owner found.
+    let from_record = record.and_then(|r| {
+        if r.open_evidence().next().is_some() {
+            return Some("unknown");
+        }
+        r.evidence
+            .iter()
+            .rev()
+            .find_map(|e| e.resolution.as_ref().map(|x| x.effect.as_str()))
+    });
     let effects = match (reconcile, unknown) {
+        _ if from_record.is_some() => from_record.unwrap_or_default(),
         (Some(r), Some(u)) if u > r => "unknown",
         (None, Some(_)) => "unknown",
         (Some(_), _) => "observed",
@@ -240,6 +252,9 @@ pub async fn run<O: Ops>(
     {
         problems.push(format!("last decision {}: {}", last.outcome, last.reason));
     }
+    if let Some(p) = record.as_ref().and_then(crate::evidence_view::problem) {
+        problems.push(p);
+    }
     if args.backend.json {
         write_json(
             out,
@@ -253,6 +268,8 @@ pub async fn run<O: Ops>(
                 "record": record,
                 "timeline": timeline.iter().map(|(_, _, v)| v.clone()).collect::<Vec<_>>(),
                 "terminal": terminal,
+                "reconciliation": record.as_ref().map_or_else(Vec::new, |r| r.evidence.iter().map(crate::evidence_view::entry_json).collect()),
+                "connection": record.as_ref().map_or(Value::Null, crate::evidence_view::connection_json),
                 "problems": problems,
             }),
         )?;
@@ -273,6 +290,15 @@ pub async fn run<O: Ops>(
             r.cleanup_required
         )?,
         None => writeln!(out, "  record: none")?,
+    }
+    if let Some(r) = &record {
+        if let Some(c) = r.connection {
+            writeln!(out, "  connection: {:?} since {}", c.status, utc(c.since))?;
+        }
+        if let Some(id) = &r.last_reconciled_event_id {
+            writeln!(out, "  last reconciled event: {id}")?;
+        }
+        crate::evidence_view::write_text(out, &r.evidence)?;
     }
     for (at, _, v) in &timeline {
         if v["kind"] == "decision" {

@@ -8,7 +8,8 @@
 //! - `demo`: the whole pipeline against the Agents API simulator (what `make run` runs);
 //! - operating a deployment, on either backend (`--backend local|aws`, [`backend`]):
 //!   `status`, `explain <id>` (read), `close <session> [--wait]`, `sweep [--dry-run]`,
-//!   `dlq list|redrive`, `reset-start-failures <environment>` (write: each enqueues a job
+//!   `dlq list|redrive`, `reset-start-failures <environment>`, `resolve <id> --effect ...`,
+//!   `report-timeout <session>` (write: each enqueues a job
 //!   the worker decides under the effect-key lock). `--json` prints one document of the
 //!   schema in `crates/cli/sandboxctl.schema.json`.
 //!
@@ -25,6 +26,7 @@ mod backend;
 mod dead_letters_cmd;
 mod decode_object;
 mod demo;
+mod evidence_view;
 mod explain_view;
 mod no_sessions;
 mod operator_jobs;
@@ -80,6 +82,12 @@ enum Command {
     Dlq(dead_letters_cmd::DlqCommand),
     /// Enqueue the reset of an environment's failed-start count.
     ResetStartFailures(operator_jobs::ResetArgs),
+    /// Close an environment's open reconciliation with what the owner found (the idle stop
+    /// of a held compute may then proceed).
+    Resolve(operator_jobs::ResolveArgs),
+    /// Ask what became of an input submission that timed out: the worker records
+    /// still_running, completed, failed or not_found; nothing is resubmitted.
+    ReportTimeout(operator_jobs::ReportTimeoutArgs),
 }
 
 /// Runs `$body` (an async expression over `$ops`) on the backend `$args` select.
@@ -162,6 +170,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ))
             });
         }
+        Command::Resolve(args) => {
+            return operate(async move {
+                with_ops!(&args.backend, |ops| operator_jobs::resolve(
+                    &ops,
+                    &args,
+                    &mut io::stdout().lock()
+                ))
+            });
+        }
+        Command::ReportTimeout(args) => {
+            return operate(async move {
+                with_ops!(&args.backend, |ops| operator_jobs::report_timeout(
+                    &ops,
+                    &args,
+                    &mut io::stdout().lock()
+                ))
+            });
+        }
         Command::Dlq(cmd) => {
             return operate(async move {
                 with_ops!(cmd.backend(), |ops| dead_letters_cmd::run(
@@ -188,7 +214,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         | Command::Close(_)
         | Command::Sweep(_)
         | Command::Dlq(_)
-        | Command::ResetStartFailures(_) => {
+        | Command::ResetStartFailures(_)
+        | Command::Resolve(_)
+        | Command::ReportTimeout(_) => {
             unreachable!("async commands are handled above")
         }
     };

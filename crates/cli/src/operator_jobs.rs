@@ -15,6 +15,14 @@
 //! - `reset-start-failures <environment>`: a `reset_start_failures` job for an environment
 //!   whose record holds failed starts; the worker clears them under the lock and then
 //!   rechecks (a start follows if the session still needs one).
+//! - `resolve <session|environment> --effect observed|compensated|not_needed|abandoned
+//!   [--note TEXT] [--wait]`: a `resolve` job; the worker closes the open reconciliation
+//!   under the lock (who, when, what), then rechecks: only then may the idle stop of a
+//!   held compute proceed (issue 15).
+//! - `report-timeout <session> [--turn ID] [--submitted-at UNIX] [--wait]`: a
+//!   `timeout_reported` job (the same message an application can put on the events queue,
+//!   `events/jobs/`); the worker records what became of the submission — `still_running`,
+//!   `completed` (with tool outcomes), `failed` or `not_found` — and never resubmits.
 
 use crate::backend::{BackendArgs, Ops, QueueKind};
 use crate::no_sessions::NoSessions;
@@ -23,9 +31,10 @@ use crate::timestamps::stamp;
 use sandbox_controller::Controller;
 use sandbox_controller::job::Job;
 use sandbox_controller::ports::{Clock, Outgoing, Queue as _, Receipt, Registry as _, SystemClock};
+use sandbox_core::evidence::{EffectState, Evidence, EvidenceTrigger, Resolution};
 use sandbox_core::ids::{EnvironmentId, SessionId};
 use sandbox_core::observed::Trigger;
-use sandbox_core::record::RecordStatus;
+use sandbox_core::record::{Record, RecordStatus};
 use serde_json::{Value, json};
 use std::io::Write;
 use std::sync::Arc;
@@ -390,4 +399,305 @@ pub async fn reset_start_failures<O: Ops>(
         writeln!(out, "{env} has no failed starts: nothing enqueued")?;
     }
     Ok(Verdict::Ok)
+}
+
+/// Arguments of `sandboxctl resolve`.
+#[derive(Debug, clap::Args)]
+pub struct ResolveArgs {
+    /// The session or environment whose open reconciliation to close.
+    pub id: String,
+    /// What the owner found about the business effect: observed, compensated,
+    /// not_needed or abandoned.
+    #[arg(long)]
+    pub effect: String,
+    /// A free-text note kept with the resolution (at most 1,000 characters).
+    #[arg(long)]
+    pub note: Option<String>,
+    /// Who resolves it (default: the `USER` environment variable).
+    #[arg(long)]
+    pub by: Option<String>,
+    /// Follow the resolution until the worker recorded it (or the timeout).
+    #[arg(long)]
+    pub wait: bool,
+    /// With `--wait`: give up after this many seconds (exit 1; the job stays queued).
+    #[arg(long, default_value_t = 60)]
+    pub timeout_secs: u64,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+}
+
+/// The wall clock in nanoseconds: a de-duplication id per request, so two reports (or
+/// resolutions) sent within one second are two messages, not one dropped as a duplicate by
+/// the FIFO queue's five-minute de-duplication window.
+fn request_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default()
+}
+
+/// The record of a session or environment id: the session's record, else the
+/// environment's.
+async fn record_of<O: Ops>(ops: &O, id: &str) -> anyhow::Result<Option<Record>> {
+    if let Some(r) = ops.registry().find_by_session(&SessionId::new(id)).await? {
+        return Ok(Some(r));
+    }
+    Ok(ops
+        .registry()
+        .get(&EnvironmentId::new(id).effect_key())
+        .await?)
+}
+
+/// Checks a free-text value given on the command line: at most `max` characters, no
+/// control character.
+fn checked_text(what: &str, s: &str, max: usize) -> anyhow::Result<String> {
+    anyhow::ensure!(
+        !s.is_empty() && s.chars().count() <= max && !s.chars().any(char::is_control),
+        "{what} must be 1 to {max} characters without control characters"
+    );
+    Ok(s.to_owned())
+}
+
+/// Runs `resolve`: enqueues a `resolve` job on the events queue (the session's FIFO group);
+/// the worker closes the open reconciliation under the effect-key lock, recording who,
+/// when and what, then rechecks (an idle stop follows the usual grace).
+///
+/// # Errors
+/// A malformed id, effect, note or name, an id with no record, or a failed read or send.
+pub async fn resolve<O: Ops>(
+    ops: &O,
+    args: &ResolveArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<Verdict> {
+    let id = checked_id("the session or environment id", &args.id)?;
+    let effect = EffectState::parse_resolution(&args.effect).map_err(anyhow::Error::msg)?;
+    let note = args
+        .note
+        .as_deref()
+        .map(|n| checked_text("--note", n, 1_000))
+        .transpose()?;
+    let by = match &args.by {
+        Some(b) => checked_text("--by", b, 128)?,
+        None => std::env::var("USER")
+            .ok()
+            .and_then(|u| checked_text("USER", &u, 128).ok())
+            .unwrap_or_else(|| "unknown".to_owned()),
+    };
+    let Some(record) = record_of(ops, id).await? else {
+        anyhow::bail!("no record for {id:?} (tried as a session id and an environment id)");
+    };
+    let env = record.environment_id.clone();
+    let open = record.open_evidence().count();
+    let now = SystemClock.now();
+    if open > 0 {
+        let resolution = Resolution {
+            effect,
+            by: by.clone(),
+            at: now,
+            note: note.clone(),
+        };
+        enqueue(
+            ops,
+            QueueKind::Events,
+            job(
+                Trigger::Resolve { resolution },
+                record.session_id.clone(),
+                Some(env.clone()),
+                now,
+            ),
+            format!("resolve:{env}:{}", request_nanos()),
+        )
+        .await?;
+    }
+    let mut problems = vec![];
+    let mut resolved = None;
+    if open > 0 && args.wait {
+        let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+        loop {
+            let r = ops.registry().get(&env.effect_key()).await?;
+            if let Some(r) = r.filter(|r| r.open_evidence().next().is_none()) {
+                resolved = Some(r);
+                break;
+            }
+            if Instant::now() >= deadline {
+                problems.push(format!(
+                    "the resolve job was not processed within {} s (is a worker running?)",
+                    args.timeout_secs
+                ));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    if args.backend.json {
+        write_json(
+            out,
+            "resolve",
+            ops.backend(),
+            json!({
+                "environment_id": env,
+                "session_id": record.session_id,
+                "open": open,
+                "effect": effect.as_str(),
+                "by": by,
+                "note": note,
+                "enqueued": open > 0,
+                "waited": args.wait && open > 0,
+                "resolved": resolved.is_some(),
+                "problems": problems,
+            }),
+        )?;
+    } else if open == 0 {
+        writeln!(out, "{env} has no open reconciliation: nothing enqueued")?;
+    } else {
+        writeln!(
+            out,
+            "resolve of {open} open reconciliation(s) of {env} as {} by {by} enqueued{}",
+            effect.as_str(),
+            if resolved.is_some() {
+                "; recorded by the worker, the idle stop may proceed"
+            } else {
+                "; the worker records it under the lock, then rechecks"
+            }
+        )?;
+        for p in &problems {
+            writeln!(out, "problem: {p}")?;
+        }
+    }
+    Ok(Verdict::of(&problems))
+}
+
+/// Arguments of `sandboxctl report-timeout`.
+#[derive(Debug, clap::Args)]
+pub struct ReportTimeoutArgs {
+    /// The session the input was submitted to.
+    pub session: String,
+    /// The submission's turn id, if the application knows it.
+    #[arg(long)]
+    pub turn: Option<String>,
+    /// When the input was submitted, Unix seconds (default: 300 s ago, the longest the
+    /// API waits for an input-time connection): without `--turn`, the first turn created
+    /// at or after this is the submission's.
+    #[arg(long)]
+    pub submitted_at: Option<u64>,
+    /// Follow the report until the worker recorded the outcome (or the timeout).
+    #[arg(long)]
+    pub wait: bool,
+    /// With `--wait`: give up after this many seconds (exit 1; the job stays queued).
+    #[arg(long, default_value_t = 60)]
+    pub timeout_secs: u64,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+}
+
+/// Runs `report-timeout`: enqueues the `timeout_reported` job an application can also put
+/// on the events queue itself (`events/jobs/`); the worker reads the session, its turns and
+/// the turn's items and records one of `still_running`, `completed` (with the tool
+/// outcomes), `failed`, `not_found` on the environment's record. Nothing is resubmitted.
+///
+/// # Errors
+/// A malformed id, a session with no record, or a failed read or send.
+pub async fn report_timeout<O: Ops>(
+    ops: &O,
+    args: &ReportTimeoutArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<Verdict> {
+    let session = SessionId::new(checked_id("the session id", &args.session)?);
+    let turn_id = args
+        .turn
+        .as_deref()
+        .map(|t| checked_id("--turn", t).map(str::to_owned))
+        .transpose()?;
+    let now = SystemClock.now();
+    let submitted_at = args.submitted_at.unwrap_or(now.saturating_sub(300));
+    anyhow::ensure!(
+        submitted_at <= now + 60,
+        "--submitted-at {submitted_at} is in the future"
+    );
+    let Some(record) = ops.registry().find_by_session(&session).await? else {
+        anyhow::bail!("no record for session {session}: this deployment never ran compute for it");
+    };
+    let env = record.environment_id.clone();
+    let already = record.evidence.len();
+    enqueue(
+        ops,
+        QueueKind::Events,
+        job(
+            Trigger::TimeoutReported {
+                turn_id: turn_id.clone(),
+                submitted_at,
+            },
+            session.clone(),
+            Some(env.clone()),
+            now,
+        ),
+        format!("timeout:{session}:{}", request_nanos()),
+    )
+    .await?;
+    let mut problems = vec![];
+    let mut outcome: Option<Evidence> = None;
+    if args.wait {
+        let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+        loop {
+            let r = ops.registry().get(&env.effect_key()).await?;
+            outcome = r.and_then(|r| {
+                r.evidence.into_iter().rev().find(|e| {
+                    e.trigger == EvidenceTrigger::InputTimedOut
+                        && e.observed_at >= now
+                        && (turn_id.is_none()
+                            || e.turn.as_ref().map(|t| &t.id) == turn_id.as_ref()
+                            || e.turn.is_none())
+                })
+            });
+            if outcome.is_some() {
+                break;
+            }
+            // An identical earlier answer is not recorded twice: the same question.
+            if Instant::now() >= deadline {
+                problems.push(format!(
+                    "no outcome recorded within {} s (is a worker running? an identical earlier report is not recorded again: {already} entry(ies) on the record)",
+                    args.timeout_secs
+                ));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    if args.backend.json {
+        write_json(
+            out,
+            "report-timeout",
+            ops.backend(),
+            json!({
+                "session_id": session,
+                "environment_id": env,
+                "turn_id": turn_id,
+                "submitted_at": stamp(submitted_at),
+                "enqueued_at": stamp(now),
+                "waited": args.wait,
+                "outcome": outcome.as_ref().and_then(|e| e.submission.map(|s| s.as_str())),
+                "evidence": outcome.as_ref().map(crate::evidence_view::entry_json),
+                "problems": problems,
+            }),
+        )?;
+    } else {
+        match &outcome {
+            Some(e) => {
+                writeln!(
+                    out,
+                    "timed-out submission to {session}: {} (nothing resubmitted)",
+                    e.submission.map_or("?", |s| s.as_str())
+                )?;
+                crate::evidence_view::write_text(out, std::slice::from_ref(e))?;
+            }
+            None => writeln!(
+                out,
+                "report of the timed-out submission to {session} enqueued; the worker records the outcome on {env}'s record (`sandboxctl explain {session}`)"
+            )?,
+        }
+        for p in &problems {
+            writeln!(out, "problem: {p}")?;
+        }
+    }
+    Ok(Verdict::of(&problems))
 }

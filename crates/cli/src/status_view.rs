@@ -127,6 +127,7 @@ async fn environment<O: Ops>(
             f.attempts
         ));
     }
+    problems.extend(crate::evidence_view::problem(r));
     let audit = ops.audit_entries(&r.environment_id.effect_key()).await?;
     let last = audit.last().map(|e| {
         let deferred = e.error.is_some() || DEFERRING_OUTCOMES.contains(&e.outcome.as_str());
@@ -160,6 +161,12 @@ async fn environment<O: Ops>(
             "reason": f.reason,
         })),
         "last_decision": last,
+        "reconciliation": {
+            "open": r.open_evidence().count(),
+            "holds_compute": r.holding_evidence().is_some(),
+            "latest": r.evidence.last().map(crate::evidence_view::entry_json),
+        },
+        "connection": crate::evidence_view::connection_json(r),
         "problems": problems,
     });
     Ok((body, problems))
@@ -282,6 +289,16 @@ pub async fn run<O: Ops>(
                     "{} failed start(s): {}",
                     f["attempts"],
                     f["reason"].as_str().unwrap_or("")
+                ));
+            }
+            if let Some(n) = e["reconciliation"]["open"].as_u64().filter(|n| *n > 0) {
+                notes.push(format!(
+                    "{n} open reconciliation(s){}",
+                    if e["reconciliation"]["holds_compute"] == true {
+                        ", compute held"
+                    } else {
+                        ""
+                    }
                 ));
             }
             if let Some(d) = e["last_decision"].as_object() {

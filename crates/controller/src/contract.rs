@@ -540,6 +540,7 @@ fn fence(key: &EffectKey, owner: &str) -> Fence {
 /// next take is `recovered`; a remembered delivery is seen until it expires and then reads
 /// as absent; audit entries append; receipts list per key, oldest first.
 pub async fn registry_contract<R: Registry>(r: &R) {
+    registry_evidence_contract(r).await;
     let run = unique();
     let now = SystemClock.now();
     let env = EnvironmentId::new(format!("env_ct_{run}"));
@@ -1387,4 +1388,132 @@ pub async fn compute_idempotency_contract<C: Compute>(c: &C, deployment: &Deploy
     );
     stop_and_confirm(c, &first.instance_id).await;
     stop_and_confirm(c, &second.instance_id).await;
+}
+
+/// Issue 15, part of [`registry_contract`]: the reconciliation evidence and the mapping
+/// fields (connection state, last reconciled event id) are stored and read back exactly,
+/// through a fenced `put`, through the atomic `release`, by `get`, `find_by_session` and
+/// `list`; a resolution written under the lock replaces the open entry.
+pub async fn registry_evidence_contract<R: Registry>(r: &R) {
+    use sandbox_core::environment::EnvironmentStatus;
+    use sandbox_core::evidence::{
+        ConnectionObservation, EffectState, Evidence, EvidenceTrigger, Resolution, ToolLayer,
+        TurnLayer, WorkspaceLayer,
+    };
+    use sandbox_core::turn::{ItemStatus, TurnStatus};
+    let rule = "record-keeps-evidence";
+    let run = unique();
+    let now = SystemClock.now();
+    let env = EnvironmentId::new(format!("env_ev_{run}"));
+    let session = SessionId::new(format!("sess_ev_{run}"));
+    let key = env.effect_key();
+    let owner = format!("owner-ev-{run}");
+    let f = fence(&key, &owner);
+    assert!(take(r, &key, &owner, now + 600, now).await.is_some());
+    let task = InstanceRef {
+        instance_id: InstanceId::new(format!("inst_ev_{run}")),
+        generation: Generation(2),
+    };
+    let mut record = Record::new(env.clone(), session.clone());
+    record.generation = Generation(2);
+    record.instance = Some(task.clone());
+    record.evidence = vec![Evidence {
+        trigger: EvidenceTrigger::MidTurnDisconnect,
+        reason: "turn turn_ev completed with 1 broken tool item(s) after a disconnect".into(),
+        turn: Some(TurnLayer {
+            id: format!("turn_ev_{run}"),
+            status: TurnStatus::Completed,
+            error: Some("{\"code\":\"x\"}".into()),
+        }),
+        tools: vec![ToolLayer {
+            id: "item_ev".into(),
+            kind: "command_execution".into(),
+            status: ItemStatus::Incomplete,
+        }],
+        workspace: WorkspaceLayer {
+            generation: Generation(2),
+            live_in: Some(task),
+            snapshot: None,
+        },
+        effect: EffectState::Unknown,
+        submission: None,
+        observed_at: now,
+        resolution: None,
+    }];
+    record.connection = Some(ConnectionObservation {
+        status: EnvironmentStatus::Disconnected,
+        since: now - 5,
+        read_at: now,
+    });
+    record.last_reconciled_event_id = Some(format!("msg_ev_{run}"));
+    assert_eq!(
+        fenced_put(r, &f, now, &record, None, rule).await,
+        Write::Written(1),
+        "registry contract [{rule}]: create"
+    );
+    let mut expected = record.clone();
+    expected.version = 1;
+    let got = r
+        .get(&key)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert_eq!(
+        got.as_ref(),
+        Some(&expected),
+        "registry contract [{rule}]: get returns the evidence and mapping fields exactly"
+    );
+    let by_session = r
+        .find_by_session(&session)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert_eq!(
+        by_session.as_ref(),
+        Some(&expected),
+        "registry contract [{rule}]: find_by_session"
+    );
+    let listed = r
+        .list()
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert!(
+        listed.contains(&expected),
+        "registry contract [{rule}]: list returns the evidence"
+    );
+    // A resolution written by the release, atomically with the unlock.
+    let mut resolved = expected.clone();
+    sandbox_core::evidence::resolve(
+        &mut resolved.evidence,
+        &Resolution {
+            effect: EffectState::Compensated,
+            by: "owner".into(),
+            at: now,
+            note: Some("rolled back".into()),
+        },
+    );
+    assert!(
+        release(
+            r,
+            &f,
+            now,
+            Release {
+                record: Some((&resolved, Some(1))),
+                clean: true,
+                ..Release::default()
+            },
+            rule
+        )
+        .await,
+        "registry contract [{rule}]: the release writes the resolution"
+    );
+    let got = r
+        .get(&key)
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)))
+        .unwrap_or_else(|| panic!("registry contract [{rule}]: record vanished"));
+    assert_eq!(got.version, 2, "registry contract [{rule}]");
+    assert_eq!(
+        got.evidence, resolved.evidence,
+        "registry contract [{rule}]: the resolved evidence reads back"
+    );
+    assert!(got.holding_evidence().is_none());
 }

@@ -50,18 +50,21 @@ where
             recovered: false,
         };
         let inventory = self.inventory(job, env, &locked, now).await;
-        let (environment_status, latest_turn) = self.evidence(job, env, &session, &inventory).await;
+        let gathered = self
+            .evidence(job, env, &session, &inventory, locked.record.as_ref(), now)
+            .await;
         Ok(decide(&Observed {
             trigger: job.trigger.clone(),
             environment_id: env.clone(),
             session,
-            environment_status,
+            environment_status: gathered.status,
             record: locked.record,
             inventory,
-            latest_turn,
+            latest_turn: gathered.turn,
             filter: self.config.filter.clone(),
             policy: self.config.policy.clone(),
             now,
+            turn_not_found: gathered.turn_not_found,
         }))
     }
 

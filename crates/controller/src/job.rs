@@ -94,3 +94,38 @@ impl Job {
         self.session_id.as_str()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The application's `timeout_reported` message (events/jobs/, issue 15) is a job the
+    /// worker reads as it is documented.
+    #[test]
+    fn the_documented_timeout_reported_message_is_a_job() {
+        let body = include_str!("../../../events/jobs/timeout_reported.json");
+        let job: Job = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            job.trigger,
+            Trigger::TimeoutReported {
+                turn_id: Some("turn_5d1e0c7a2b9f4e38a6c1d2e3".into()),
+                submitted_at: 1_764_400_300
+            }
+        );
+        assert_eq!(job.session_id.as_str(), "sess_efaeacbf3a9b230e7ddadaf0");
+        assert_eq!(job.webhook_id, None);
+        assert_eq!(job.handoffs, 0);
+        // Without a turn id, and without an environment id.
+        let job: Job = serde_json::from_str(
+            r#"{"trigger":{"kind":"timeout_reported","submitted_at":5},"session_id":"s","enqueued_at":6}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            job.trigger,
+            Trigger::TimeoutReported {
+                turn_id: None,
+                submitted_at: 5
+            }
+        );
+    }
+}

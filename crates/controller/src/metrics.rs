@@ -27,6 +27,7 @@
 //! | `webhook_accepted` | count | | a delivery queued |
 //! | `webhook_ignored` | count | | a verified delivery that is not compute's business |
 //! | `webhook_rejected` | count | `reason` (`too_large`, `headers`, `signature`, `malformed`, `queue_unavailable`) | a delivery answered 4xx/503 |
+//! | `held_environments` | count (gauge) | | environments with open reconciliation evidence (issue 15: held for an owner), set by every sweep from the registry's list |
 //!
 //! The time from a start to the executor's first connection is not measured yet: the
 //! record does not keep when a connection was first seen.
@@ -70,6 +71,8 @@ pub mod names {
     pub const WEBHOOK_IGNORED: &str = "webhook_ignored";
     /// Deliveries rejected, label `reason`.
     pub const WEBHOOK_REJECTED: &str = "webhook_rejected";
+    /// Environments with open reconciliation evidence (gauge, set per sweep).
+    pub const HELD_ENVIRONMENTS: &str = "held_environments";
 }
 
 /// Registers units and descriptions with the installed recorder (EMF needs the units).
@@ -97,6 +100,11 @@ pub fn describe() {
     ] {
         describe_counter!(name, Unit::Count, what);
     }
+    metrics::describe_gauge!(
+        HELD_ENVIRONMENTS,
+        Unit::Count,
+        "environments with open reconciliation evidence"
+    );
     for (name, what) in [
         (ENQUEUE_TO_START, "job enqueue to accepted compute start"),
         (EXECUTOR_LIFETIME, "compute start to confirmed stop"),
@@ -193,6 +201,12 @@ pub fn webhook_ignored() {
 /// A delivery rejected; `reason` is one of the fixed names in the module docs.
 pub fn webhook_rejected(reason: &'static str) {
     metrics::counter!(names::WEBHOOK_REJECTED, "reason" => reason).increment(1);
+}
+
+/// Environments whose record holds open reconciliation evidence (held for an owner), as
+/// one sweep counted them in the registry's list.
+pub fn held_environments(count: usize) {
+    metrics::gauge!(names::HELD_ENVIRONMENTS).set(count as f64);
 }
 
 #[cfg(test)]

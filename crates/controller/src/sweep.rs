@@ -106,6 +106,12 @@ where
     pub async fn plan_sweep(&self) -> Result<SweepPlan, PortError> {
         let now = self.clock.now();
         let records = self.registry.list().await?;
+        crate::metrics::held_environments(
+            records
+                .iter()
+                .filter(|r| r.open_evidence().next().is_some())
+                .count(),
+        );
         let live = self.compute.list(&self.config.deployment).await?;
         let listed: HashSet<&InstanceId> = live.iter().map(|i| &i.instance_id).collect();
         let unlisted: Vec<InstanceId> = records

@@ -42,6 +42,7 @@ use sandbox_agents_api::{ApiError, PageParams, SessionsApi};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::{Decision, Effect, Outcome, StopReason, StopSpec, decide};
 use sandbox_core::environment::EnvironmentStatus;
+use sandbox_core::evidence::{ConnectionObservation, ToolLayer, TurnDetail, evidence_for};
 use sandbox_core::ids::{EnvironmentId, InstanceId, SessionId};
 use sandbox_core::observed::{
     EnvironmentRead, Inventory, Observed, SessionView, Trigger, TurnEvidence,
@@ -328,8 +329,10 @@ where
             tracing::info!(effect_key = %env.effect_key(), "lock recovered from an unclean holder: the environment's live instances were read");
         }
         let record = locked.record;
-        let (environment_status, latest_turn) =
-            self.evidence(job, &env, &session, &inventory).await;
+        let gathered = self
+            .evidence(job, &env, &session, &inventory, record.as_ref(), now)
+            .await;
+        let (environment_status, latest_turn) = (gathered.status, gathered.turn.clone());
         let observed = Observed {
             trigger: job.trigger.clone(),
             environment_id: env.clone(),
@@ -341,6 +344,7 @@ where
             filter: self.config.filter.clone(),
             policy: self.config.policy.clone(),
             now,
+            turn_not_found: gathered.turn_not_found,
         };
         let decision = decide(&observed);
         tracing::info!(
@@ -367,6 +371,13 @@ where
             deferred_error: None,
             retry_after: None,
         };
+        self.keep_mapping(
+            job,
+            &observed,
+            &decision,
+            gathered.detail.as_ref(),
+            &mut act,
+        );
         self.apply(&decision, &mut act, now).await;
         crate::metrics::decision_applied(job, &observed, &decision, &act.applied, self.clock.now());
         let mut error = act.error.clone().or(act.deferred_error.clone());
@@ -444,20 +455,26 @@ where
         })
     }
 
-    /// The environment status and the latest turn, fetched only when they can change the
+    /// The environment status and the turn evidence, fetched only when they can change the
     /// decision: the status when a running compute might be connected (reuse vs replace,
     /// which of several computes to keep) or after idle (mid-turn disconnect evidence, row
-    /// 20); the turn for row 20 and a timed-out submission (row 21). A failed status read
-    /// is [`EnvironmentRead::Unavailable`]: missing evidence, never "not connected".
+    /// 20); the latest turn and its items for row 20 and a timed-out submission (row 21,
+    /// the reported submission's turn); the latest turn alone (one turns read, no items)
+    /// before every stop of an idle session — a due lease, on its timer or a sweep — so a
+    /// queued or running turn cancels the stop (issue 15). A failed status read is
+    /// [`EnvironmentRead::Unavailable`]: missing evidence, never "not connected"; a failed
+    /// turns read is no evidence (never "no turn").
     pub(crate) async fn evidence(
         &self,
         job: &Job,
         env: &EnvironmentId,
         session: &SessionView,
         inventory: &Inventory,
-    ) -> (EnvironmentRead, Option<TurnEvidence>) {
+        record: Option<&Record>,
+        now: u64,
+    ) -> Gathered {
         let SessionView::Found { session } = session else {
-            return (EnvironmentRead::NotRead, None);
+            return Gathered::default();
         };
         let (running, active) = match inventory {
             Inventory::Known { instances } => (
@@ -479,33 +496,116 @@ where
         } else {
             EnvironmentRead::NotRead
         };
-        let wants_turn = job.trigger == Trigger::InputTimedOut
+        let mut gathered = Gathered {
+            status,
+            ..Gathered::default()
+        };
+        if let Trigger::TimeoutReported {
+            turn_id,
+            submitted_at,
+        } = &job.trigger
+        {
+            match self
+                .submission_turn(&session.id, turn_id.as_deref(), *submitted_at)
+                .await
+            {
+                Some(Some((turn, detail))) => {
+                    gathered.turn = Some(turn);
+                    gathered.detail = Some(detail);
+                }
+                Some(None) => gathered.turn_not_found = true,
+                None => {}
+            }
+            return gathered;
+        }
+        let wants_items = job.trigger == Trigger::InputTimedOut
             || (job.trigger == Trigger::Idle
                 && status.status() == Some(EnvironmentStatus::Disconnected));
-        let turn = if wants_turn {
-            self.latest_turn(&session.id).await
-        } else {
-            None
-        };
-        (status, turn)
+        if wants_items {
+            if let Some(turn) = self
+                .latest_turns(&session.id, 1)
+                .await
+                .and_then(|p| p.into_iter().next())
+                && let Some((t, detail)) = self.turn_with_items(&session.id, turn).await
+            {
+                gathered.turn = Some(t);
+                gathered.detail = Some(detail);
+            }
+        } else if self.may_stop(job, session, active, record, now)
+            && let Some(turn) = self
+                .latest_turns(&session.id, 1)
+                .await
+                .and_then(|p| p.into_iter().next())
+        {
+            // The status alone decides whether a stop is cancelled: no items read.
+            gathered.turn = Some(TurnEvidence {
+                turn_id: turn.id,
+                status: turn.status,
+                broken_tools: vec![],
+            });
+        }
+        gathered
     }
 
-    async fn latest_turn(&self, session: &SessionId) -> Option<TurnEvidence> {
-        let page = self
+    /// Whether this decision may stop an idle session's compute on its lease: the lease
+    /// timer fired, or a sweep found the record's lease due; the session reads idle and a
+    /// compute is active. Then one turns read (the latest turn) precedes the decision.
+    fn may_stop(
+        &self,
+        job: &Job,
+        session: &sandbox_core::session::Session,
+        active: usize,
+        record: Option<&Record>,
+        now: u64,
+    ) -> bool {
+        let idle =
+            session.status == sandbox_core::session::SessionStatus::Idle && !session.is_busy();
+        let lease_due = record
+            .and_then(|r| r.lease.as_ref())
+            .is_some_and(|l| now >= l.due_at);
+        let stopping_trigger = match &job.trigger {
+            Trigger::LeaseDue { lease } => now >= lease.due_at,
+            Trigger::Sweep => lease_due,
+            _ => false,
+        };
+        idle && active > 0 && stopping_trigger
+    }
+
+    /// The session's latest `limit` turns (one call), newest first; `None` when the read
+    /// failed.
+    async fn latest_turns(
+        &self,
+        session: &SessionId,
+        limit: u32,
+    ) -> Option<Vec<sandbox_core::turn::Turn>> {
+        match self
             .sessions
-            .list_turns(session, &PageParams::latest(1))
+            .list_turns(session, &PageParams::latest(limit))
             .await
-            .ok()?;
-        let turn = page.data.into_iter().next()?;
+        {
+            Ok(page) => Some(page.data),
+            Err(e) => {
+                tracing::warn!(session_id = %session, error = %e, "turns unavailable");
+                None
+            }
+        }
+    }
+
+    /// The turn's evidence with its items (one items read, first page of up to 100).
+    async fn turn_with_items(
+        &self,
+        session: &SessionId,
+        turn: sandbox_core::turn::Turn,
+    ) -> Option<(TurnEvidence, TurnDetail)> {
         let items = self
             .sessions
             .list_turn_items(session, &turn.id, &PageParams::latest(100))
             .await
+            .map_err(|e| tracing::warn!(session_id = %session, turn_id = %turn.id, error = %e, "turn items unavailable"))
             .ok()?;
-        let broken_tools = items
-            .data
-            .iter()
-            .filter(|i| i.is_tool())
+        let tools = items.data.iter().filter(|i| i.is_tool());
+        let broken_tools = tools
+            .clone()
             .filter_map(|i| {
                 let status = i.status?;
                 status
@@ -513,11 +613,106 @@ where
                     .then(|| (i.id.clone().unwrap_or_default(), i.kind.clone(), status))
             })
             .collect();
-        Some(TurnEvidence {
-            turn_id: turn.id,
-            status: turn.status,
-            broken_tools,
-        })
+        let detail = TurnDetail {
+            error: turn.error.as_ref().map(|e| match e {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            }),
+            tools: tools
+                .filter_map(|i| {
+                    let status = i.status?;
+                    (status != sandbox_core::turn::ItemStatus::Completed).then(|| ToolLayer {
+                        id: i.id.clone().unwrap_or_default(),
+                        kind: i.kind.clone(),
+                        status,
+                    })
+                })
+                .collect(),
+        };
+        Some((
+            TurnEvidence {
+                turn_id: turn.id,
+                status: turn.status,
+                broken_tools,
+            },
+            detail,
+        ))
+    }
+
+    /// A reported submission's turn (row 21): the turn with `turn_id`, else the first turn
+    /// created at or after `submitted_at` (the submission creates the session's next turn),
+    /// among the latest 100 turns (one turns read), with its items (one items read).
+    /// `Some(None)`: read, no such turn (the submission never started); `None`: a read
+    /// failed (missing evidence).
+    async fn submission_turn(
+        &self,
+        session: &SessionId,
+        turn_id: Option<&str>,
+        submitted_at: u64,
+    ) -> Option<Option<(TurnEvidence, TurnDetail)>> {
+        let turns = self.latest_turns(session, 100).await?;
+        let found = match turn_id {
+            Some(id) => turns.into_iter().find(|t| t.id == id),
+            None => turns
+                .into_iter()
+                .filter(|t| t.created_at >= 0 && t.created_at as u64 >= submitted_at)
+                .min_by_key(|t| t.created_at),
+        };
+        match found {
+            None => Some(None),
+            Some(turn) => self.turn_with_items(session, turn).await.map(Some),
+        }
+    }
+
+    /// The seed's mapping record, kept current under the lock before the effects: the
+    /// evidence a `reconcile`, `divergent` or repeated `uncertain` decision calls for
+    /// ([`evidence_for`]), the connection state when it was read and changed, and the
+    /// last event this environment was reconciled on. Only an existing, unclosed record
+    /// is written: evidence alone never creates one.
+    fn keep_mapping(
+        &self,
+        job: &Job,
+        observed: &Observed,
+        decision: &Decision,
+        detail: Option<&TurnDetail>,
+        act: &mut Act,
+    ) {
+        let Some(record) = act.record.as_ref() else {
+            return;
+        };
+        if record.status == sandbox_core::record::RecordStatus::Closed {
+            return;
+        }
+        if let Some(e) = evidence_for(observed, decision, detail, job.handoffs > 0) {
+            tracing::warn!(
+                environment_id = %observed.environment_id, trigger = e.trigger.as_str(),
+                turn_id = e.turn.as_ref().map(|t| t.id.as_str()).unwrap_or(""),
+                tools = e.tools.len(), workspace = %e.workspace,
+                "held for an owner with evidence"
+            );
+            act.dirty |= sandbox_core::evidence::append(&mut act.fresh.evidence, e);
+        }
+        if let Some(status) = observed.environment_status.status() {
+            let changed = act.fresh.connection.is_none_or(|c| c.status != status);
+            if changed {
+                act.fresh.connection = Some(ConnectionObservation {
+                    status,
+                    since: observed.now,
+                    read_at: observed.now,
+                });
+                act.dirty = true;
+            } else if act.dirty
+                && let Some(c) = act.fresh.connection.as_mut()
+            {
+                c.read_at = observed.now;
+            }
+        }
+        if let Some(id) = &job.webhook_id
+            && act.fresh.last_reconciled_event_id.as_deref() != Some(id.as_str())
+        {
+            act.fresh.last_reconciled_event_id = Some(id.clone());
+            act.dirty = true;
+        }
     }
 
     async fn apply(&self, decision: &Decision, act: &mut Act, now: u64) {
@@ -803,6 +998,20 @@ fn audit_entry(
     }
 }
 
+/// The evidence gathered for one decision beyond the session, the record and the
+/// inventory ([`Controller::evidence`]).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Gathered {
+    /// The environment status, when read.
+    pub(crate) status: EnvironmentRead,
+    /// The turn in question, when read.
+    pub(crate) turn: Option<TurnEvidence>,
+    /// What else was read of that turn (its error, its tool items that did not complete).
+    pub(crate) detail: Option<TurnDetail>,
+    /// A reported submission's turns were read and none matched.
+    pub(crate) turn_not_found: bool,
+}
+
 /// The record being changed by one decision, and what was applied.
 struct Act {
     /// The decision's time, Unix seconds.
@@ -860,6 +1069,9 @@ impl Act {
                 r.connection_requested_at = None;
             }
             Effect::RequireCleanup => r.cleanup_required = true,
+            Effect::ResolveReconciliation(res) => {
+                sandbox_core::evidence::resolve(&mut r.evidence, res);
+            }
             Effect::StartCompute(_) | Effect::StopCompute(_) | Effect::DeleteSession { .. } => {
                 return;
             }

@@ -246,6 +246,20 @@ pub enum Reason {
     StaleIdleEvent,
     /// Nothing to change.
     Converged,
+    /// An open reconciliation holds the compute with the files (issue 15): the idle lease
+    /// does not stop it until an owner resolves it (`sandboxctl resolve`).
+    HeldForOwner {
+        /// The turn in question, if the evidence names one.
+        turn_id: Option<String>,
+    },
+    /// An owner resolved the open reconciliation; an idle stop may proceed.
+    ReconciliationResolved {
+        /// How many open entries were closed.
+        closed: usize,
+    },
+    /// A timed-out submission has no turn: it never started (row 21). Never resubmit:
+    /// the application decides.
+    SubmissionNotFound,
 }
 
 impl fmt::Display for Reason {
@@ -332,6 +346,20 @@ impl fmt::Display for Reason {
             ),
             Self::StaleIdleEvent => f.write_str("stale idle event: session busy"),
             Self::Converged => f.write_str("nothing to change"),
+            Self::HeldForOwner { turn_id } => write!(
+                f,
+                "held for an owner: open reconciliation{}; resolve it before the idle stop",
+                turn_id
+                    .as_ref()
+                    .map(|t| format!(" of turn {t}"))
+                    .unwrap_or_default()
+            ),
+            Self::ReconciliationResolved { closed } => {
+                write!(f, "{closed} open reconciliation(s) resolved by an owner")
+            }
+            Self::SubmissionNotFound => {
+                f.write_str("timed-out submission has no turn: it never started; never resubmit")
+            }
         }
     }
 }
@@ -425,6 +453,9 @@ pub enum Effect {
         /// The session to delete.
         session_id: SessionId,
     },
+    /// Record: close every open evidence entry with the owner's resolution
+    /// ([`crate::evidence::resolve`]).
+    ResolveReconciliation(crate::evidence::Resolution),
 }
 
 impl Effect {
@@ -508,8 +539,14 @@ pub fn decide(o: &Observed) -> Decision {
         return Decision::new(Outcome::Uncertain, Reason::InventoryUnavailable)
             .recheck(o.policy.uncertain_retry_secs);
     };
-    if o.trigger == Trigger::InputTimedOut {
+    if matches!(
+        o.trigger,
+        Trigger::InputTimedOut | Trigger::TimeoutReported { .. }
+    ) {
         return match &o.latest_turn {
+            None if o.turn_not_found => {
+                Decision::new(Outcome::Reconcile, Reason::SubmissionNotFound)
+            }
             None => Decision::new(Outcome::Uncertain, Reason::SubmissionOutcomeUnknown)
                 .recheck(o.policy.uncertain_retry_secs),
             Some(t) => Decision::new(
@@ -660,6 +697,9 @@ impl View<'_> {
                     .recheck(1),
                 None => Decision::ignore(Reason::Converged),
             };
+        }
+        if let Trigger::Resolve { resolution } = &self.o.trigger {
+            return self.resolve(resolution);
         }
         let Some(session) = self.session else {
             return self.deleted();
@@ -1180,9 +1220,13 @@ impl View<'_> {
 
     /// Rows 14, 20, 27: the session is idle with nothing required.
     fn idle(&self, current: Option<&ComputeInstance>) -> Decision {
+        if let Some(d) = self.held(current) {
+            return d;
+        }
         let disconnected =
             self.o.environment_status.status() == Some(EnvironmentStatus::Disconnected);
         if let Some(t) = &self.o.latest_turn
+            && !self.evidence_names_turn(&t.turn_id)
             && t.status == TurnStatus::Completed
             && !t.broken_tools.is_empty()
             && disconnected
@@ -1245,6 +1289,9 @@ impl View<'_> {
             return Decision::new(Outcome::CancelStop, Reason::LeaseSuperseded)
                 .with([Effect::DropLease]);
         }
+        if let Some(d) = self.held(current) {
+            return d;
+        }
         if self
             .o
             .latest_turn
@@ -1276,5 +1323,48 @@ impl View<'_> {
                 Decision::ignore(Reason::Converged).with([Effect::DropLease, Effect::MarkStopped])
             }
         }
+    }
+}
+
+/// Issue 15: hold, don't guess; an owner's resolution.
+impl View<'_> {
+    /// Whether the record already holds evidence (open or resolved) about `turn_id`: a
+    /// resolved question is not asked again for the same turn.
+    fn evidence_names_turn(&self, turn_id: &str) -> bool {
+        self.record.is_some_and(|r| {
+            r.evidence
+                .iter()
+                .any(|e| e.turn.as_ref().is_some_and(|t| t.id == turn_id))
+        })
+    }
+
+    /// While an open reconciliation holds the files (a tool did not complete, no
+    /// snapshot), the idle lease does not stop the compute that has them: `reconcile`,
+    /// and a pending lease is dropped. New input and connection requests are decided
+    /// before this and proceed as usual (the API does not replay; the evidence stays).
+    fn held(&self, current: Option<&ComputeInstance>) -> Option<Decision> {
+        current?;
+        let e = self.record.and_then(Record::holding_evidence)?;
+        Some(
+            Decision::new(
+                Outcome::Reconcile,
+                Reason::HeldForOwner {
+                    turn_id: e.turn.as_ref().map(|t| t.id.clone()),
+                },
+            )
+            .with(self.drop_lease()),
+        )
+    }
+
+    /// `sandboxctl resolve`: close the open evidence, then look again (an idle stop
+    /// follows the usual grace).
+    fn resolve(&self, resolution: &crate::evidence::Resolution) -> Decision {
+        let closed = self.record.map_or(0, |r| r.open_evidence().count());
+        if closed == 0 {
+            return Decision::ignore(Reason::Converged);
+        }
+        Decision::new(Outcome::Ignore, Reason::ReconciliationResolved { closed })
+            .with([Effect::ResolveReconciliation(resolution.clone())])
+            .recheck(1)
     }
 }

@@ -22,6 +22,7 @@ pub mod compute;
 pub mod decision;
 pub mod environment;
 pub mod event;
+pub mod evidence;
 pub mod ids;
 pub mod observed;
 pub mod record;

@@ -52,6 +52,25 @@ pub enum Trigger {
     /// reset-start-failures`): attempts resume at once instead of after the cooldown
     /// ([`Policy::start_failing_cooldown_secs`]).
     ResetStartFailures,
+    /// An owner resolves the environment's open reconciliation (`sandboxctl resolve`):
+    /// the evidence is closed under the effect-key lock with who, when and what; only
+    /// then may an idle stop of the held compute proceed (issue 15).
+    Resolve {
+        /// The owner's answer.
+        resolution: crate::evidence::Resolution,
+    },
+    /// An application reports that its input submission timed out (row 21; `sandboxctl
+    /// report-timeout` or the `timeout_reported` job on the events queue). The worker
+    /// reads the session, its turns and the turn's items and records what became of the
+    /// submission; nothing is ever resubmitted.
+    TimeoutReported {
+        /// The submission's turn id, when the application knows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_id: Option<String>,
+        /// When the input was submitted, Unix seconds: without a turn id, the first turn
+        /// created at or after this is the submission's.
+        submitted_at: u64,
+    },
 }
 
 /// The `agent.environment` status as the controller read it for this decision.
@@ -259,4 +278,8 @@ pub struct Observed {
     pub policy: Policy,
     /// Unix seconds.
     pub now: u64,
+    /// For [`Trigger::TimeoutReported`]: the turns were read and no turn matches the
+    /// submission (it never started). `false` when not read or when found.
+    #[serde(default)]
+    pub turn_not_found: bool,
 }

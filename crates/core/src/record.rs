@@ -47,6 +47,21 @@ pub struct Record {
     pub cleanup_required: bool,
     /// Optimistic-concurrency version: every write conditions on it and increments it.
     pub version: u64,
+    /// Reconciliation evidence held for an owner, open and recently resolved (issue 15;
+    /// [`crate::evidence`]). An open entry whose tool did not complete holds the compute:
+    /// the idle lease does not stop it until `sandboxctl resolve` closes it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evidence: Vec<crate::evidence::Evidence>,
+    /// The connection state as last observed (`agent.environment.status` and since when),
+    /// kept current by the worker whenever it reads the environment (the seed's mapping
+    /// record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<crate::evidence::ConnectionObservation>,
+    /// The id of the last event the worker reconciled this environment on: the delivery's
+    /// `webhook-id` (the de-duplication key of the event, kept across retries), written by
+    /// the decision that processed it (the seed's mapping record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_reconciled_event_id: Option<String>,
 }
 
 /// What the controller believes about the environment's compute.
@@ -103,6 +118,9 @@ impl Record {
             start_failure: None,
             cleanup_required: false,
             version: 0,
+            evidence: Vec::new(),
+            connection: None,
+            last_reconciled_event_id: None,
         }
     }
 
@@ -114,5 +132,16 @@ impl Record {
     /// Whether the record claims a compute is running or starting.
     pub fn claims_compute(&self) -> bool {
         self.status == RecordStatus::Active && self.instance.is_some()
+    }
+
+    /// The open evidence entries (questions no owner resolved yet).
+    pub fn open_evidence(&self) -> impl Iterator<Item = &crate::evidence::Evidence> {
+        self.evidence.iter().filter(|e| e.is_open())
+    }
+
+    /// The open entry that holds the compute with the files, if any
+    /// ([`crate::evidence::Evidence::holds_files`]).
+    pub fn holding_evidence(&self) -> Option<&crate::evidence::Evidence> {
+        self.evidence.iter().find(|e| e.holds_files())
     }
 }

@@ -214,6 +214,49 @@ pub async fn measure_recovered_start() -> Transition {
     }
 }
 
+/// A sweep that finds an idle environment's shutdown lease due (the lease's own timer
+/// was lost or is late): the sweep stops the compute, after one turns read (issue 15:
+/// turn evidence before every stop of an idle session). Measured with
+/// `settled_resweep_secs = 0`, the sweep's fixed cost (registry and provider listings)
+/// included.
+pub async fn measure_sweep_stop() -> Transition {
+    let world = World::new();
+    let c = world.controller("bench");
+    let session = SessionId::new("sess_bench");
+    let env = EnvironmentId::new("env_bench");
+    add_requiring(&world.sessions, &session, &env);
+    let deliver = |trigger: Trigger, webhook: &'static str| {
+        let (world, session, env) = (&world, &session, &env);
+        async move {
+            let _ = world
+                .deliver(trigger, session, Some(env), webhook, webhook)
+                .await;
+        }
+    };
+    deliver(Trigger::ConnectionRequested, "wh_bench_1").await;
+    handle_next(&world, &c, false).await;
+    world.sessions.connect(&env, SessionStatus::Idle);
+    deliver(Trigger::Idle, "wh_bench_2").await;
+    handle_next(&world, &c, false).await;
+    world
+        .clock
+        .advance_secs(c.config.policy.shutdown_grace_secs + 1);
+    let mut config = World::config("bench-sweeper");
+    config.settled_resweep_secs = 0;
+    let sweeper = world.controller_with(config);
+    world.calls.clear();
+    let outcome = match sweeper.sweep().await {
+        Ok(r) => r.outcomes.keys().cloned().collect::<Vec<_>>().join(","),
+        Err(e) => format!("error: {e}"),
+    };
+    Transition {
+        name: "sweep stop (lease due)",
+        description: "one sweep, one environment: its lease is due, session idle: stop",
+        outcome,
+        counts: world.calls.take(),
+    }
+}
+
 fn add_requiring(sessions: &TwinSessions, session: &SessionId, env: &EnvironmentId) {
     sessions.add(session, env, SessionStatus::Idle);
     sessions.require_connection(session);

@@ -159,6 +159,12 @@ impl TwinSessions {
         s.turns.entry(session.clone()).or_default().push(turn);
     }
 
+    /// How many turns the session has: the twin never adds one itself, so a test can
+    /// assert that the controller submitted no input (issue 15: never resubmit).
+    pub fn turn_count(&self, session: &SessionId) -> usize {
+        self.state().turns.get(session).map_or(0, Vec::len)
+    }
+
     fn update(&self, id: &SessionId, f: impl FnOnce(&mut Session)) {
         if let Some(s) = self.state().sessions.get_mut(id) {
             f(s);

@@ -103,7 +103,36 @@ async fn current_remote_call_sequences_are_pinned() {
     assert_eq!(
         seq("stop (lease due)"),
         "agents_api.retrieve_session(R) → registry.lock(W) → compute.describe(R) → \
-         compute.stop(W) → compute.describe(R) → registry.receipt(W) → registry.release(W)"
+         agents_api.list_turns(R) → compute.stop(W) → compute.describe(R) → \
+         registry.receipt(W) → registry.release(W)"
+    );
+}
+
+/// Issue 15: turn evidence before every stop of an idle session, and only one turns read
+/// per stop decision (no items read): on the lease's own timer and on a sweep that finds
+/// the lease due.
+#[tokio::test]
+async fn every_stop_decision_reads_the_turns_exactly_once() {
+    let lease = transition("stop (lease due)").await;
+    let sweep = sandbox_testkit::budgets::measure_sweep_stop().await;
+    assert_eq!(sweep.outcome, "stop", "{}", report(&sweep));
+    for t in [&lease, &sweep] {
+        assert_eq!(t.counts.of("agents_api", "list_turns"), 1, "{}", report(t));
+        assert_eq!(
+            t.counts.of("agents_api", "list_turn_items"),
+            0,
+            "{}",
+            report(t)
+        );
+        assert_eq!(t.counts.of("compute", "stop"), 1, "{}", report(t));
+    }
+    // A decision that cannot stop reads no turns: the idle that only takes the lease.
+    let idle = transition("idle (schedule stop)").await;
+    assert_eq!(
+        idle.counts.of("agents_api", "list_turns"),
+        0,
+        "{}",
+        report(&idle)
     );
 }
 

@@ -374,6 +374,44 @@ impl LifecycleHarness for AwsHarness {
         .await
     }
 
+    async fn sandboxctl(&self, args: &[&str]) -> crate::operator_cli::CtlOutput {
+        let secret = aws_sdk_secretsmanager::Client::new(&self.resources.sdk)
+            .create_secret()
+            .name(format!("ctl-{}", unique()))
+            .secret_string(agents_sim::DEFAULT_API_KEY)
+            .send()
+            .await
+            .expect("moto creates the secret");
+        let r = &self.resources;
+        let env: Vec<(&str, String)> = vec![
+            ("AWS_ENDPOINT_URL", moto_endpoint()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("EVENTS_QUEUE_URL", r.queues.events_url.clone()),
+            ("TIMERS_QUEUE_URL", r.queues.timers_url.clone()),
+            ("TABLE_NAME", r.table.clone()),
+            ("ECS_CLUSTER", r.ecs.cluster.clone()),
+            ("TASK_DEFINITION", r.ecs.task_definition.clone()),
+            ("CONTAINER_NAME", r.ecs.container_name.clone()),
+            ("SUBNETS", r.ecs.subnets.join(",")),
+            ("SECURITY_GROUPS", r.ecs.security_groups.join(",")),
+            (
+                "DEPLOYMENT_ID",
+                self.controller.config.deployment.as_str().to_owned(),
+            ),
+            (
+                "OPENAI_API_KEY_SECRET_ARN",
+                secret.arn().unwrap_or_default().to_owned(),
+            ),
+            ("AGENTS_API_BASE_URL", self.sim.base_url()),
+        ];
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--backend", "aws"]);
+        crate::operator_cli::sandboxctl(&all, &env).await
+    }
+
     fn sim(&self) -> &SimHandle {
         &self.sim
     }

@@ -266,6 +266,13 @@ impl LifecycleHarness for Harness {
         Some(os_executors(Some(env)).len())
     }
 
+    async fn sandboxctl(&self, args: &[&str]) -> operator_cli::CtlOutput {
+        let dir = self.dir.path().to_string_lossy().into_owned();
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--data-dir", dir.as_str(), "--deployment", DEPLOYMENT]);
+        operator_cli::sandboxctl(&all, &[]).await
+    }
+
     /// Stops the stack (and every executor) and the simulator.
     async fn shutdown(mut self) -> anyhow::Result<usize> {
         let stopped = match self.stack.take() {

@@ -71,6 +71,11 @@ pub trait LifecycleHarness: Sized {
     /// backend runs none on this machine (moto runs no containers).
     fn executor_processes(env: &str) -> Option<usize>;
 
+    /// Runs `sandboxctl args...` against this stack, as an operator of this backend does
+    /// (locally `--data-dir` and `--deployment`; on AWS `--backend aws` with the worker
+    /// function's environment variables).
+    async fn sandboxctl(&self, args: &[&str]) -> crate::operator_cli::CtlOutput;
+
     /// Stops the stack (every live executor of the deployment included) and the simulator.
     /// Returns how many executors were still live and had to be stopped.
     ///

@@ -12,12 +12,15 @@
 //! Where a row's evidence differs by backend (OS processes, the executor's variables, a
 //! stop behind the controller's back), the harness says it.
 
-use sandbox_controller::ports::{Compute as _, NO_DEADLINE, ReceiptKind};
+use sandbox_controller::job::Job;
+use sandbox_controller::ports::{Compute as _, NO_DEADLINE, Outgoing, Queue as _, ReceiptKind};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
+use sandbox_core::evidence::{EffectState, EvidenceTrigger, SubmissionOutcome};
 use sandbox_core::ids::{EnvironmentId, Generation, SessionId, idempotency_token};
 use sandbox_core::record::RecordStatus;
 use sandbox_core::session::{Session, SessionStatus};
+use sandbox_core::turn::ItemStatus;
 use sandbox_e2e::{LifecycleHarness, Options};
 use std::time::Duration;
 
@@ -34,6 +37,8 @@ macro_rules! rows_on {
             row25_operator_close_deletes_the_session_and_stops_the_executor_with_two_receipts,
             row26_sweep_releases_an_executor_no_record_owns,
             row27_record_says_running_but_executor_gone_marks_stopped_and_starts_nothing,
+            row20_mid_turn_disconnect_is_held_with_its_evidence_until_an_owner_resolves_it,
+            row21_timed_out_submissions_are_answered_from_turn_evidence_never_resubmitted,
         );
     };
     (@tests $backend:ident: $harness:ty; $($row:ident),+ $(,)?) => {
@@ -489,4 +494,248 @@ async fn row27_record_says_running_but_executor_gone_marks_stopped_and_starts_no
     assert!(h.live(&env).await.unwrap().is_empty(), "nothing started");
     assert_eq!(instances_of(&h, &env).await.len(), 1, "no second executor");
     assert_eq!(h.shutdown().await.unwrap(), 0);
+}
+
+/// Row 20 (issue 15): a turn completes with a failed tool after the executor disconnected
+/// mid-turn. The environment is held for an owner with the four layers of evidence
+/// (visible in `sandboxctl explain --json`); the idle lease does not stop the compute that
+/// holds the files; `sandboxctl resolve` closes the question through the worker's lock
+/// path; the next idle stop proceeds as usual.
+async fn row20_mid_turn_disconnect_is_held_with_its_evidence_until_an_owner_resolves_it<
+    H: LifecycleHarness,
+>() {
+    let grace = 2;
+    let h = H::start(Options {
+        grace_secs: grace,
+        turn_secs: 6_000.0,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let (s, env) = running_session(&h).await;
+    let sid = s.id.as_str().to_owned();
+    h.wait_until("the turn runs", H::STEP_TIMEOUT, || async {
+        Ok(h.client().get_session(&sid).await?.status == SessionStatus::InProgress)
+    })
+    .await
+    .unwrap();
+    let task = h.live(&env).await.unwrap().remove(0);
+    // The executor drops its connection mid-command; its process (its task) lives on.
+    h.client().disconnect(&env, None).await.unwrap();
+    wait_idle(&h, &s).await;
+    h.wait_until("evidence recorded", H::STEP_TIMEOUT, || async {
+        Ok(h.record(&env)
+            .await?
+            .is_some_and(|r| r.holding_evidence().is_some()))
+    })
+    .await
+    .unwrap();
+    let record = h.record(&env).await.unwrap().unwrap();
+    let e = record.holding_evidence().unwrap().clone();
+    assert_eq!(e.trigger, EvidenceTrigger::MidTurnDisconnect);
+    let turns = h.client().list_turns(&sid).await.unwrap().data;
+    assert_eq!(e.turn.as_ref().unwrap().id, turns[0].id);
+    assert!(
+        e.tools
+            .iter()
+            .any(|t| t.kind == "command_execution" && t.status == ItemStatus::Failed),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.workspace.live_in.as_ref().map(|i| &i.instance_id),
+        Some(&task.instance_id)
+    );
+    assert_eq!(e.effect, EffectState::Unknown);
+    assert_eq!(
+        record.connection.map(|c| c.status),
+        Some(sandbox_core::environment::EnvironmentStatus::Disconnected)
+    );
+    assert!(record.last_reconciled_event_id.is_some());
+
+    let explain = h.sandboxctl(&["explain", &sid, "--json"]).await;
+    assert_eq!(
+        explain.code, 1,
+        "a held environment is a problem: {explain:?}"
+    );
+    let doc = explain.json();
+    let shown = &doc["reconciliation"][0];
+    assert_eq!(shown["trigger"], "mid_turn_disconnect", "{doc:#}");
+    assert_eq!(shown["open"], true);
+    assert_eq!(shown["holds_compute"], true);
+    assert_eq!(shown["effect"], "unknown");
+    assert_eq!(shown["turn"]["id"], turns[0].id.as_str());
+    assert_eq!(shown["tools"][0]["status"], "failed");
+    assert_eq!(
+        shown["workspace"]["live_in"]["instance_id"],
+        task.instance_id.as_str()
+    );
+    assert_eq!(doc["connection"]["status"], "disconnected");
+
+    // Well past the grace, sweeps included: no lease, no stop.
+    for _ in 0..3 {
+        h.controller().sweep().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(grace)).await;
+    }
+    assert_eq!(
+        h.live(&env).await.unwrap().len(),
+        1,
+        "the held compute runs"
+    );
+    assert!(stop_reasons(&h, &env).await.is_empty());
+    let record = h.record(&env).await.unwrap().unwrap();
+    assert!(record.lease.is_none());
+    assert_eq!(record.evidence.len(), 1, "recorded once");
+
+    let resolved = h
+        .sandboxctl(&[
+            "resolve",
+            &sid,
+            "--effect",
+            "observed",
+            "--note",
+            "the command's effect is in place",
+            "--by",
+            "e2e-owner",
+            "--wait",
+            "--timeout-secs",
+            "40",
+            "--json",
+        ])
+        .await;
+    assert_eq!(resolved.code, 0, "{resolved:?}");
+    let doc = resolved.json();
+    assert_eq!(doc["resolved"], true, "{doc:#}");
+    assert_eq!(doc["open"], 1);
+    let record = h.record(&env).await.unwrap().unwrap();
+    let r = record.evidence[0].resolution.as_ref().unwrap();
+    assert_eq!(
+        (r.effect, r.by.as_str()),
+        (EffectState::Observed, "e2e-owner")
+    );
+
+    // Released: the resolve's recheck takes the lease, the lease stops it as usual.
+    h.wait_until(
+        "the idle stop after the resolve",
+        H::STEP_TIMEOUT,
+        || async {
+            Ok(h.live(&env).await?.is_empty()
+                && h.record(&env)
+                    .await?
+                    .is_some_and(|r| r.status == RecordStatus::Stopped))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(stop_reasons(&h, &env).await, vec!["lease_expired"]);
+    assert_eq!(status(&h, &task).await, ComputeStatus::Stopped);
+    let sim = h.client().state().await.unwrap();
+    assert_eq!(sim.session(&sid).unwrap().turns, 1, "no input resubmitted");
+    h.shutdown().await.unwrap();
+}
+
+/// Row 21 (issue 15): an application reports timed-out submissions; the worker reads the
+/// session, turns and items and records what became of each — completed, still running,
+/// never started — and never submits anything.
+async fn row21_timed_out_submissions_are_answered_from_turn_evidence_never_resubmitted<
+    H: LifecycleHarness,
+>() {
+    let h = H::start(Options {
+        grace_secs: 600,
+        turn_secs: 600.0,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let (s, env) = running_session(&h).await;
+    let sid = s.id.as_str().to_owned();
+    wait_idle(&h, &s).await;
+    let done = h.client().list_turns(&sid).await.unwrap().data[0]
+        .id
+        .clone();
+    let report = |turn: String| {
+        let h = &h;
+        let sid = sid.clone();
+        async move {
+            h.sandboxctl(&[
+                "report-timeout",
+                &sid,
+                "--turn",
+                &turn,
+                "--wait",
+                "--timeout-secs",
+                "40",
+                "--json",
+            ])
+            .await
+        }
+    };
+    let out = report(done.clone()).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let doc = out.json();
+    assert_eq!(doc["outcome"], "completed", "{doc:#}");
+    assert_eq!(doc["evidence"]["turn"]["id"], done.as_str());
+
+    // A second input: its turn runs (10 real seconds).
+    h.client().submit_message(&sid, "more").await.unwrap();
+    let running = h.client().list_turns(&sid).await.unwrap().data[1]
+        .id
+        .clone();
+    let out = report(running.clone()).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let doc = out.json();
+    assert_eq!(doc["outcome"], "still_running", "{doc:#}");
+
+    // A submission that never became a turn, reported with the documented events-queue
+    // message (events/jobs/timeout_reported.schema.json).
+    let sim_now = h.client().state().await.unwrap().now;
+    let body = serde_json::json!({
+        "trigger": {"kind": "timeout_reported", "submitted_at": sim_now + 3_600},
+        "session_id": sid,
+        "environment_id": env,
+        "enqueued_at": agents_sim::real_unix_secs(),
+    });
+    let schema: serde_json::Value = serde_json::from_str(include_str!(
+        "../../../events/jobs/timeout_reported.schema.json"
+    ))
+    .unwrap();
+    assert!(jsonschema::is_valid(&schema, &body), "{body}");
+    let job: Job = serde_json::from_value(body).unwrap();
+    h.controller()
+        .events
+        .send(Outgoing {
+            group: sid.clone(),
+            dedup_id: format!("timeout-{sid}-never"),
+            delay_secs: 0,
+            job,
+        })
+        .await
+        .unwrap();
+    h.wait_until("not_found recorded", H::STEP_TIMEOUT, || async {
+        Ok(h.record(&env).await?.is_some_and(|r| {
+            r.evidence
+                .iter()
+                .any(|e| e.submission == Some(SubmissionOutcome::NotFound))
+        }))
+    })
+    .await
+    .unwrap();
+    let record = h.record(&env).await.unwrap().unwrap();
+    let outcomes: Vec<_> = record
+        .evidence
+        .iter()
+        .filter(|e| e.trigger == EvidenceTrigger::InputTimedOut)
+        .map(|e| (e.turn.as_ref().map(|t| t.id.clone()), e.submission.unwrap()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            (Some(done), SubmissionOutcome::Completed),
+            (Some(running), SubmissionOutcome::StillRunning),
+            (None, SubmissionOutcome::NotFound),
+        ]
+    );
+    let sim = h.client().state().await.unwrap();
+    assert_eq!(sim.session(&sid).unwrap().turns, 2, "no input resubmitted");
+    assert_eq!(h.live(&env).await.unwrap().len(), 1);
+    h.shutdown().await.unwrap();
 }

@@ -145,6 +145,7 @@ pub fn observe(trigger: Trigger, session: Session) -> Observed {
         filter: OwnershipFilter::default(),
         policy: Policy::default(),
         now: NOW,
+        turn_not_found: false,
     }
 }
 
@@ -288,6 +289,10 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                 next.record.as_mut().unwrap().cleanup_required = true;
             }
             Effect::DeleteSession { .. } => next.session = SessionView::Deleted,
+            Effect::ResolveReconciliation(res) => {
+                fresh(&mut next.record);
+                sandbox_core::evidence::resolve(&mut next.record.as_mut().unwrap().evidence, res);
+            }
         }
     }
     next.inventory = match &o.inventory {

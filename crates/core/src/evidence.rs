@@ -1,0 +1,411 @@
+//! Reconciliation evidence: what the controller saw when it could not settle a question
+//! alone, kept on the environment's record for a platform owner (issue 15).
+//!
+//! Source: the controller design seed ("reconcile at least four layers: turn, tool,
+//! workspace, business effect"; "route `reconcile`, `uncertain` and `divergent` decisions
+//! to a platform owner with the evidence"; "an absent response is unknown, not failed").
+//!
+//! - [`Evidence`] is one open or resolved question: the trigger, the turn, the tool items
+//!   that did not complete, the workspace (which compute holds the files), the business
+//!   effect's reconciliation state ([`EffectState::Unknown`] until an owner resolves it),
+//!   and, for a reported timed-out submission, its [`SubmissionOutcome`].
+//! - [`Evidence::holds_files`]: an open question with a tool that did not complete, and no
+//!   snapshot of the files, holds the compute: the idle lease does not stop it
+//!   ([`crate::decide`]). New input and connection requests proceed as usual.
+//! - [`evidence_for`] derives the entry a decision calls for, purely; the controller
+//!   appends it to the record with [`append`] (idempotent: the same question is recorded
+//!   once).
+//! - An owner closes the open questions with [`Resolution`] (`sandboxctl resolve`), applied
+//!   by [`crate::decision::Effect::ResolveReconciliation`] under the effect-key lock.
+
+use crate::compute::InstanceRef;
+use crate::decision::{Decision, Outcome, Reason};
+use crate::environment::EnvironmentStatus;
+use crate::ids::Generation;
+use crate::observed::Observed;
+use crate::record::Record;
+use crate::turn::{ItemStatus, TurnStatus};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// At most this many evidence entries are kept on a record: open entries are never
+/// dropped; the oldest resolved ones go first. (The record is one DynamoDB item, at most
+/// 400 KB.)
+pub const MAX_EVIDENCE: usize = 8;
+
+/// At most this many not-completed tool items are kept per entry (one page of items).
+pub const MAX_TOOLS: usize = 100;
+
+/// What raised the question.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvidenceTrigger {
+    /// The latest turn completed with tool items that did not complete while the executor
+    /// was disconnected (lifecycle-cases.md row 20).
+    MidTurnDisconnect,
+    /// An application reported that an input submission timed out (row 21,
+    /// `sandboxctl report-timeout` or the `timeout_reported` job).
+    InputTimedOut,
+    /// A turn is in progress with no executor at all (row 19).
+    TurnWithoutExecutor,
+    /// Starts keep failing (row 28).
+    StartFailing,
+    /// Evidence stayed missing past one retry (row 22).
+    Uncertain,
+    /// More than one compute, or a record the provider contradicts (rows 11, 13, 27).
+    Divergent,
+}
+
+impl EvidenceTrigger {
+    /// The name used in JSON and text output (`mid_turn_disconnect`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MidTurnDisconnect => "mid_turn_disconnect",
+            Self::InputTimedOut => "input_timed_out",
+            Self::TurnWithoutExecutor => "turn_without_executor",
+            Self::StartFailing => "start_failing",
+            Self::Uncertain => "uncertain",
+            Self::Divergent => "divergent",
+        }
+    }
+}
+
+/// The turn layer: did the harness reach a terminal state?
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnLayer {
+    /// Turn id.
+    pub id: String,
+    /// Turn status as read.
+    pub status: TurnStatus,
+    /// The turn's `error` (set only on a failed turn), as a compact string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The tool layer: one tool item of the turn that is not `completed`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolLayer {
+    /// Item id.
+    pub id: String,
+    /// Item type, e.g. `command_execution`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Its status (`failed`, `incomplete`, `in_progress`, ...).
+    pub status: ItemStatus,
+}
+
+/// The workspace layer: where the files are.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceLayer {
+    /// The generation current when the evidence was observed (0: none started).
+    pub generation: Generation,
+    /// The compute that holds the files ("live in task X"), if one runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_in: Option<InstanceRef>,
+    /// A snapshot of the files, once workspaces persist (issue 14 fills it): with one, the
+    /// files are safe and the compute is not held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+}
+
+impl fmt::Display for WorkspaceLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.snapshot, &self.live_in) {
+            (Some(s), _) => write!(f, "snapshot {s} (generation {})", self.generation),
+            (None, Some(i)) => write!(
+                f,
+                "live in task {} (generation {})",
+                i.instance_id, i.generation
+            ),
+            (None, None) => write!(f, "no live compute (generation {})", self.generation),
+        }
+    }
+}
+
+/// The business-effect layer: does the authoritative system show the intended change once?
+/// Only an owner can say; `unknown` until resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EffectState {
+    /// Not reconciled yet.
+    Unknown,
+    /// The owner saw the intended change applied once.
+    Observed,
+    /// The owner undid or compensated a partial effect.
+    Compensated,
+    /// Nothing had to be reconciled.
+    NotNeeded,
+    /// The owner gave the work up.
+    Abandoned,
+}
+
+impl EffectState {
+    /// The name used in JSON, flags and text (`unknown`, `not_needed`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unknown => "unknown",
+            Self::Observed => "observed",
+            Self::Compensated => "compensated",
+            Self::NotNeeded => "not_needed",
+            Self::Abandoned => "abandoned",
+        }
+    }
+
+    /// Parses an owner's answer (`observed`, `compensated`, `not_needed`, `abandoned`).
+    ///
+    /// # Errors
+    /// Any other text, `unknown` included (a resolution must say what the owner found),
+    /// with a message naming the accepted values.
+    pub fn parse_resolution(s: &str) -> Result<Self, String> {
+        match s {
+            "observed" => Ok(Self::Observed),
+            "compensated" => Ok(Self::Compensated),
+            "not_needed" => Ok(Self::NotNeeded),
+            "abandoned" => Ok(Self::Abandoned),
+            other => Err(format!(
+                "--effect must be one of observed, compensated, not_needed, abandoned (got {other:?})"
+            )),
+        }
+    }
+}
+
+/// What became of a timed-out submission, as the worker read it (row 21). Never a reason
+/// to resubmit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubmissionOutcome {
+    /// Its turn is queued, in progress or waiting: the original may still run.
+    StillRunning,
+    /// Its turn completed (the tool layer says whether every tool did).
+    Completed,
+    /// Its turn failed or was cancelled (the turn's `error` is kept).
+    Failed,
+    /// No turn matches: the submission never started.
+    NotFound,
+}
+
+impl SubmissionOutcome {
+    /// The outcome a turn's status means (`None`: no matching turn).
+    pub fn of(turn: Option<TurnStatus>) -> Self {
+        match turn {
+            None => Self::NotFound,
+            Some(TurnStatus::Completed) => Self::Completed,
+            Some(TurnStatus::Failed | TurnStatus::Cancelled) => Self::Failed,
+            Some(_) => Self::StillRunning,
+        }
+    }
+
+    /// The name used in JSON and text (`still_running`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::StillRunning => "still_running",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::NotFound => "not_found",
+        }
+    }
+}
+
+/// An owner's answer to the open questions of one environment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resolution {
+    /// What the owner found about the business effect (never `unknown`).
+    pub effect: EffectState,
+    /// Who resolved it (the operator's user, as `sandboxctl` read it).
+    pub by: String,
+    /// When the resolution was requested, Unix seconds.
+    pub at: u64,
+    /// A free-text note.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// One question held for an owner, with the four layers of evidence.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// What raised it.
+    pub trigger: EvidenceTrigger,
+    /// The decision's reason, as printed.
+    pub reason: String,
+    /// The turn layer, when a turn was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<TurnLayer>,
+    /// The tool layer: the turn's tool items that are not `completed`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolLayer>,
+    /// The workspace layer.
+    pub workspace: WorkspaceLayer,
+    /// The business-effect layer: `unknown` until resolved.
+    pub effect: EffectState,
+    /// For a reported timed-out submission: what became of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submission: Option<SubmissionOutcome>,
+    /// When the controller observed it, Unix seconds.
+    pub observed_at: u64,
+    /// The owner's resolution, once given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolution: Option<Resolution>,
+}
+
+impl Evidence {
+    /// Whether the question is still open (no owner resolved it).
+    pub fn is_open(&self) -> bool {
+        self.resolution.is_none()
+    }
+
+    /// Whether this open question holds the compute that has the files: a tool did not
+    /// complete (its effect, and the files it touched, are in question) and no snapshot
+    /// keeps the files safe. The idle lease does not stop a held compute.
+    pub fn holds_files(&self) -> bool {
+        self.is_open()
+            && self.workspace.snapshot.is_none()
+            && self.tools.iter().any(|t| t.status != ItemStatus::Completed)
+    }
+
+    /// Whether `other` records the same question (same trigger and turn, same submission
+    /// outcome): appended once.
+    fn same_question(&self, other: &Evidence) -> bool {
+        self.trigger == other.trigger
+            && self.turn.as_ref().map(|t| &t.id) == other.turn.as_ref().map(|t| &t.id)
+            && self.submission == other.submission
+            && (self.turn.is_some() || self.reason == other.reason)
+    }
+}
+
+/// What the controller read about the turn a decision concerns, beyond
+/// [`crate::observed::TurnEvidence`]: the turn's error and every tool item that is not
+/// completed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnDetail {
+    /// The turn's `error`, compact.
+    pub error: Option<String>,
+    /// Tool items that are not `completed` (at most [`MAX_TOOLS`]).
+    pub tools: Vec<ToolLayer>,
+}
+
+/// The evidence entry a decision calls for, if any: every `reconcile` and `divergent`
+/// decision, an `uncertain` one only when `retried` (held past one retry), and every
+/// answered timed-out submission. Pure; `detail` is what the worker read of the turn.
+pub fn evidence_for(
+    o: &Observed,
+    d: &Decision,
+    detail: Option<&TurnDetail>,
+    retried: bool,
+) -> Option<Evidence> {
+    let trigger = match (&d.outcome, &d.reason) {
+        (_, Reason::MidTurnDisconnect { .. }) => EvidenceTrigger::MidTurnDisconnect,
+        (_, Reason::SubmissionFound { .. } | Reason::SubmissionNotFound) => {
+            EvidenceTrigger::InputTimedOut
+        }
+        (_, Reason::TurnWithoutExecutor) => EvidenceTrigger::TurnWithoutExecutor,
+        (_, Reason::StartFailing { .. }) => EvidenceTrigger::StartFailing,
+        // Holding is the consequence of evidence already recorded, not a new question.
+        (_, Reason::HeldForOwner { .. }) => return None,
+        (Outcome::Reconcile, _) => EvidenceTrigger::Divergent,
+        (Outcome::Divergent, _) => EvidenceTrigger::Divergent,
+        (Outcome::Uncertain, _) if retried => EvidenceTrigger::Uncertain,
+        _ => return None,
+    };
+    let turn_read = o.latest_turn.as_ref().filter(|_| {
+        matches!(
+            trigger,
+            EvidenceTrigger::MidTurnDisconnect | EvidenceTrigger::InputTimedOut
+        )
+    });
+    let turn = turn_read.map(|t| TurnLayer {
+        id: t.turn_id.clone(),
+        status: t.status,
+        error: detail.and_then(|x| x.error.clone()),
+    });
+    let tools = match (turn_read, detail) {
+        (Some(_), Some(x)) => x.tools.iter().take(MAX_TOOLS).cloned().collect(),
+        (Some(t), None) => t
+            .broken_tools
+            .iter()
+            .take(MAX_TOOLS)
+            .map(|(id, kind, status)| ToolLayer {
+                id: id.clone(),
+                kind: kind.clone(),
+                status: *status,
+            })
+            .collect(),
+        _ => vec![],
+    };
+    let submission = (trigger == EvidenceTrigger::InputTimedOut)
+        .then(|| SubmissionOutcome::of(turn_read.map(|t| t.status)));
+    Some(Evidence {
+        trigger,
+        reason: d.reason.to_string(),
+        turn,
+        tools,
+        workspace: workspace_of(o),
+        effect: EffectState::Unknown,
+        submission,
+        observed_at: o.now,
+        resolution: None,
+    })
+}
+
+/// The workspace layer as observed: the record's generation and the compute it names when
+/// the record claims one runs ("live in task X"); the snapshot reference is left for the
+/// workspace work (issue 14).
+fn workspace_of(o: &Observed) -> WorkspaceLayer {
+    let record = o.record.as_ref();
+    WorkspaceLayer {
+        generation: record.map(|r| r.generation).unwrap_or_default(),
+        live_in: record
+            .filter(|r| r.claims_compute())
+            .and_then(Record::current)
+            .cloned(),
+        snapshot: None,
+    }
+}
+
+/// Appends `entry` to `list` unless the same question is already recorded; keeps at most
+/// [`MAX_EVIDENCE`] entries (open ones are never dropped). Returns whether `list` changed.
+pub fn append(list: &mut Vec<Evidence>, entry: Evidence) -> bool {
+    if let Some(known) = list.iter_mut().find(|e| e.same_question(&entry)) {
+        // An application asking again about a timed-out submission gets a fresh answer
+        // time; other questions are recorded once (a sweep re-deciding writes nothing).
+        if entry.trigger == EvidenceTrigger::InputTimedOut && known.observed_at < entry.observed_at
+        {
+            known.observed_at = entry.observed_at;
+            return true;
+        }
+        return false;
+    }
+    list.push(entry);
+    while list.len() > MAX_EVIDENCE {
+        match list.iter().position(|e| !e.is_open()) {
+            Some(i) => {
+                list.remove(i);
+            }
+            None => break,
+        }
+    }
+    true
+}
+
+/// Closes every open entry of `list` with `resolution`; returns how many it closed.
+pub fn resolve(list: &mut [Evidence], resolution: &Resolution) -> usize {
+    let mut n = 0;
+    for e in list.iter_mut().filter(|e| e.is_open()) {
+        e.effect = resolution.effect;
+        e.resolution = Some(resolution.clone());
+        n += 1;
+    }
+    n
+}
+
+/// The connection state as last observed (the seed's mapping record): the environment
+/// status and since when the controller has read it so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectionObservation {
+    /// `agent.environment.status` as read.
+    pub status: EnvironmentStatus,
+    /// When it was first read with this status, Unix seconds (rewritten only on a change,
+    /// so a steady state costs no write).
+    pub since: u64,
+    /// When the controller last read it, Unix seconds (written with other changes only).
+    pub read_at: u64,
+}

@@ -1,0 +1,291 @@
+//! Issue 15 through the worker over the twins: evidence recorded on the record, held
+//! compute, an owner's resolution through the lock path, timed-out submissions answered
+//! without resubmitting, turn evidence before stops, and the mapping fields.
+
+use sandbox_controller::job::Job;
+use sandbox_controller::ports::{Clock as _, Outgoing, Queue as _};
+use sandbox_core::compute::ComputeStatus;
+use sandbox_core::decision::Outcome;
+use sandbox_core::environment::EnvironmentStatus;
+use sandbox_core::evidence::{EffectState, EvidenceTrigger, Resolution, SubmissionOutcome};
+use sandbox_core::ids::{EnvironmentId, SessionId};
+use sandbox_core::observed::Trigger;
+use sandbox_core::record::{Record, RecordStatus};
+use sandbox_core::session::SessionStatus;
+use sandbox_core::turn::{Item, Turn};
+use sandbox_testkit::world::{TwinController, World};
+use serde_json::json;
+
+fn turn(id: &str, status: &str, created_at: i64) -> Turn {
+    serde_json::from_value(json!({
+        "id": id, "object": "agent.session.turn", "session_id": "sess_ev",
+        "status": status, "created_at": created_at, "error": null
+    }))
+    .unwrap()
+}
+
+fn item(id: &str, kind: &str, status: &str) -> Item {
+    serde_json::from_value(json!({"id": id, "type": kind, "status": status})).unwrap()
+}
+
+struct Env {
+    world: World,
+    c: TwinController,
+    session: SessionId,
+    env: EnvironmentId,
+}
+
+impl Env {
+    /// A session whose executor started and connected, idle.
+    async fn running() -> Self {
+        let world = World::new();
+        let c = world.controller("w");
+        let session = SessionId::new("sess_ev");
+        let env = EnvironmentId::new("env_ev");
+        world.sessions.add(&session, &env, SessionStatus::Idle);
+        world.sessions.require_connection(&session);
+        let e = Self {
+            world,
+            c,
+            session,
+            env,
+        };
+        e.deliver(Trigger::ConnectionRequested, "wh_1").await;
+        e.world.sessions.connect(&e.env, SessionStatus::Idle);
+        e
+    }
+
+    async fn deliver(&self, trigger: Trigger, webhook: &str) -> Vec<Outcome> {
+        self.world
+            .deliver(trigger, &self.session, Some(&self.env), webhook, webhook)
+            .await
+            .unwrap();
+        self.drain(false).await
+    }
+
+    /// Enqueues an operator or application job (no webhook id) and processes it.
+    async fn job(&self, trigger: Trigger) -> Vec<Outcome> {
+        let now = self.world.clock.now();
+        let job = Job {
+            handoffs: 0,
+            swept: None,
+            trigger,
+            session_id: self.session.clone(),
+            environment_id: Some(self.env.clone()),
+            webhook_id: None,
+            enqueued_at: now,
+        };
+        self.world
+            .events
+            .send(Outgoing {
+                group: job.group().to_owned(),
+                dedup_id: format!("op-{now}-{:?}", job.trigger),
+                job,
+                delay_secs: 0,
+            })
+            .await
+            .unwrap();
+        self.drain(false).await
+    }
+
+    /// Processes every visible message of one queue; returns the outcomes.
+    async fn drain(&self, timers: bool) -> Vec<Outcome> {
+        let mut out = vec![];
+        for _ in 0..20 {
+            let (q, cq) = if timers {
+                (&self.world.timers, &self.c.timers)
+            } else {
+                (&self.world.events, &self.c.events)
+            };
+            let Some(msg) = q.receive(1, 60, 0).await.unwrap().into_iter().next() else {
+                break;
+            };
+            let p = self.c.handle(cq, &msg).await.unwrap();
+            out.extend(p.outcome());
+        }
+        out
+    }
+
+    /// Lets `secs` pass and processes the rechecks that became due.
+    async fn after(&self, secs: u64) -> Vec<Outcome> {
+        self.world.clock.advance_secs(secs);
+        self.drain(true).await
+    }
+
+    fn record(&self) -> Record {
+        self.world.registry.record(&self.env.effect_key()).unwrap()
+    }
+
+    fn live(&self) -> usize {
+        self.world
+            .compute
+            .instances()
+            .iter()
+            .filter(|i| i.environment_id == self.env && i.status.is_live())
+            .count()
+    }
+}
+
+fn resolution() -> Resolution {
+    Resolution {
+        effect: EffectState::Observed,
+        by: "alice".into(),
+        at: 0,
+        note: Some("the deploy ran once".into()),
+    }
+}
+
+#[tokio::test]
+async fn row20_mid_turn_disconnect_is_held_with_evidence_until_resolved_then_stops() {
+    let e = Env::running().await;
+    assert_eq!(e.live(), 1);
+    e.world.sessions.push_turn(
+        &e.session,
+        turn("turn_9", "completed", 1_764_400_100),
+        vec![
+            item("msg_1", "agent_message", "completed"),
+            item("item_3", "command_execution", "failed"),
+            item("item_4", "function_call", "completed"),
+        ],
+    );
+    e.world
+        .sessions
+        .set_environment_status(&e.env, EnvironmentStatus::Disconnected);
+    let out = e.deliver(Trigger::Idle, "wh_idle_1").await;
+    assert_eq!(out, vec![Outcome::Reconcile]);
+    let r = e.record();
+    assert_eq!(r.evidence.len(), 1, "{r:?}");
+    let ev = &r.evidence[0];
+    assert_eq!(ev.trigger, EvidenceTrigger::MidTurnDisconnect);
+    assert_eq!(ev.turn.as_ref().unwrap().id, "turn_9");
+    assert_eq!(ev.tools.len(), 1, "only the tool that did not complete");
+    assert_eq!(ev.tools[0].id, "item_3");
+    assert_eq!(ev.workspace.live_in, r.instance);
+    assert_eq!(ev.effect, EffectState::Unknown);
+    assert!(r.lease.is_none(), "no lease while held");
+    assert_eq!(
+        r.connection.map(|c| c.status),
+        Some(EnvironmentStatus::Disconnected)
+    );
+    assert_eq!(r.last_reconciled_event_id.as_deref(), Some("wh_idle_1"));
+
+    // Another idle, and sweeps long after the grace: still held, still running.
+    assert_eq!(
+        e.deliver(Trigger::Idle, "wh_idle_2").await,
+        vec![Outcome::Reconcile]
+    );
+    e.world.clock.advance_secs(3_600);
+    e.c.sweep().await.unwrap();
+    e.drain(true).await;
+    assert_eq!(e.live(), 1, "the held compute is not stopped");
+    assert_eq!(e.record().evidence.len(), 1, "recorded once");
+
+    // The owner resolves it through the lock path; the next idle stop proceeds.
+    let out = e
+        .job(Trigger::Resolve {
+            resolution: resolution(),
+        })
+        .await;
+    assert_eq!(out, vec![Outcome::Ignore]);
+    let r = e.record();
+    assert_eq!(r.evidence[0].effect, EffectState::Observed);
+    assert_eq!(r.evidence[0].resolution.as_ref().unwrap().by, "alice");
+    e.after(2).await; // the recheck: a lease
+    assert!(e.record().lease.is_some());
+    let grace = e.c.config.policy.shutdown_grace_secs;
+    let out = e.after(grace + 1).await;
+    assert!(out.contains(&Outcome::Stop), "{out:?}");
+    assert_eq!(e.live(), 0);
+    assert_eq!(e.record().status, RecordStatus::Stopped);
+}
+
+#[tokio::test]
+async fn lease_due_stop_with_a_queued_turn_is_cancelled() {
+    let e = Env::running().await;
+    assert_eq!(
+        e.deliver(Trigger::Idle, "wh_idle").await,
+        vec![Outcome::ScheduleStop]
+    );
+    // Input arrived, its turn is queued, the session still reads idle (agents-api.md:
+    // idle can arrive just before queued input starts).
+    e.world
+        .sessions
+        .push_turn(&e.session, turn("turn_q", "queued", 1_764_400_200), vec![]);
+    let grace = e.c.config.policy.shutdown_grace_secs;
+    let out = e.after(grace + 1).await;
+    assert!(out.contains(&Outcome::CancelStop), "{out:?}");
+    assert!(!out.contains(&Outcome::Stop), "{out:?}");
+    assert_eq!(e.live(), 1);
+    assert!(e.record().lease.is_none());
+    let stopped = e
+        .world
+        .compute
+        .instances()
+        .iter()
+        .any(|i| i.status == ComputeStatus::Stopped);
+    assert!(!stopped);
+}
+
+#[tokio::test]
+async fn row21_reported_timeouts_record_four_outcomes_and_never_resubmit() {
+    let e = Env::running().await;
+    let t0 = e.world.clock.now();
+    e.world.sessions.push_turn(
+        &e.session,
+        turn("turn_done", "completed", t0 as i64),
+        vec![item("item_1", "command_execution", "completed")],
+    );
+    e.world.sessions.push_turn(
+        &e.session,
+        turn("turn_run", "in_progress", t0 as i64 + 5),
+        vec![item("item_2", "command_execution", "in_progress")],
+    );
+    e.world.sessions.push_turn(
+        &e.session,
+        turn("turn_bad", "failed", t0 as i64 + 6),
+        vec![],
+    );
+    let turns_before = 3;
+    for (turn_id, submitted_at) in [
+        (Some("turn_done"), t0),
+        (Some("turn_run"), t0),
+        (Some("turn_bad"), t0),
+        (None, t0 + 100),
+    ] {
+        let out = e
+            .job(Trigger::TimeoutReported {
+                turn_id: turn_id.map(str::to_owned),
+                submitted_at,
+            })
+            .await;
+        assert_eq!(out, vec![Outcome::Reconcile], "{turn_id:?}");
+    }
+    let got: Vec<_> = e
+        .record()
+        .evidence
+        .iter()
+        .map(|x| (x.turn.as_ref().map(|t| t.id.clone()), x.submission))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (Some("turn_done".into()), Some(SubmissionOutcome::Completed)),
+            (
+                Some("turn_run".into()),
+                Some(SubmissionOutcome::StillRunning)
+            ),
+            (Some("turn_bad".into()), Some(SubmissionOutcome::Failed)),
+            (None, Some(SubmissionOutcome::NotFound)),
+        ]
+    );
+    let running = &e.record().evidence[1];
+    assert_eq!(running.tools[0].id, "item_2", "the tool still running");
+    // Nothing was submitted: the twin holds the same turns.
+    let turns = e
+        .world
+        .sessions
+        .get(&e.session)
+        .map(|_| e.world.sessions.turn_count(&e.session))
+        .unwrap();
+    assert_eq!(turns, turns_before);
+}
