@@ -502,6 +502,15 @@ fn describe_effect(v: &serde_json::Value) -> String {
         Ok(Effect::ClearStartFailure) => "failed starts reset".into(),
         Ok(Effect::NoteConnectionRequest { .. }) => "connection requested".into(),
         Ok(Effect::ClearConnectionRequest) => "connection no longer requested".into(),
+        Ok(Effect::PutNoWorkLease(l)) => format!(
+            "no-work lease g{} due +{}s",
+            l.target.generation,
+            l.due_at - l.requested_at
+        ),
+        Ok(Effect::DropNoWorkLease) => "drop no-work lease".into(),
+        Ok(Effect::RecordReplacements { recent }) => {
+            format!("{} replacement(s) in the window", recent.len())
+        }
         Err(_) => v.to_string(),
     }
 }

@@ -25,6 +25,7 @@ pub mod event;
 pub mod ids;
 pub mod observed;
 pub mod record;
+pub mod remote_url;
 pub mod session;
 pub mod turn;
 pub mod webhook;

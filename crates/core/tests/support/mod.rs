@@ -143,8 +143,16 @@ pub fn observe(trigger: Trigger, session: Session) -> Observed {
         inventory: Inventory::Known { instances: vec![] },
         latest_turn: None,
         filter: OwnershipFilter::default(),
-        policy: Policy::default(),
+        policy: test_policy(),
         now: NOW,
+    }
+}
+
+/// The default policy, with the test sessions' `remote_url` host allowed.
+pub fn test_policy() -> Policy {
+    Policy {
+        remote_url_allowlist: vec!["wss://agents.example.test".into()],
+        ..Policy::default()
     }
 }
 
@@ -274,6 +282,7 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                 r.status = RecordStatus::Stopped;
                 r.lease = None;
                 r.connection_requested_at = None;
+                r.no_work_lease = None;
             }
             Effect::MarkClosed => {
                 fresh(&mut next.record);
@@ -282,12 +291,26 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                 r.cleanup_required = false;
                 r.lease = None;
                 r.connection_requested_at = None;
+                r.no_work_lease = None;
             }
             Effect::RequireCleanup => {
                 fresh(&mut next.record);
                 next.record.as_mut().unwrap().cleanup_required = true;
             }
             Effect::DeleteSession { .. } => next.session = SessionView::Deleted,
+            Effect::PutNoWorkLease(l) => {
+                fresh(&mut next.record);
+                next.record.as_mut().unwrap().no_work_lease = Some(l.clone());
+            }
+            Effect::DropNoWorkLease => {
+                if let Some(r) = next.record.as_mut() {
+                    r.no_work_lease = None;
+                }
+            }
+            Effect::RecordReplacements { recent } => {
+                fresh(&mut next.record);
+                next.record.as_mut().unwrap().replacements = recent.clone();
+            }
         }
     }
     next.inventory = match &o.inventory {
