@@ -24,6 +24,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The simulator's `remote_url` scheme and host, allowed in the demo.
+const LOOPBACK_REMOTE_URL: &str = "http://127.0.0.1";
+
 /// Arguments of `sandboxctl demo`.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -117,6 +120,9 @@ impl Demo {
             shutdown_grace_secs: GRACE_SECS,
             recheck_secs: 1,
             uncertain_retry_secs: 2,
+            // The simulator's remote_url is http://127.0.0.1:PORT/...: local mode applies
+            // the same allowlist check, with the loopback host allowed over plain http.
+            remote_url_allowlist: vec![LOOPBACK_REMOTE_URL.to_owned()],
             ..Policy::default()
         };
         controller.stop_readback_interval = Duration::from_millis(100);

@@ -1426,7 +1426,7 @@ impl View<'_> {
         ))
     }
 
-    /// Stops `c` for a ceiling: both leases dropped, the stop, the record marked stopped.
+    /// Stops `c` for a ceiling: the stop, both leases dropped, the record marked stopped.
     fn ceiling_stop(
         &self,
         c: &ComputeInstance,
@@ -1434,16 +1434,16 @@ impl View<'_> {
         reason: Reason,
         stop: StopReason,
     ) -> Decision {
+        // The stop first: the record keeps its evidence (the leases) until the stop is
+        // confirmed, as for a due idle lease.
         Decision::new(outcome, reason)
+            .with([Effect::StopCompute(StopSpec {
+                target: c.as_ref(),
+                reason: stop,
+            })])
             .with(self.drop_lease())
             .with(self.drop_no_work_lease())
-            .with([
-                Effect::StopCompute(StopSpec {
-                    target: c.as_ref(),
-                    reason: stop,
-                }),
-                Effect::MarkStopped,
-            ])
+            .with([Effect::MarkStopped])
     }
 
     /// Issue 13 item 1: past the maximum lifetime an idle session's executor stops at

@@ -87,8 +87,8 @@ fn idle_session_past_max_lifetime_with_a_pending_idle_lease_is_stopped_without_w
     assert_eq!(
         d.effects,
         vec![
-            Effect::DropLease,
             stop("task-1", 1, StopReason::LifetimeExceeded),
+            Effect::DropLease,
             Effect::MarkStopped
         ]
     );
@@ -231,8 +231,8 @@ fn no_work_lease_due_and_still_no_work_stops_the_executor_as_no_work() {
     assert_eq!(
         d.effects,
         vec![
-            Effect::DropNoWorkLease,
             stop("task-1", 1, StopReason::NoWork),
+            Effect::DropNoWorkLease,
             Effect::MarkStopped
         ]
     );

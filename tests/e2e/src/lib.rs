@@ -14,6 +14,10 @@ pub use lifecycle_harness::LifecycleHarness;
 pub mod ecs_idempotency_proxy;
 pub mod operator_cli;
 
+/// The simulator's `remote_url` scheme and host (`http://127.0.0.1:PORT/...`): the
+/// harnesses' `remote_url` allowlist.
+pub const SIM_REMOTE_URL_HOST: &str = "http://127.0.0.1";
+
 use agents_sim::{SimClient, SimConfig, SimHandle, Url};
 use anyhow::{Context as _, bail};
 use sandbox_agents_api::ClientConfig;
@@ -138,6 +142,7 @@ impl Harness {
             shutdown_grace_secs: opts.grace_secs,
             recheck_secs: 1,
             uncertain_retry_secs: 1,
+            remote_url_allowlist: vec![SIM_REMOTE_URL_HOST.to_owned()],
             ..Policy::default()
         };
         controller.stop_readback_interval = Duration::from_millis(50);
