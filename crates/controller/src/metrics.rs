@@ -70,6 +70,11 @@ pub mod names {
     pub const WEBHOOK_IGNORED: &str = "webhook_ignored";
     /// Deliveries rejected, label `reason`.
     pub const WEBHOOK_REJECTED: &str = "webhook_rejected";
+    /// Cost and safety ceilings that acted (issue 13), label `reason`:
+    /// `lifetime_exceeded`, `lifetime_hard_cap`, `no_work` (executor stops),
+    /// `replacement_cap` (a stop or a held start at the cap), `remote_url_not_allowed`
+    /// (no compute for the session).
+    pub const CEILINGS: &str = "ceilings";
 }
 
 /// Registers units and descriptions with the installed recorder (EMF needs the units).
@@ -94,6 +99,7 @@ pub fn describe() {
             "verified deliveries that are not compute's business",
         ),
         (WEBHOOK_REJECTED, "webhook deliveries rejected, by reason"),
+        (CEILINGS, "cost and safety ceilings that acted, by reason"),
     ] {
         describe_counter!(name, Unit::Count, what);
     }
@@ -117,6 +123,9 @@ pub fn decision_applied(
     now: u64,
 ) {
     metrics::counter!(names::DECISIONS, "outcome" => decision.outcome.as_str()).increment(1);
+    if let Some(reason) = ceiling_of(decision) {
+        metrics::counter!(names::CEILINGS, "reason" => reason).increment(1);
+    }
     let instances = match &observed.inventory {
         Inventory::Known { instances } => instances.as_slice(),
         Inventory::Unavailable => &[],
@@ -150,6 +159,19 @@ pub fn decision_applied(
             }
             _ => {}
         }
+    }
+}
+
+/// The ceiling a decision applies, as the `reason` label of [`names::CEILINGS`].
+pub fn ceiling_of(decision: &Decision) -> Option<&'static str> {
+    use sandbox_core::decision::Reason;
+    match &decision.reason {
+        Reason::LifetimeExceeded { .. } => Some("lifetime_exceeded"),
+        Reason::LifetimeHardCap { .. } => Some("lifetime_hard_cap"),
+        Reason::NoWorkLeaseExpired { .. } => Some("no_work"),
+        Reason::ReplacementCapReached { .. } => Some("replacement_cap"),
+        Reason::RemoteUrlNotAllowed { .. } => Some("remote_url_not_allowed"),
+        _ => None,
     }
 }
 
