@@ -225,11 +225,12 @@ def test_each_secret_is_readable_only_where_needed(any_cfn):
         for s in statements_with(any_cfn, role_id, "secretsmanager:GetSecretValue"):
             for r in as_list(s["Resource"]):
                 readers.setdefault(flat(r), set()).add(purpose.split(" (")[0])
-    assert sorted(map(sorted, readers.values())) == sorted(
+    # The webhook may also read the previous signing secret (a rotation): same reader.
+    assert sorted(set(map(tuple, map(sorted, readers.values())))) == sorted(
         [
-            ["executor execution role"],
-            ["sandbox-lifecycle sweeper", "sandbox-lifecycle worker"],
-            ["sandbox-lifecycle webhook"],
+            ("executor execution role",),
+            ("sandbox-lifecycle sweeper", "sandbox-lifecycle worker"),
+            ("sandbox-lifecycle webhook",),
         ]
     ), readers
     # No other secret action anywhere.
@@ -269,6 +270,45 @@ def test_settings_parser_sees_the_known_variables():
     assert wanted["webhook"]["required"] == {"EVENTS_QUEUE_URL", "WEBHOOK_SECRET_ARN"}
     assert {"TABLE_NAME", "DEPLOYMENT_ID", "SUBNETS", "OPENAI_API_KEY_SECRET_ARN"} <= wanted["controller"]["required"]
     assert {"AGENT_IDS", "WORKSPACE_DIRECTORY", "SHUTDOWN_GRACE_SECS"} <= wanted["controller"]["optional"]
+    # Issue 13: the cost and safety ceilings, and the webhook's rotation and tolerance.
+    assert {
+        "MAX_LIFETIME_SECS",
+        "LIFETIME_HARD_CAP_SECS",
+        "NO_WORK_SECS",
+        "MAX_REPLACEMENTS",
+        "REPLACEMENT_WINDOW_SECS",
+        "REMOTE_URL_ALLOWLIST",
+    } <= wanted["controller"]["optional"]
+    assert {"WEBHOOK_PREVIOUS_SECRET_ARN", "WEBHOOK_TOLERANCE_SECS"} <= wanted["webhook"]["optional"]
+
+
+def test_ceiling_parameters_reach_both_controller_functions_in_sam_and_cdk(sam_cfn, cdk_cfn):
+    ceilings = {
+        "MAX_LIFETIME_SECS": "MaxLifetimeSecs",
+        "LIFETIME_HARD_CAP_SECS": "LifetimeHardCapSecs",
+        "NO_WORK_SECS": "NoWorkSecs",
+        "MAX_REPLACEMENTS": "MaxReplacements",
+        "REPLACEMENT_WINDOW_SECS": "ReplacementWindowSecs",
+        "REMOTE_URL_ALLOWLIST": "RemoteUrlAllowlist",
+    }
+    defaults = {
+        "MAX_LIFETIME_SECS": "28800",
+        "LIFETIME_HARD_CAP_SECS": "32400",
+        "NO_WORK_SECS": "3600",
+        "MAX_REPLACEMENTS": "3",
+        "REPLACEMENT_WINDOW_SECS": "3600",
+        "REMOTE_URL_ALLOWLIST": "api.openai.com",
+    }
+    for binary in ("worker", "sweeper"):
+        sam = function_by_binary(sam_cfn, binary)["Environment"]["Variables"]
+        cdk = function_by_binary(cdk_cfn, binary)["Environment"]["Variables"]
+        for var, parameter in ceilings.items():
+            assert sam[var] == {"Ref": parameter}, (binary, var)
+            assert str(sam_cfn["Parameters"][parameter]["Default"]) == defaults[var], parameter
+            assert cdk[var] == defaults[var], (binary, var)
+    for cfn in (sam_cfn, cdk_cfn):
+        webhook = function_by_binary(cfn, "webhook")["Environment"]["Variables"]
+        assert "WEBHOOK_TOLERANCE_SECS" in webhook
 
 
 def test_every_sam_parameter_is_used(sam_cfn):
@@ -366,7 +406,7 @@ def test_sam_and_cdk_define_the_same_alarms(sam_cfn, cdk_cfn):
 def test_alarms_cover_the_lifecycle_and_name_only_emitted_metrics(any_cfn):
     alarms = alarm_signatures(any_cfn)
     emf = {
-        (metric, dict(dims).get("outcome"), evaluation)
+        (metric, dict(dims).get("outcome") or dict(dims).get("reason"), evaluation)
         for (ns, metric, dims, _, _, evaluation, *_) in alarms
         if ns == "SandboxLifecycle"
     }
@@ -377,6 +417,9 @@ def test_alarms_cover_the_lifecycle_and_name_only_emitted_metrics(any_cfn):
         ("orphans_released", None, 1),
         ("stuck_jobs", None, 1),
         ("start_failures", None, 1),
+        # Issue 13: the ceilings that need an owner at once.
+        ("ceilings", "remote_url_not_allowed", 1),
+        ("ceilings", "replacement_cap", 1),
     }
     assert {m for m, _, _ in emf} <= emitted_metric_names()
     for ns, _, dims, *_ in alarms:

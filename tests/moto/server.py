@@ -21,6 +21,10 @@ service and operation is moto's own:
 - DescribeTasks answers `failures: [{arn, reason: "MISSING"}]` for a requested task it does
   not know (ECS API reference, DescribeTasks / Failure). moto answers no task and no
   failure.
+- A task carries `createdAt` and `startedAt` (ECS API reference, Task: "The Unix timestamp
+  for the time when the task was created" / "... transitioned from the PENDING state to
+  the RUNNING state"). moto sets neither; its tasks are RUNNING at once, so both are the
+  RunTask time (the executor lifetime ceiling reads `startedAt`).
 
 moto's other quirks are kept on purpose (shared/reference/moto.md): the ListTasks cluster
 filter and DescribeTasks task ids still match as substrings, so the adapter's own exact
@@ -34,6 +38,7 @@ import json
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from typing import Any
 
 from moto.core.responses import ActionResult
@@ -84,10 +89,21 @@ def _task_by_arn(backend: Any, arn: str) -> Any | None:
     return None
 
 
+def _stamped(result: ActionResult) -> ActionResult:
+    """Sets `createdAt` and `startedAt` on the tasks RunTask just started (see the module
+    docs); a task returned again for its client token keeps its own."""
+    now = datetime.now(timezone.utc)
+    for task in result.result["tasks"]:  # type: ignore[index]
+        if getattr(task, "created_at", None) is None:
+            task.created_at = now
+            task.started_at = now
+    return result
+
+
 def run_task(self: EC2ContainerServiceResponse) -> ActionResult:
     token = self._get_param("clientToken")
     if token is None:
-        return _original_run_task(self)
+        return _stamped(_original_run_task(self))
     if len(token) > CLIENT_TOKEN_MAX_CHARS or not all(33 <= ord(c) <= 126 for c in token):
         raise InvalidParameterException(
             f"clientToken must be at most {CLIENT_TOKEN_MAX_CHARS} characters in the range "
@@ -111,7 +127,7 @@ def run_task(self: EC2ContainerServiceResponse) -> ActionResult:
                 )
             tasks = [t for t in (_task_by_arn(backend, a) for a in arns) if t is not None]
             return ActionResult({"tasks": tasks, "failures": []})
-        result = _original_run_task(self)
+        result = _stamped(_original_run_task(self))
         arns = [t.task_arn for t in result.result["tasks"]]  # type: ignore[index]
         if arns:
             tokens[token] = (parameters, arns, now)

@@ -23,6 +23,14 @@
 //! | `AGENTS_API_BASE_URL` | worker, sweeper | no | Agents API root (default `https://api.openai.com/v1`) |
 //! | `OPENAI_API_KEY_SECRET_ARN` | worker, sweeper | yes | Secrets Manager ARN (or name) of the OpenAI API key |
 //! | `WEBHOOK_SECRET_ARN` | webhook | yes | Secrets Manager ARN (or name) of the webhook signing secret (`whsec_...`) |
+//! | `WEBHOOK_PREVIOUS_SECRET_ARN` | webhook | no | ARN (or name) of the previous signing secret during a rotation: deliveries signed with either verify |
+//! | `WEBHOOK_TOLERANCE_SECS` | webhook | no | accepted `webhook-timestamp` skew, both directions, seconds (default 300; ≥ 1) |
+//! | `MAX_LIFETIME_SECS` | worker, sweeper | no | maximum executor lifetime, seconds (default 28,800; 0 = off) |
+//! | `LIFETIME_HARD_CAP_SECS` | worker, sweeper | no | hard lifetime cap, stops even mid-turn, seconds (default 32,400; 0 = none; not below `MAX_LIFETIME_SECS`) |
+//! | `NO_WORK_SECS` | worker, sweeper | no | idle without work: no turn and no connection request for this long stops the executor, seconds (default 3,600; 0 = off) |
+//! | `MAX_REPLACEMENTS` | worker, sweeper | no | replacements for a missed connect deadline allowed within the window (default 3; 0 = no cap) |
+//! | `REPLACEMENT_WINDOW_SECS` | worker, sweeper | no | the replacement cap's window, seconds (default 3,600; ≥ 1) |
+//! | `REMOTE_URL_ALLOWLIST` | worker, sweeper | no | comma-separated hosts a session's `remote_url` may name (`host`, `*.domain`, `scheme://host`; default `api.openai.com`, https only) |
 //! | `AWS_ENDPOINT_URL` | all | no | one endpoint for every AWS service: tests only (moto) |
 //!
 //! An empty or blank value counts as unset. Every failure is one [`SettingsError`] naming
@@ -71,6 +79,10 @@ pub struct WebhookSettings {
     pub events_queue_fifo: bool,
     /// `WEBHOOK_SECRET_ARN`.
     pub webhook_secret: SecretRef,
+    /// `WEBHOOK_PREVIOUS_SECRET_ARN`: the previous secret during a rotation.
+    pub previous_webhook_secret: Option<SecretRef>,
+    /// `WEBHOOK_TOLERANCE_SECS` (default 300).
+    pub tolerance_secs: u64,
     /// `DEPLOYMENT_ID`, optional here: only the metrics' `deployment` dimension uses it.
     pub deployment_id: Option<String>,
     /// `AWS_ENDPOINT_URL` (tests only).
@@ -256,6 +268,15 @@ impl WebhookSettings {
             events_queue_fifo: events_queue_url.ends_with(".fifo"),
             events_queue_url,
             webhook_secret: vars.secret_ref("WEBHOOK_SECRET_ARN")?,
+            previous_webhook_secret: match vars.optional("WEBHOOK_PREVIOUS_SECRET_ARN") {
+                Some(_) => Some(vars.secret_ref("WEBHOOK_PREVIOUS_SECRET_ARN")?),
+                None => None,
+            },
+            tolerance_secs: vars.secs(
+                "WEBHOOK_TOLERANCE_SECS",
+                sandbox_core::webhook::DEFAULT_TOLERANCE_SECS,
+                true,
+            )?,
             deployment_id: vars.optional("DEPLOYMENT_ID"),
             aws_endpoint_url: vars.optional("AWS_ENDPOINT_URL"),
         })
@@ -317,6 +338,7 @@ impl ControllerSettings {
             defaults.connect_deadline_secs,
             true,
         )?;
+        ceilings(&vars, &mut controller.policy)?;
         controller.filter.agent_ids = vars.list("AGENT_IDS")?;
         controller.filter.workspace_directory = vars.optional("WORKSPACE_DIRECTORY");
         controller.worker_id = worker_id(&vars.0);
@@ -344,6 +366,56 @@ impl ControllerSettings {
             aws_endpoint_url: vars.optional("AWS_ENDPOINT_URL"),
         })
     }
+}
+
+/// The cost and safety ceilings (issue 13) into `policy`.
+fn ceilings<F: Fn(&str) -> Option<String>>(
+    vars: &Vars<F>,
+    policy: &mut Policy,
+) -> Result<(), SettingsError> {
+    let defaults = Policy::default();
+    policy.max_lifetime_secs = vars.secs("MAX_LIFETIME_SECS", defaults.max_lifetime_secs, false)?;
+    policy.lifetime_hard_cap_secs = vars.secs(
+        "LIFETIME_HARD_CAP_SECS",
+        defaults.lifetime_hard_cap_secs,
+        false,
+    )?;
+    if policy.lifetime_hard_cap_secs != 0
+        && policy.max_lifetime_secs != 0
+        && policy.lifetime_hard_cap_secs < policy.max_lifetime_secs
+    {
+        return Err(SettingsError::Invalid {
+            var: "LIFETIME_HARD_CAP_SECS",
+            reason: "0 or at least MAX_LIFETIME_SECS",
+        });
+    }
+    policy.no_work_secs = vars.secs("NO_WORK_SECS", defaults.no_work_secs, false)?;
+    let max_replacements = vars.secs(
+        "MAX_REPLACEMENTS",
+        u64::from(defaults.max_replacements),
+        false,
+    )?;
+    policy.max_replacements =
+        u32::try_from(max_replacements).map_err(|_| SettingsError::Invalid {
+            var: "MAX_REPLACEMENTS",
+            reason: "a count below 4294967296",
+        })?;
+    policy.replacement_window_secs = vars.secs(
+        "REPLACEMENT_WINDOW_SECS",
+        defaults.replacement_window_secs,
+        true,
+    )?;
+    let allowlist = vars.list("REMOTE_URL_ALLOWLIST")?;
+    if !allowlist.is_empty() {
+        sandbox_core::remote_url::validate_allowlist(&allowlist).map_err(|_| {
+            SettingsError::Invalid {
+                var: "REMOTE_URL_ALLOWLIST",
+                reason: "comma-separated entries, each a host, *.domain or scheme://host",
+            }
+        })?;
+        policy.remote_url_allowlist = allowlist;
+    }
+    Ok(())
 }
 
 /// The queue name at the end of a queue URL (`.../123456789012/NAME` → `NAME`), which is

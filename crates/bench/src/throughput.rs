@@ -121,7 +121,12 @@ pub async fn measure(opts: &Options) -> anyhow::Result<Throughput> {
         compute.clone(),
         sessions_api,
         clock.clone(),
-        ControllerConfig::new(DeploymentId::new("bench")?),
+        {
+            let mut c = ControllerConfig::new(DeploymentId::new("bench")?);
+            // The simulator's remote_url is http://127.0.0.1:PORT/...
+            c.policy.remote_url_allowlist = vec!["http://127.0.0.1".to_owned()];
+            c
+        },
     ));
 
     // Duplicates: every environment whose index falls on the duplicate share gets one

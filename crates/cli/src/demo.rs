@@ -24,6 +24,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The simulator's `remote_url` scheme and host, allowed in the demo.
+const LOOPBACK_REMOTE_URL: &str = "http://127.0.0.1";
+
 /// Arguments of `sandboxctl demo`.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -117,6 +120,9 @@ impl Demo {
             shutdown_grace_secs: GRACE_SECS,
             recheck_secs: 1,
             uncertain_retry_secs: 2,
+            // The simulator's remote_url is http://127.0.0.1:PORT/...: local mode applies
+            // the same allowlist check, with the loopback host allowed over plain http.
+            remote_url_allowlist: vec![LOOPBACK_REMOTE_URL.to_owned()],
             ..Policy::default()
         };
         controller.stop_readback_interval = Duration::from_millis(100);
@@ -504,6 +510,15 @@ fn describe_effect(v: &serde_json::Value) -> String {
         Ok(Effect::ClearConnectionRequest) => "connection no longer requested".into(),
         Ok(Effect::ResolveReconciliation(r)) => {
             format!("reconciliation resolved ({})", r.effect.as_str())
+        }
+        Ok(Effect::PutNoWorkLease(l)) => format!(
+            "no-work lease g{} due +{}s",
+            l.target.generation,
+            l.due_at - l.requested_at
+        ),
+        Ok(Effect::DropNoWorkLease) => "drop no-work lease".into(),
+        Ok(Effect::RecordReplacements { recent }) => {
+            format!("{} replacement(s) in the window", recent.len())
         }
         Err(_) => v.to_string(),
     }

@@ -10,6 +10,7 @@ use anyhow::{Context as _, bail};
 use sandbox_agents_api::ClientConfig;
 use sandbox_controller::ControllerConfig;
 use sandbox_core::ids::DeploymentId;
+use sandbox_core::observed::Policy;
 use sandbox_local::embedded::{EmbeddedConfig, EmbeddedStack};
 use sandbox_local::process_compute::{ExecutorCommand, KeySource};
 use std::net::SocketAddr;
@@ -76,6 +77,36 @@ pub struct ServeArgs {
     /// Stop every executor on exit (default: leave them; a restart adopts them).
     #[arg(long)]
     stop_executors_on_exit: bool,
+    /// Environment variable holding the previous webhook signing secret during a rotation
+    /// (deliveries signed with either verify). Unset: only the current secret.
+    #[arg(long)]
+    webhook_previous_secret_env: Option<String>,
+    /// Accepted `webhook-timestamp` skew, both directions, seconds (≥ 1).
+    #[arg(long, default_value_t = sandbox_core::webhook::DEFAULT_TOLERANCE_SECS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    webhook_tolerance_secs: u64,
+    /// Maximum executor lifetime, seconds (0 = off): past it an idle session's executor
+    /// stops at once, a busy one at its next idle.
+    #[arg(long, default_value_t = Policy::default().max_lifetime_secs)]
+    max_lifetime_secs: u64,
+    /// Hard lifetime cap, seconds (0 = none): past it the executor stops even mid-turn.
+    #[arg(long, default_value_t = Policy::default().lifetime_hard_cap_secs)]
+    lifetime_hard_cap_secs: u64,
+    /// Idle without work, seconds (0 = off): no turn and no connection request for this
+    /// long stops the executor, whatever the session's status.
+    #[arg(long, default_value_t = Policy::default().no_work_secs)]
+    no_work_secs: u64,
+    /// Replacements for a missed connect deadline allowed within the window (0 = no cap).
+    #[arg(long, default_value_t = Policy::default().max_replacements)]
+    max_replacements: u32,
+    /// The replacement cap's window, seconds (≥ 1).
+    #[arg(long, default_value_t = Policy::default().replacement_window_secs,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    replacement_window_secs: u64,
+    /// Hosts a session's `remote_url` may name (repeatable: `host`, `*.domain`, or
+    /// `scheme://host` to allow a scheme other than https). Default: api.openai.com.
+    #[arg(long = "remote-url-allow")]
+    remote_url_allow: Vec<String>,
 }
 
 fn secret_env(name: &str) -> anyhow::Result<String> {
@@ -85,10 +116,38 @@ fn secret_env(name: &str) -> anyhow::Result<String> {
     }
 }
 
+/// The cost and safety ceilings (issue 13) from the flags into `policy`.
+fn ceilings(args: &ServeArgs, policy: &mut Policy) -> anyhow::Result<()> {
+    if args.lifetime_hard_cap_secs != 0
+        && args.max_lifetime_secs != 0
+        && args.lifetime_hard_cap_secs < args.max_lifetime_secs
+    {
+        bail!("--lifetime-hard-cap-secs must be 0 or at least --max-lifetime-secs");
+    }
+    policy.max_lifetime_secs = args.max_lifetime_secs;
+    policy.lifetime_hard_cap_secs = args.lifetime_hard_cap_secs;
+    policy.no_work_secs = args.no_work_secs;
+    policy.max_replacements = args.max_replacements;
+    policy.replacement_window_secs = args.replacement_window_secs;
+    if !args.remote_url_allow.is_empty() {
+        sandbox_core::remote_url::validate_allowlist(&args.remote_url_allow)
+            .map_err(|problem| anyhow::anyhow!("--remote-url-allow: {problem}"))?;
+        policy.remote_url_allowlist = args.remote_url_allow.clone();
+    }
+    Ok(())
+}
+
 /// Runs the stack until Ctrl-C.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let api_key = secret_env(&args.api_key_env)?;
+    // Settings first: a misconfiguration fails before any secret is read.
+    let mut policy = Policy::default();
+    ceilings(&args, &mut policy)?;
     let webhook_secret = secret_env(&args.webhook_secret_env)?;
+    let previous_webhook_secrets = match &args.webhook_previous_secret_env {
+        Some(var) => vec![secret_env(var)?],
+        None => vec![],
+    };
     let key = match args.executor_key_file {
         Some(path) => KeySource::File(path),
         None => {
@@ -100,7 +159,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(program) => ExecutorCommand::new(program, args.executor_args),
         None => ExecutorCommand::codex_exec_server(),
     };
-    let mut controller = ControllerConfig::new(DeploymentId::new(args.deployment)?);
+    let mut controller = ControllerConfig::new(DeploymentId::new(args.deployment.clone())?);
+    controller.policy = policy;
     controller.policy.shutdown_grace_secs = args.grace_secs;
     controller.filter.agent_ids = args.agent_ids;
     controller.filter.workspace_directory = args.workspace_directory;
@@ -117,6 +177,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         controller,
     );
     cfg.listen = args.listen;
+    cfg.previous_webhook_secrets = previous_webhook_secrets;
+    cfg.webhook_tolerance_secs = args.webhook_tolerance_secs;
     cfg.workers = args.workers;
     cfg.sweep_interval = Duration::from_secs(args.sweep_secs.max(1));
     let stack = EmbeddedStack::start(cfg)

@@ -73,6 +73,11 @@ pub mod names {
     pub const WEBHOOK_REJECTED: &str = "webhook_rejected";
     /// Environments with open reconciliation evidence (gauge, set per sweep).
     pub const HELD_ENVIRONMENTS: &str = "held_environments";
+    /// Cost and safety ceilings that acted (issue 13), label `reason`:
+    /// `lifetime_exceeded`, `lifetime_hard_cap`, `no_work` (executor stops),
+    /// `replacement_cap` (a stop or a held start at the cap), `remote_url_not_allowed`
+    /// (no compute for the session).
+    pub const CEILINGS: &str = "ceilings";
 }
 
 /// Registers units and descriptions with the installed recorder (EMF needs the units).
@@ -97,6 +102,7 @@ pub fn describe() {
             "verified deliveries that are not compute's business",
         ),
         (WEBHOOK_REJECTED, "webhook deliveries rejected, by reason"),
+        (CEILINGS, "cost and safety ceilings that acted, by reason"),
     ] {
         describe_counter!(name, Unit::Count, what);
     }
@@ -125,6 +131,9 @@ pub fn decision_applied(
     now: u64,
 ) {
     metrics::counter!(names::DECISIONS, "outcome" => decision.outcome.as_str()).increment(1);
+    if let Some(reason) = ceiling_of(decision) {
+        metrics::counter!(names::CEILINGS, "reason" => reason).increment(1);
+    }
     let instances = match &observed.inventory {
         Inventory::Known { instances } => instances.as_slice(),
         Inventory::Unavailable => &[],
@@ -163,6 +172,19 @@ pub fn decision_applied(
             }
             _ => {}
         }
+    }
+}
+
+/// The ceiling a decision applies, as the `reason` label of [`names::CEILINGS`].
+pub fn ceiling_of(decision: &Decision) -> Option<&'static str> {
+    use sandbox_core::decision::Reason;
+    match &decision.reason {
+        Reason::LifetimeExceeded { .. } => Some("lifetime_exceeded"),
+        Reason::LifetimeHardCap { .. } => Some("lifetime_hard_cap"),
+        Reason::NoWorkLeaseExpired { .. } => Some("no_work"),
+        Reason::ReplacementCapReached { .. } => Some("replacement_cap"),
+        Reason::RemoteUrlNotAllowed { .. } => Some("remote_url_not_allowed"),
+        _ => None,
     }
 }
 
@@ -275,6 +297,7 @@ mod tests {
                 instances: vec![instance],
             },
             latest_turn: None,
+            turn_not_found: false,
             filter: OwnershipFilter::default(),
             policy: Policy::default(),
             now: NOW,

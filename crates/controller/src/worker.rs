@@ -920,9 +920,17 @@ where
             Effect::PutLease(l) => Some(l.clone()),
             _ => None,
         });
-        let trigger = match (leased, &job.trigger) {
-            (Some(lease), _) => Trigger::LeaseDue { lease },
-            (None, Trigger::LeaseDue { lease }) => Trigger::LeaseDue {
+        let no_work_leased = decision.effects.iter().find_map(|e| match e {
+            Effect::PutNoWorkLease(l) => Some(l.clone()),
+            _ => None,
+        });
+        let trigger = match (leased, no_work_leased, &job.trigger) {
+            (Some(lease), _, _) => Trigger::LeaseDue { lease },
+            (None, Some(lease), _) => Trigger::NoWorkLeaseDue { lease },
+            (None, None, Trigger::LeaseDue { lease }) => Trigger::LeaseDue {
+                lease: lease.clone(),
+            },
+            (None, None, Trigger::NoWorkLeaseDue { lease }) => Trigger::NoWorkLeaseDue {
                 lease: lease.clone(),
             },
             _ => Trigger::Sweep,
@@ -1061,13 +1069,18 @@ impl Act {
                 r.status = sandbox_core::record::RecordStatus::Stopped;
                 r.lease = None;
                 r.connection_requested_at = None;
+                r.no_work_lease = None;
             }
             Effect::MarkClosed => {
                 r.status = sandbox_core::record::RecordStatus::Closed;
                 r.cleanup_required = false;
                 r.lease = None;
                 r.connection_requested_at = None;
+                r.no_work_lease = None;
             }
+            Effect::PutNoWorkLease(l) => r.no_work_lease = Some(l.clone()),
+            Effect::DropNoWorkLease => r.no_work_lease = None,
+            Effect::RecordReplacements { recent } => r.replacements = recent.clone(),
             Effect::RequireCleanup => r.cleanup_required = true,
             Effect::ResolveReconciliation(res) => {
                 sandbox_core::evidence::resolve(&mut r.evidence, res);

@@ -260,6 +260,46 @@ pub enum Reason {
     /// A timed-out submission has no turn: it never started (row 21). Never resubmit:
     /// the application decides.
     SubmissionNotFound,
+    // --- Cost and safety ceilings (issue 13). ---
+    /// The executor ran past [`crate::observed::Policy::max_lifetime_secs`] and its session
+    /// is idle: stopped at once.
+    LifetimeExceeded {
+        /// Seconds since the provider started it.
+        age_secs: u64,
+    },
+    /// The executor ran past [`crate::observed::Policy::lifetime_hard_cap_secs`]: stopped
+    /// even though its session is busy (a turn may be cut short).
+    LifetimeHardCap {
+        /// Seconds since the provider started it.
+        age_secs: u64,
+    },
+    /// No turn and no connection request for [`crate::observed::Policy::no_work_secs`]:
+    /// a no-work lease is taken (stop after the grace unless work arrives).
+    NoWork {
+        /// Seconds since the last evidence of work.
+        quiet_secs: u64,
+    },
+    /// The no-work lease is due and still no work arrived: stop.
+    NoWorkLeaseExpired {
+        /// Seconds since the last evidence of work.
+        quiet_secs: u64,
+    },
+    /// The executor was replaced [`crate::observed::Policy::max_replacements`] times
+    /// within the window for missed connect deadlines: nothing new starts until the
+    /// window frees; an owner should look at why executors do not connect.
+    ReplacementCapReached {
+        /// When each replacement in the window happened, Unix seconds, oldest first.
+        replacements: Vec<u64>,
+        /// The window, seconds.
+        window_secs: u64,
+    },
+    /// The session's `remote_url` is not allowed
+    /// ([`crate::observed::Policy::remote_url_allowlist`]): no compute, no executor key
+    /// sent anywhere.
+    RemoteUrlNotAllowed {
+        /// What is wrong (scheme and host only, never the URL).
+        refusal: crate::remote_url::RemoteUrlRefusal,
+    },
 }
 
 impl fmt::Display for Reason {
@@ -360,6 +400,32 @@ impl fmt::Display for Reason {
             Self::SubmissionNotFound => {
                 f.write_str("timed-out submission has no turn: it never started; never resubmit")
             }
+            Self::LifetimeExceeded { age_secs } => write!(
+                f,
+                "executor ran {age_secs} s, past its maximum lifetime; session idle"
+            ),
+            Self::LifetimeHardCap { age_secs } => write!(
+                f,
+                "executor ran {age_secs} s, past its hard lifetime cap; stopped mid-turn"
+            ),
+            Self::NoWork { quiet_secs } => write!(
+                f,
+                "no turn and no connection request for {quiet_secs} s; stop after the grace"
+            ),
+            Self::NoWorkLeaseExpired { quiet_secs } => {
+                write!(f, "no-work lease due, still no work after {quiet_secs} s")
+            }
+            Self::ReplacementCapReached {
+                replacements,
+                window_secs,
+            } => write!(
+                f,
+                "executor replaced {} time(s) within {window_secs} s without connecting; no new start until the window frees",
+                replacements.len()
+            ),
+            Self::RemoteUrlNotAllowed { refusal } => {
+                write!(f, "remote_url_not_allowed: {refusal}")
+            }
         }
     }
 }
@@ -403,6 +469,14 @@ pub enum StopReason {
     Divergent,
     /// Operator close.
     Closed,
+    /// Past the maximum lifetime with the session idle.
+    LifetimeExceeded,
+    /// Past the hard lifetime cap, session busy.
+    LifetimeHardCap,
+    /// No turn and no connection request for the no-work period.
+    NoWork,
+    /// The executor missed its connect deadline with the replacement cap reached.
+    ReplacementCap,
 }
 
 /// One exact compute to stop.
@@ -456,6 +530,17 @@ pub enum Effect {
     /// Record: close every open evidence entry with the owner's resolution
     /// ([`crate::evidence::resolve`]).
     ResolveReconciliation(crate::evidence::Resolution),
+    /// Record: store a no-work lease and schedule its recheck
+    /// ([`crate::observed::Trigger::NoWorkLeaseDue`]) at `due_at`.
+    PutNoWorkLease(ShutdownLease),
+    /// Record: remove the pending no-work lease.
+    DropNoWorkLease,
+    /// Record: the replacements within the window, oldest first, the one being made
+    /// included (replaces the stored list).
+    RecordReplacements {
+        /// Unix seconds.
+        recent: Vec<u64>,
+    },
 }
 
 impl Effect {
@@ -718,10 +803,15 @@ impl View<'_> {
             return d;
         }
         let current = self.active.first().copied();
+        if let Some(d) = self.ceilings(session, current) {
+            return d;
+        }
         if session.requires_connection_of(&self.o.environment_id)
             && !matches!(self.o.trigger, Trigger::Close)
         {
-            return self.ensure_compute(session, current);
+            return self
+                .ensure_compute(session, current)
+                .with(self.drop_no_work_lease());
         }
         self.without_connection_need(session, current)
     }
@@ -1057,6 +1147,9 @@ impl View<'_> {
                     }
                 }
             }
+            if let Some(d) = self.replacement_cap_holds() {
+                return d.with(effects);
+            }
             let previous = self
                 .record
                 .filter(|r| r.claims_compute())
@@ -1099,6 +1192,9 @@ impl View<'_> {
         if !self.may_start {
             return quiet(Outcome::Reuse, Reason::NotOwned);
         }
+        if let Some(d) = self.replacement_cap_at_replace(c) {
+            return d.with(cancel);
+        }
         let stop = Effect::StopCompute(StopSpec {
             target: c.as_ref(),
             reason: StopReason::Replaced,
@@ -1113,6 +1209,7 @@ impl View<'_> {
         .with(cancel)
         .with([stop])
         .with(start)
+        .with([self.record_replacement()])
         .recheck(policy.recheck_secs)
     }
 
@@ -1366,5 +1463,228 @@ impl View<'_> {
         Decision::new(Outcome::Ignore, Reason::ReconciliationResolved { closed })
             .with([Effect::ResolveReconciliation(resolution.clone())])
             .recheck(1)
+    }
+}
+
+// --- Cost and safety ceilings (issue 13): executor lifetime, idle without work, the
+// replacement cap and the `remote_url` allowlist. Each is checked on every look at the
+// environment (webhook jobs, lease timers, and at least every sweep).
+impl View<'_> {
+    /// The no-work lease, if the record holds one.
+    fn no_work_lease(&self) -> Option<&ShutdownLease> {
+        self.record.and_then(|r| r.no_work_lease.as_ref())
+    }
+
+    fn drop_no_work_lease(&self) -> Option<Effect> {
+        self.no_work_lease().map(|_| Effect::DropNoWorkLease)
+    }
+
+    /// Whether the latest turn evidence shows a turn running.
+    fn turn_active(&self) -> bool {
+        self.o
+            .latest_turn
+            .as_ref()
+            .is_some_and(|t| t.status.is_active())
+    }
+
+    /// The ceilings that apply before the usual rules, in order: a stale no-work timer;
+    /// the `remote_url` allowlist (when a connection is required); the maximum lifetime
+    /// and the no-work period (when none is).
+    fn ceilings(&self, session: &Session, current: Option<&ComputeInstance>) -> Option<Decision> {
+        if let Trigger::NoWorkLeaseDue { lease } = &self.o.trigger
+            && self.no_work_lease() != Some(lease)
+        {
+            return Some(Decision::ignore(Reason::LeaseNotCurrent));
+        }
+        if session.requires_connection_of(&self.o.environment_id) {
+            return self.remote_url_refused(session);
+        }
+        let c = current.filter(|c| c.status == ComputeStatus::Running)?;
+        // An open reconciliation holds the compute with the files (issue 15): no-work is
+        // not a reason to throw them away; the lifetime ceiling still applies.
+        let held = self.record.and_then(Record::holding_evidence).is_some();
+        self.lifetime(session, c)
+            .or_else(|| (!held).then(|| self.no_work(session, c)).flatten())
+    }
+
+    /// Issue 13 item 5: only an `https` `remote_url` on an allowed host reaches an
+    /// executor; anything else is held for an owner, and no compute starts.
+    fn remote_url_refused(&self, session: &Session) -> Option<Decision> {
+        let env = session.self_hosted()?;
+        let refusal =
+            crate::remote_url::check(&env.remote_url, &self.o.policy.remote_url_allowlist).err()?;
+        Some(Decision::new(
+            Outcome::Reconcile,
+            Reason::RemoteUrlNotAllowed { refusal },
+        ))
+    }
+
+    /// Stops `c` for a ceiling: the stop, both leases dropped, the record marked stopped.
+    fn ceiling_stop(
+        &self,
+        c: &ComputeInstance,
+        outcome: Outcome,
+        reason: Reason,
+        stop: StopReason,
+    ) -> Decision {
+        // The stop first: the record keeps its evidence (the leases) until the stop is
+        // confirmed, as for a due idle lease.
+        Decision::new(outcome, reason)
+            .with([Effect::StopCompute(StopSpec {
+                target: c.as_ref(),
+                reason: stop,
+            })])
+            .with(self.drop_lease())
+            .with(self.drop_no_work_lease())
+            .with([Effect::MarkStopped])
+    }
+
+    /// Issue 13 item 1: past the maximum lifetime an idle session's executor stops at
+    /// once; a busy one at its next idle, or past the hard cap even mid-turn.
+    fn lifetime(&self, session: &Session, c: &ComputeInstance) -> Option<Decision> {
+        let p = &self.o.policy;
+        if p.max_lifetime_secs == 0 {
+            return None;
+        }
+        let age_secs = self.o.now.saturating_sub(c.started_at?);
+        if age_secs < p.max_lifetime_secs {
+            return None;
+        }
+        let busy = session.is_busy() || self.turn_active();
+        if !busy {
+            return Some(self.ceiling_stop(
+                c,
+                Outcome::Stop,
+                Reason::LifetimeExceeded { age_secs },
+                StopReason::LifetimeExceeded,
+            ));
+        }
+        let hard = p.lifetime_hard_cap_secs.max(p.max_lifetime_secs);
+        (p.lifetime_hard_cap_secs > 0 && age_secs >= hard).then(|| {
+            self.ceiling_stop(
+                c,
+                Outcome::Stop,
+                Reason::LifetimeHardCap { age_secs },
+                StopReason::LifetimeHardCap,
+            )
+        })
+    }
+
+    /// Issue 13 item 2: no turn and no connection request for the no-work period, whatever
+    /// the status, takes a no-work lease; new work cancels it; when due, the stop is
+    /// decided again on fresh evidence (the recheck) before it is sent.
+    fn no_work(&self, session: &Session, c: &ComputeInstance) -> Option<Decision> {
+        let p = &self.o.policy;
+        let lease = self.no_work_lease();
+        if p.no_work_secs == 0 {
+            // Switched off since the lease was taken: forget it.
+            return lease.map(|_| {
+                Decision::new(Outcome::CancelStop, Reason::Converged)
+                    .with([Effect::DropNoWorkLease])
+            });
+        }
+        let record = self.record;
+        let last_work = [
+            Some(u64::try_from(session.last_active_at).unwrap_or(0)),
+            record.and_then(|r| r.connection_requested_at),
+            record.and_then(|r| r.instance_recorded_at),
+            c.started_at,
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(0);
+        let now = self.o.now;
+        let quiet_secs = now.saturating_sub(last_work);
+        let working = session.status == SessionStatus::InProgress || self.turn_active();
+        let no_work = !working && quiet_secs >= p.no_work_secs;
+        match lease {
+            Some(l) if l.target != c.as_ref() => Some(
+                Decision::new(Outcome::CancelStop, Reason::LeaseSuperseded)
+                    .with([Effect::DropNoWorkLease]),
+            ),
+            Some(_) if !no_work => Some(
+                Decision::new(Outcome::CancelStop, Reason::NewWork).with([Effect::DropNoWorkLease]),
+            ),
+            Some(l) if now >= l.due_at => Some(self.ceiling_stop(
+                c,
+                Outcome::Stop,
+                Reason::NoWorkLeaseExpired { quiet_secs },
+                StopReason::NoWork,
+            )),
+            Some(l) => matches!(self.o.trigger, Trigger::NoWorkLeaseDue { .. })
+                .then(|| Decision::new(Outcome::Wait, Reason::LeaseNotDue).recheck(l.due_at - now)),
+            None if no_work => {
+                let grace = p.shutdown_grace_secs;
+                Some(
+                    Decision::new(Outcome::ScheduleStop, Reason::NoWork { quiet_secs })
+                        .with([Effect::PutNoWorkLease(ShutdownLease {
+                            target: c.as_ref(),
+                            requested_at: now,
+                            due_at: now.saturating_add(grace),
+                        })])
+                        .recheck(grace),
+                )
+            }
+            None => None,
+        }
+    }
+
+    /// Replacements of this environment within the window, oldest first.
+    fn recent_replacements(&self) -> Vec<u64> {
+        let window = self.o.policy.replacement_window_secs;
+        self.record
+            .map(|r| {
+                r.replacements
+                    .iter()
+                    .copied()
+                    .filter(|t| self.o.now.saturating_sub(*t) < window)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The record's replacement list with this replacement added.
+    fn record_replacement(&self) -> Effect {
+        let mut recent = self.recent_replacements();
+        recent.push(self.o.now);
+        Effect::RecordReplacements { recent }
+    }
+
+    /// The cap's `reconcile`, rechecked when the oldest replacement leaves the window;
+    /// `None` while under the cap (or with no cap).
+    fn replacement_cap_holds(&self) -> Option<Decision> {
+        let p = &self.o.policy;
+        let recent = self.recent_replacements();
+        if p.max_replacements == 0 || recent.len() < p.max_replacements as usize {
+            return None;
+        }
+        let frees_at = recent[0].saturating_add(p.replacement_window_secs);
+        Some(
+            Decision::new(
+                Outcome::Reconcile,
+                Reason::ReplacementCapReached {
+                    replacements: recent,
+                    window_secs: p.replacement_window_secs,
+                },
+            )
+            .recheck(frees_at.saturating_sub(self.o.now)),
+        )
+    }
+
+    /// Issue 13 item 4: at the cap, the executor that missed its deadline is stopped and
+    /// nothing replaces it until the window frees.
+    fn replacement_cap_at_replace(&self, c: &ComputeInstance) -> Option<Decision> {
+        let d = self.replacement_cap_holds()?;
+        let recheck = d.recheck_after_secs;
+        let mut d = d.with([
+            Effect::StopCompute(StopSpec {
+                target: c.as_ref(),
+                reason: StopReason::ReplacementCap,
+            }),
+            Effect::MarkStopped,
+        ]);
+        d.recheck_after_secs = recheck;
+        Some(d)
     }
 }

@@ -26,6 +26,7 @@ pub mod evidence;
 pub mod ids;
 pub mod observed;
 pub mod record;
+pub mod remote_url;
 pub mod session;
 pub mod turn;
 pub mod webhook;

@@ -71,6 +71,12 @@ pub enum Trigger {
         /// created at or after this is the submission's.
         submitted_at: u64,
     },
+    /// A no-work lease's recheck timer fired (the lease as it was scheduled;
+    /// [`Policy::no_work_secs`]).
+    NoWorkLeaseDue {
+        /// The no-work lease the timer was scheduled for.
+        lease: ShutdownLease,
+    },
 }
 
 /// The `agent.environment` status as the controller read it for this decision.
@@ -196,8 +202,10 @@ impl OwnershipFilter {
     }
 }
 
-/// Timing rules, all in seconds.
+/// Timing rules, all in seconds, and the cost and safety ceilings. Fields missing from a
+/// serialized policy take their defaults.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Policy {
     /// A running executor that has not connected within this many seconds of its start is
     /// replaced (row 10). Default 180 (the API itself waits up to 300 s for an input-time
@@ -226,6 +234,38 @@ pub struct Policy {
     /// this long after the last failure (default 3,600); an operator can reset them at
     /// once ([`Trigger::ResetStartFailures`]).
     pub start_failing_cooldown_secs: u64,
+    // --- Cost and safety ceilings (issue 13). ---
+    /// Maximum executor lifetime, seconds since the provider started it (default 28,800
+    /// = 8 h; 0 = off). Past it an executor whose session is idle is stopped at once
+    /// (`lifetime_exceeded`); a busy one at its next idle or at
+    /// [`Policy::lifetime_hard_cap_secs`]. The next connection request starts a fresh
+    /// generation as usual. (Bedrock AgentCore's default maximum lifetime is 8 h.)
+    pub max_lifetime_secs: u64,
+    /// Hard lifetime cap, seconds since the start (default 32,400 = the lifetime + 1 h;
+    /// 0 = none): past it the executor is stopped even mid-turn (`lifetime_hard_cap`).
+    /// Ignored when [`Policy::max_lifetime_secs`] is 0; never below it.
+    pub lifetime_hard_cap_secs: u64,
+    /// Idle without work, seconds (default 3,600; 0 = off): an executor whose session had
+    /// no turn and no connection request for this long, whatever its status (e.g. waiting
+    /// on a `function_call`), takes a no-work lease and is stopped
+    /// ([`crate::decision::StopReason::NoWork`]) when the lease is due — after
+    /// [`Policy::shutdown_grace_secs`] — unless new work arrived; a running turn is work.
+    /// Evidence of work: the session's `last_active_at`, the noted connection request and
+    /// the executor's start.
+    pub no_work_secs: u64,
+    /// At most this many replacements of an environment's executor for a missed connect
+    /// deadline within [`Policy::replacement_window_secs`] (default 3; 0 = no cap); then
+    /// the executor that did not connect is stopped, nothing new starts until the window
+    /// frees, and the decision is `reconcile` with the evidence.
+    pub max_replacements: u32,
+    /// The replacement cap's window, seconds (default 3,600).
+    pub replacement_window_secs: u64,
+    /// Where the executor key may be sent: the `remote_url` of a session must be `https`
+    /// with a host matching one entry, or else no compute starts (`reconcile`,
+    /// `remote_url_not_allowed`). An entry is a host (`api.openai.com`), a wildcard for
+    /// its subdomains (`*.example.com`), or `scheme://host` to allow another scheme for
+    /// that host (local mode: `http://127.0.0.1`). Default: `["api.openai.com"]`.
+    pub remote_url_allowlist: Vec<String>,
 }
 
 impl Default for Policy {
@@ -240,9 +280,18 @@ impl Default for Policy {
             uncertain_retry_secs: 15,
             visibility_window_secs: 300,
             start_failing_cooldown_secs: 3_600,
+            max_lifetime_secs: 28_800,
+            lifetime_hard_cap_secs: 32_400,
+            no_work_secs: 3_600,
+            max_replacements: 3,
+            replacement_window_secs: 3_600,
+            remote_url_allowlist: vec![DEFAULT_REMOTE_URL_HOST.to_owned()],
         }
     }
 }
+
+/// The default `remote_url` allowlist entry.
+pub const DEFAULT_REMOTE_URL_HOST: &str = "api.openai.com";
 
 impl Policy {
     /// Delay before start attempt `attempts + 1`, in seconds: base × 2^(attempts-1), capped.

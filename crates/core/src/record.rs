@@ -62,6 +62,18 @@ pub struct Record {
     /// the decision that processed it (the seed's mapping record).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_reconciled_event_id: Option<String>,
+    // --- Cost and safety ceilings (issue 13). ---
+    /// A pending no-work stop ([`crate::observed::Policy::no_work_secs`]): stop exactly
+    /// `target` at `due_at` unless work arrives first. Separate from [`Record::lease`]
+    /// (the idle lease), which any busy status cancels: a session waiting on a
+    /// `function_call` is busy, yet has no work for the executor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_work_lease: Option<ShutdownLease>,
+    /// When the executor was replaced for a missed connect deadline, Unix seconds, oldest
+    /// first, within [`crate::observed::Policy::replacement_window_secs`]: the evidence of
+    /// the replacement cap ([`crate::observed::Policy::max_replacements`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replacements: Vec<u64>,
 }
 
 /// What the controller believes about the environment's compute.
@@ -121,6 +133,8 @@ impl Record {
             evidence: Vec::new(),
             connection: None,
             last_reconciled_event_id: None,
+            no_work_lease: None,
+            replacements: Vec::new(),
         }
     }
 

@@ -20,7 +20,15 @@
 //! *without* the prefix is used as its raw UTF-8 bytes, exactly as the official `openai`
 //! Python SDK does (`webhooks.verify_signature`), so a secret pasted without the prefix
 //! verifies the same deliveries there and here. Either way a key shorter than 16 bytes is
-//! refused when the verifier is built ([`SecretError::TooShort`]), never per request.
+//! refused when the verifier is built ([`SecretError::TooShort`]), never per request, and
+//! so is any malformed shape that would otherwise be accepted at start-up and then reject
+//! every delivery with 401: a `v1,` prefix (a signature entry pasted as the secret),
+//! whitespace anywhere, quotes, a comma, anything but visible ASCII.
+//!
+//! Rotation: a verifier may hold several secrets (the current one first, then the
+//! previous ones, [`WebhookVerifier::with_secrets`]); a delivery verifies when a `v1`
+//! entry matches any of them, so a secret is rotated without downtime. Signing uses the
+//! first (current) secret.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -63,6 +71,61 @@ pub enum SecretError {
         /// Key length in bytes.
         len: usize,
     },
+    /// The secret starts with a signature version (`v1,`): a `webhook-signature` entry
+    /// was pasted instead of the secret.
+    #[error(
+        "webhook secret starts with a signature version prefix (v1,): paste the whsec_... secret, not a signature"
+    )]
+    VersionPrefix,
+    /// The secret holds whitespace (leading, trailing or inside: a pasted newline, say).
+    #[error("webhook secret contains whitespace (at its start, end or inside)")]
+    Whitespace,
+    /// The secret is wrapped in or holds quote characters.
+    #[error("webhook secret contains quote characters; store the bare value")]
+    Quoted,
+    /// The secret holds a comma (a list, or a signature entry).
+    #[error("webhook secret contains a comma; give each secret on its own")]
+    Comma,
+    /// The secret holds a character outside visible ASCII.
+    #[error("webhook secret contains characters outside visible ASCII")]
+    NotVisibleAscii,
+    /// No secret was given.
+    #[error("no webhook secret given")]
+    NoSecrets,
+    /// One secret of several is unusable.
+    #[error("webhook secret {position} of {count}: {problem}")]
+    InList {
+        /// 1-based position in the list (1 = the current secret).
+        position: usize,
+        /// How many secrets were given.
+        count: usize,
+        /// What is wrong with it.
+        problem: Box<SecretError>,
+    },
+}
+
+/// Refuses the malformed shapes of a secret (see the module docs); never echoes it.
+fn check_shape(secret: &str) -> Result<(), SecretError> {
+    if secret.is_empty() {
+        return Err(SecretError::Empty);
+    }
+    let lower = secret.trim_start().to_ascii_lowercase();
+    if lower.starts_with("v1,") || lower.starts_with("v1a,") || lower.starts_with("v2,") {
+        return Err(SecretError::VersionPrefix);
+    }
+    if secret.chars().any(char::is_whitespace) {
+        return Err(SecretError::Whitespace);
+    }
+    if secret.contains(['"', '\'', '`']) {
+        return Err(SecretError::Quoted);
+    }
+    if secret.contains(',') {
+        return Err(SecretError::Comma);
+    }
+    if !secret.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(SecretError::NotVisibleAscii);
+    }
+    Ok(())
 }
 
 /// Which check a delivery failed. None of them echoes the secret or a signature.
@@ -126,20 +189,22 @@ pub struct VerifiedDelivery {
     pub timestamp: u64,
 }
 
-/// Verifies and signs Standard Webhooks deliveries with one secret.
+/// Verifies and signs Standard Webhooks deliveries with one or more secrets (the current
+/// one first, then the previous ones during a rotation).
 ///
-/// Build it once per process (cold start) with [`WebhookVerifier::new`]; `Debug` never
-/// prints the key.
+/// Build it once per process (cold start) with [`WebhookVerifier::new`] or
+/// [`WebhookVerifier::with_secrets`]; `Debug` never prints a key.
 #[derive(Clone)]
 pub struct WebhookVerifier {
-    mac: HmacSha256,
+    /// One keyed MAC per secret; the first is the current one (signing).
+    macs: Vec<HmacSha256>,
     tolerance_secs: u64,
 }
 
 impl fmt::Debug for WebhookVerifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WebhookVerifier")
-            .field("key", &"<redacted>")
+            .field("keys", &format_args!("<{} redacted>", self.macs.len()))
             .field("tolerance_secs", &self.tolerance_secs)
             .finish()
     }
@@ -150,10 +215,53 @@ impl WebhookVerifier {
     /// see the module docs), with the default tolerance of 300 s.
     ///
     /// # Errors
-    /// [`SecretError`] for an empty secret, invalid base64 after `whsec_`, or a key
+    /// [`SecretError`] for an empty secret, a malformed shape (a `v1,` prefix, whitespace,
+    /// quotes, a comma, non-visible ASCII), invalid base64 after `whsec_`, or a key
     /// shorter than 16 bytes.
     pub fn new(secret: &str) -> Result<Self, SecretError> {
-        let secret = secret.trim();
+        Ok(Self {
+            macs: vec![Self::mac(secret)?],
+            tolerance_secs: DEFAULT_TOLERANCE_SECS,
+        })
+    }
+
+    /// Builds a verifier that accepts a delivery signed with any of `secrets` (the current
+    /// secret first, then the previous ones: a rotation without downtime), with the
+    /// default tolerance of 300 s. [`WebhookVerifier::sign`] uses the first.
+    ///
+    /// # Errors
+    /// [`SecretError::NoSecrets`] for an empty list; otherwise
+    /// [`SecretError::InList`] naming the position of the first unusable secret and what
+    /// is wrong with it (as [`WebhookVerifier::new`]), never its value.
+    pub fn with_secrets<S: AsRef<str>>(secrets: &[S]) -> Result<Self, SecretError> {
+        if secrets.is_empty() {
+            return Err(SecretError::NoSecrets);
+        }
+        let count = secrets.len();
+        let macs = secrets
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                Self::mac(s.as_ref()).map_err(|problem| SecretError::InList {
+                    position: i + 1,
+                    count,
+                    problem: Box::new(problem),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            macs,
+            tolerance_secs: DEFAULT_TOLERANCE_SECS,
+        })
+    }
+
+    /// How many secrets this verifier accepts.
+    pub fn secret_count(&self) -> usize {
+        self.macs.len()
+    }
+
+    fn mac(secret: &str) -> Result<HmacSha256, SecretError> {
+        check_shape(secret)?;
         let key = match secret.strip_prefix("whsec_") {
             Some("") => return Err(SecretError::Empty),
             Some(b64) => BASE64.decode(b64).map_err(|_| SecretError::InvalidBase64)?,
@@ -163,11 +271,7 @@ impl WebhookVerifier {
         if key.len() < MIN_KEY_BYTES {
             return Err(SecretError::TooShort { len: key.len() });
         }
-        let mac = HmacSha256::new_from_slice(&key).map_err(|_| SecretError::Empty)?;
-        Ok(Self {
-            mac,
-            tolerance_secs: DEFAULT_TOLERANCE_SECS,
-        })
+        HmacSha256::new_from_slice(&key).map_err(|_| SecretError::Empty)
     }
 
     /// Sets the timestamp tolerance in seconds (both directions).
@@ -239,8 +343,12 @@ impl WebhookVerifier {
         }
         let ts = parse_timestamp(timestamp)?;
         self.check_window(ts, now)?;
-        // The tag is finalized once, however many entries there are.
-        let expected = self.tag(webhook_id, timestamp, body).finalize();
+        // Each secret's tag is finalized once, however many entries there are.
+        let expected: Vec<CtOutput<HmacSha256>> = self
+            .macs
+            .iter()
+            .map(|mac| Self::tag(mac, webhook_id, timestamp, body).finalize())
+            .collect();
         let mut saw_v1 = false;
         let mut matched = false;
         for entry in signature.split(' ').filter(|e| !e.is_empty()) {
@@ -256,7 +364,10 @@ impl WebhookVerifier {
             if let Ok(TAG_BYTES) = BASE64.decode_slice(b64, &mut candidate) {
                 let mut tag = Output::<HmacSha256>::default();
                 tag.copy_from_slice(&candidate[..TAG_BYTES]);
-                matched |= expected == CtOutput::new(tag);
+                let candidate = CtOutput::new(tag);
+                for e in &expected {
+                    matched |= *e == candidate;
+                }
             }
         }
         if matched {
@@ -275,15 +386,14 @@ impl WebhookVerifier {
     /// `webhook_id`, `timestamp` (Unix seconds) and the raw body. For tests, the simulator
     /// and `sandboxctl sign`.
     pub fn sign(&self, webhook_id: &str, timestamp: u64, body: &[u8]) -> String {
-        let tag = self
-            .tag(webhook_id, &timestamp.to_string(), body)
+        let tag = Self::tag(&self.macs[0], webhook_id, &timestamp.to_string(), body)
             .finalize()
             .into_bytes();
         format!("v1,{}", BASE64.encode(tag))
     }
 
-    fn tag(&self, webhook_id: &str, timestamp: &str, body: &[u8]) -> HmacSha256 {
-        let mut mac = self.mac.clone();
+    fn tag(mac: &HmacSha256, webhook_id: &str, timestamp: &str, body: &[u8]) -> HmacSha256 {
+        let mut mac = mac.clone();
         mac.update(webhook_id.as_bytes());
         mac.update(b".");
         mac.update(timestamp.as_bytes());

@@ -49,8 +49,13 @@ pub async fn webhook_intake(
 ) -> Result<sandbox_controller::Intake<sandbox_aws::SqsQueue>, InitError> {
     let sdk = sandbox_aws::load_sdk_config(settings.aws_endpoint_url.as_deref()).await;
     let secrets = aws_sdk_secretsmanager::Client::new(&sdk);
-    let verifier =
-        crate::secrets_at_init::read_webhook_verifier(&secrets, &settings.webhook_secret).await?;
+    let verifier = crate::secrets_at_init::read_webhook_verifiers(
+        &secrets,
+        &settings.webhook_secret,
+        settings.previous_webhook_secret.as_ref(),
+    )
+    .await?
+    .with_tolerance_secs(settings.tolerance_secs);
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     let events = sqs_queue(
         &sqs,

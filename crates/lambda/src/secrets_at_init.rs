@@ -2,11 +2,16 @@
 //! request: the webhook signing secret (webhook function) and the OpenAI API key (worker,
 //! sweeper).
 //!
-//! Each secret is stored as the plain value in `SecretString` (`whsec_...`, `sk-...`);
-//! surrounding whitespace is ignored. A secret that cannot be read, is empty, is a JSON
-//! document, or (webhook) decodes to a key shorter than 16 bytes fails the cold start with
-//! one [`SecretInitError`] naming the variable and the ARN, never the value: the function
-//! then logs that one line and exits, and Lambda reports the init failure.
+//! Each secret is stored as the plain value in `SecretString` (`whsec_...`, `sk-...`).
+//! Surrounding whitespace is ignored in the API key; a webhook secret must be the bare
+//! value (issue 13: whitespace, a `v1,` prefix or another malformed shape is refused, as
+//! it would otherwise reject every delivery with 401). The webhook function may read two
+//! secrets, the current one (`WEBHOOK_SECRET_ARN`) and, during a rotation, the previous
+//! one (`WEBHOOK_PREVIOUS_SECRET_ARN`): a delivery signed with either verifies. A secret
+//! that cannot be read, is empty, is a JSON document, is malformed or (webhook) decodes to
+//! a key shorter than 16 bytes fails the cold start with one [`SecretInitError`] naming
+//! the variable and the ARN, never the value: the function then logs that one line and
+//! exits, and Lambda reports the init failure.
 
 use crate::settings::SecretRef;
 use sandbox_agents_api::ApiKey;
@@ -66,15 +71,41 @@ fn plain_value<'a>(secret: &'a str, source: &SecretRef) -> Result<&'a str, Secre
 /// The webhook verifier for the secret named by `source` (`WEBHOOK_SECRET_ARN`).
 ///
 /// # Errors
-/// [`SecretInitError::Unusable`] for an empty or JSON secret, invalid base64 after
-/// `whsec_`, or a key shorter than 16 bytes
-/// ([`WebhookVerifier::new`](sandbox_core::webhook::WebhookVerifier::new)).
+/// [`SecretInitError::Unusable`] for an empty or JSON secret, a malformed one (a `v1,`
+/// prefix, whitespace, quotes, a comma), invalid base64 after `whsec_`, or a key shorter
+/// than 16 bytes ([`WebhookVerifier::new`](sandbox_core::webhook::WebhookVerifier::new)).
 pub fn webhook_verifier_from(
     secret: &str,
     source: &SecretRef,
 ) -> Result<WebhookVerifier, SecretInitError> {
-    let value = plain_value(secret, source)?;
-    WebhookVerifier::new(value).map_err(|e| SecretInitError::unusable(source, e.to_string()))
+    webhook_verifier_from_all(&[(secret, source)])
+}
+
+/// The webhook verifier for several secrets, the current one first (a rotation: a
+/// delivery signed with any of them verifies).
+///
+/// # Errors
+/// As [`webhook_verifier_from`], for the first unusable secret, naming its variable and
+/// ARN.
+pub fn webhook_verifier_from_all(
+    secrets: &[(&str, &SecretRef)],
+) -> Result<WebhookVerifier, SecretInitError> {
+    let mut values = Vec::with_capacity(secrets.len());
+    for (secret, source) in secrets {
+        plain_value(secret, source)?;
+        // Checked one by one, so the error names the variable of the bad one.
+        WebhookVerifier::new(secret)
+            .map_err(|e| SecretInitError::unusable(source, e.to_string()))?;
+        values.push(*secret);
+    }
+    WebhookVerifier::with_secrets(&values).map_err(|e| match secrets.first() {
+        Some((_, source)) => SecretInitError::unusable(source, e.to_string()),
+        None => SecretInitError::Unusable {
+            var: "WEBHOOK_SECRET_ARN",
+            arn: String::new(),
+            problem: e.to_string(),
+        },
+    })
 }
 
 /// The API key for the secret named by `source` (`OPENAI_API_KEY_SECRET_ARN`).
@@ -132,6 +163,28 @@ pub async fn read_webhook_verifier(
 ) -> Result<WebhookVerifier, SecretInitError> {
     let secret = read(client, source).await?;
     webhook_verifier_from(secret.expose(), source)
+}
+
+/// Reads and checks the current webhook signing secret and, when set, the previous one
+/// (`WEBHOOK_PREVIOUS_SECRET_ARN`), and builds one verifier accepting both.
+///
+/// # Errors
+/// [`SecretInitError`]: unreadable, or as [`webhook_verifier_from_all`].
+pub async fn read_webhook_verifiers(
+    client: &aws_sdk_secretsmanager::Client,
+    current: &SecretRef,
+    previous: Option<&SecretRef>,
+) -> Result<WebhookVerifier, SecretInitError> {
+    let current_value = read(client, current).await?;
+    let previous_value = match previous {
+        Some(source) => Some((read(client, source).await?, source)),
+        None => None,
+    };
+    let mut all = vec![(current_value.expose(), current)];
+    if let Some((value, source)) = &previous_value {
+        all.push((value.expose(), source));
+    }
+    webhook_verifier_from_all(&all)
 }
 
 /// Reads and checks the OpenAI API key.

@@ -43,8 +43,51 @@ fn assert_names_source_not_secret(err: &SecretInitError, source: &SecretRef, sec
 
 #[test]
 fn fixture_webhook_secret_builds_a_verifier() {
-    let verifier = webhook_verifier_from(&format!("{FIXTURE_SECRET}\n"), &webhook_ref()).unwrap();
+    let verifier = webhook_verifier_from(FIXTURE_SECRET, &webhook_ref()).unwrap();
     assert!(!format!("{verifier:?}").contains("d0jBWkxw8kwXPSTcg"));
+}
+
+#[test]
+fn webhook_secret_with_a_newline_v1_prefix_or_quotes_fails_naming_the_mistake() {
+    for (secret, mistake) in [
+        (format!("{FIXTURE_SECRET}\n"), "whitespace"),
+        (
+            format!("v1,{FIXTURE_SECRET}"),
+            "signature version prefix (v1,)",
+        ),
+        (format!("'{FIXTURE_SECRET}'"), "quote"),
+    ] {
+        let err = webhook_verifier_from(&secret, &webhook_ref()).unwrap_err();
+        assert_names_source_not_secret(&err, &webhook_ref(), "d0jBWkxw8kwXPSTcg");
+        assert!(err.to_string().contains(mistake), "{err}");
+    }
+}
+
+#[test]
+fn previous_webhook_secret_is_accepted_alongside_the_current_one_and_named_when_bad() {
+    let previous = SecretRef {
+        var: "WEBHOOK_PREVIOUS_SECRET_ARN",
+        arn: "arn:aws:secretsmanager:us-east-1:123456789012:secret:sandbox-webhook-old".into(),
+    };
+    let other = "whsec_b3RoZXItc2VjcmV0LWZvci1yb3RhdGlvbg==";
+    let v = sandbox_lambda::secrets_at_init::webhook_verifier_from_all(&[
+        (FIXTURE_SECRET, &webhook_ref()),
+        (other, &previous),
+    ])
+    .unwrap();
+    assert_eq!(v.secret_count(), 2);
+    let old_only = sandbox_core::webhook::WebhookVerifier::new(other).unwrap();
+    let sig = old_only.sign("msg_1", 1_700_000_000, b"{}");
+    assert!(
+        v.verify_parts("msg_1", "1700000000", &sig, b"{}", 1_700_000_000)
+            .is_ok()
+    );
+    let err = sandbox_lambda::secrets_at_init::webhook_verifier_from_all(&[
+        (FIXTURE_SECRET, &webhook_ref()),
+        (SHORT_SECRET, &previous),
+    ])
+    .unwrap_err();
+    assert_names_source_not_secret(&err, &previous, "c2hvcnRrZXk");
 }
 
 #[test]

@@ -199,3 +199,125 @@ fn queue_name_is_the_last_segment_of_the_url() {
         "timers"
     );
 }
+
+// ----------------------------------------------------------------- issue 13: ceilings
+
+#[test]
+fn ceilings_default_when_unset() {
+    let s = controller(&controller_env()).unwrap();
+    let p = &s.controller.policy;
+    assert_eq!(
+        (
+            p.max_lifetime_secs,
+            p.lifetime_hard_cap_secs,
+            p.no_work_secs,
+            p.max_replacements,
+            p.replacement_window_secs
+        ),
+        (28_800, 32_400, 3_600, 3, 3_600)
+    );
+    assert_eq!(p.remote_url_allowlist, ["api.openai.com"]);
+}
+
+#[test]
+fn ceilings_are_read_from_their_variables() {
+    let mut env = controller_env();
+    for (k, v) in [
+        ("MAX_LIFETIME_SECS", "3600"),
+        ("LIFETIME_HARD_CAP_SECS", "0"),
+        ("NO_WORK_SECS", "0"),
+        ("MAX_REPLACEMENTS", "5"),
+        ("REPLACEMENT_WINDOW_SECS", "600"),
+        ("REMOTE_URL_ALLOWLIST", "api.openai.com, *.corp.example"),
+    ] {
+        env.insert(k, v.into());
+    }
+    let p = controller(&env).unwrap().controller.policy;
+    assert_eq!(p.max_lifetime_secs, 3_600);
+    assert_eq!(p.lifetime_hard_cap_secs, 0);
+    assert_eq!(p.no_work_secs, 0);
+    assert_eq!(p.max_replacements, 5);
+    assert_eq!(p.replacement_window_secs, 600);
+    assert_eq!(p.remote_url_allowlist, ["api.openai.com", "*.corp.example"]);
+}
+
+#[test]
+fn invalid_ceilings_name_the_variable_and_never_repeat_the_value() {
+    for (var, value) in [
+        ("MAX_LIFETIME_SECS", "8h"),
+        ("NO_WORK_SECS", "-5"),
+        ("MAX_REPLACEMENTS", "99999999999"),
+        ("REPLACEMENT_WINDOW_SECS", "0"),
+        ("REMOTE_URL_ALLOWLIST", "user@evil.example"),
+        ("REMOTE_URL_ALLOWLIST", "a.*.example"),
+    ] {
+        let mut env = controller_env();
+        env.insert(var, value.into());
+        let err = controller(&env).unwrap_err();
+        assert!(
+            matches!(err, SettingsError::Invalid { var: v, .. } if v == var),
+            "{var}={value}: {err:?}"
+        );
+        assert!(!err.to_string().contains(value), "{err}");
+    }
+    // A hard cap below the lifetime.
+    let mut env = controller_env();
+    env.insert("MAX_LIFETIME_SECS", "7200".into());
+    env.insert("LIFETIME_HARD_CAP_SECS", "3600".into());
+    let err = controller(&env).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("environment variable LIFETIME_HARD_CAP_SECS is invalid"),
+        "{err}"
+    );
+}
+
+#[test]
+fn webhook_reads_the_previous_secret_arn_and_the_tolerance() {
+    let env: HashMap<&str, &str> = [
+        ("EVENTS_QUEUE_URL", EVENTS),
+        (
+            "WEBHOOK_SECRET_ARN",
+            "arn:aws:secretsmanager:us-east-1:123456789012:secret:webhook-new",
+        ),
+        (
+            "WEBHOOK_PREVIOUS_SECRET_ARN",
+            "arn:aws:secretsmanager:us-east-1:123456789012:secret:webhook-old",
+        ),
+        ("WEBHOOK_TOLERANCE_SECS", "120"),
+    ]
+    .into();
+    let s = WebhookSettings::from_lookup(|k| env.get(k).map(|v| v.to_string())).unwrap();
+    let previous = s.previous_webhook_secret.unwrap();
+    assert_eq!(previous.var, "WEBHOOK_PREVIOUS_SECRET_ARN");
+    assert!(previous.arn.ends_with("webhook-old"));
+    assert_eq!(s.tolerance_secs, 120);
+
+    let defaults = WebhookSettings::from_lookup(|k| match k {
+        "EVENTS_QUEUE_URL" => Some(EVENTS.to_owned()),
+        "WEBHOOK_SECRET_ARN" => Some("arn:aws:secretsmanager:us-east-1:1:secret:w".into()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(defaults.previous_webhook_secret, None);
+    assert_eq!(defaults.tolerance_secs, 300);
+
+    for (var, value) in [
+        ("WEBHOOK_TOLERANCE_SECS", "0"),
+        ("WEBHOOK_TOLERANCE_SECS", "five"),
+        ("WEBHOOK_PREVIOUS_SECRET_ARN", "whsec_pastedthesecretitself"),
+    ] {
+        let err = WebhookSettings::from_lookup(|k| match k {
+            "EVENTS_QUEUE_URL" => Some(EVENTS.to_owned()),
+            "WEBHOOK_SECRET_ARN" => Some("arn:aws:secretsmanager:us-east-1:1:secret:w".into()),
+            k if k == var => Some(value.to_owned()),
+            _ => None,
+        })
+        .unwrap_err();
+        assert!(
+            matches!(err, SettingsError::Invalid { var: v, .. } if v == var),
+            "{var}={value}: {err:?}"
+        );
+        assert!(!err.to_string().contains(value));
+    }
+}

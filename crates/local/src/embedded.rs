@@ -53,6 +53,11 @@ pub struct EmbeddedConfig {
     pub stop_grace: Duration,
     /// Events-queue maximum receive count before dead-lettering (default 5).
     pub max_receive_count: u32,
+    /// Previous webhook signing secrets still accepted during a rotation (default none);
+    /// never logged.
+    pub previous_webhook_secrets: Vec<String>,
+    /// Accepted `webhook-timestamp` skew, both directions, seconds (default 300).
+    pub webhook_tolerance_secs: u64,
 }
 
 impl EmbeddedConfig {
@@ -77,6 +82,8 @@ impl EmbeddedConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             stop_grace: Duration::from_secs(10),
             max_receive_count: 5,
+            previous_webhook_secrets: Vec::new(),
+            webhook_tolerance_secs: sandbox_core::webhook::DEFAULT_TOLERANCE_SECS,
         }
     }
 }
@@ -137,7 +144,11 @@ impl EmbeddedStack {
         cfg: EmbeddedConfig,
         listener: tokio::net::TcpListener,
     ) -> Result<Self, EmbeddedError> {
-        let verifier = WebhookVerifier::new(&cfg.webhook_secret)?;
+        let secrets: Vec<&str> = std::iter::once(cfg.webhook_secret.as_str())
+            .chain(cfg.previous_webhook_secrets.iter().map(String::as_str))
+            .collect();
+        let verifier = WebhookVerifier::with_secrets(&secrets)?
+            .with_tolerance_secs(cfg.webhook_tolerance_secs);
         std::fs::create_dir_all(&cfg.data_dir).map_err(|source| EmbeddedError::Io {
             what: "create data dir",
             source,

@@ -663,6 +663,32 @@ impl Sim {
             "closed" => record
                 .as_ref()
                 .is_some_and(|r| r.cleanup_required || r.status == RecordStatus::Closed),
+            // Issue 13's ceilings, each by its own evidence.
+            "replacement_cap" => {
+                let policy = &self.sweeper.config.policy;
+                let now = self.clock.now();
+                record.as_ref().is_some_and(|r| {
+                    r.generation >= inst.generation
+                        && policy.max_replacements > 0
+                        && r.replacements
+                            .iter()
+                            .filter(|t| now.saturating_sub(**t) < policy.replacement_window_secs)
+                            .count()
+                            >= policy.max_replacements as usize
+                })
+            }
+            "lifetime_exceeded" | "lifetime_hard_cap" => {
+                let policy = &self.sweeper.config.policy;
+                let now = self.clock.now();
+                policy.max_lifetime_secs > 0
+                    && inst
+                        .started_at
+                        .is_some_and(|t| now.saturating_sub(t) >= policy.max_lifetime_secs)
+            }
+            "no_work" => record
+                .as_ref()
+                .and_then(|r| r.no_work_lease.as_ref())
+                .is_some_and(|l| l.target == inst.as_ref()),
             _ => false,
         };
         if ok {
@@ -715,8 +741,18 @@ impl Sim {
                             && now < f.last_failed_at + policy.start_backoff_secs(f.attempts))
                 })
             });
+            // Issue 13: after `max_replacements` executors in the window never connected,
+            // nothing starts until the window frees: held for an owner, not lost.
+            let replacement_cap = policy.max_replacements > 0
+                && record.as_ref().is_some_and(|r| {
+                    r.replacements
+                        .iter()
+                        .filter(|t| now.saturating_sub(**t) < policy.replacement_window_secs)
+                        .count()
+                        >= policy.max_replacements as usize
+                });
             let expected = match &world {
-                _ if start_failing => None,
+                _ if start_failing || replacement_cap => None,
                 None => Some(0),
                 Some(s) if s.status == SessionStatus::Failed => Some(0),
                 Some(s) if s.requires_connection_of(&env.env) => Some(1),

@@ -16,6 +16,9 @@ use sandbox_core::observed::Trigger;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The `remote_url` allowlist entry of the twin's sessions (scheme and host).
+pub const TWIN_REMOTE_URL_HOST: &str = "wss://agents.twin.invalid";
+
 /// The deployment id every twin world uses.
 pub const DEPLOYMENT: &str = "twin";
 /// Maximum receive count of both twin queues before dead-lettering.
@@ -94,6 +97,8 @@ impl World {
         c.worker_id = worker_id.to_owned();
         c.stop_readback_interval = Duration::from_millis(10);
         c.stop_readback_timeout = Duration::from_secs(5);
+        // The twin's sessions name `wss://agents.twin.invalid/...` (crate::sessions).
+        c.policy.remote_url_allowlist = vec![TWIN_REMOTE_URL_HOST.to_owned()];
         c
     }
 

@@ -611,6 +611,10 @@ async fn a_storm_of_random_transient_faults_loses_nothing() {
         }
         let mut run = Run::new(world);
         run.auto_connect = false;
+        // Executors never connect here by design (environment 2 is replaced every connect
+        // deadline for the whole run): the replacement cap, tested on its own
+        // (crates/core/tests/ceilings.rs, the lifecycle rows), is off.
+        run.c.config.policy.max_replacements = 0;
         run.run_for(900).await;
         // Environment 0 connects and goes idle, 1 is deleted, 2 still needs its executor.
         run.world.sessions.connect(&envs[0].1, SessionStatus::Idle);

@@ -7,6 +7,8 @@
  * Optional: stackName (default sandbox-lifecycle), deploymentId, executorCpuArchitecture,
  * executorCpu, executorMemory, assignPublicIp (true/false), agentIds (comma-separated),
  * workspaceDirectory, shutdownGraceSecs, connectDeadlineSecs, agentsApiBaseUrl,
+ * maxLifetimeSecs, lifetimeHardCapSecs, noWorkSecs, maxReplacements, replacementWindowSecs,
+ * remoteUrlAllowlist (comma-separated), webhookToleranceSecs, previousWebhookSecretArn,
  * workerBatchSize, workerMaximumConcurrency, logRetentionDays, alarmTopicArn, lambdaDir.
  *
  * Code: `<lambdaDir>/<name>/bootstrap.zip` for webhook, worker and sweeper, as
@@ -101,6 +103,14 @@ new SandboxLifecycle(stack, "Sandbox", {
   shutdownGraceSecs: integer("shutdownGraceSecs"),
   connectDeadlineSecs: integer("connectDeadlineSecs"),
   agentsApiBaseUrl: context("agentsApiBaseUrl"),
+  maxLifetimeSecs: integer("maxLifetimeSecs"),
+  lifetimeHardCapSecs: integer("lifetimeHardCapSecs"),
+  noWorkSecs: integer("noWorkSecs"),
+  maxReplacements: integer("maxReplacements"),
+  replacementWindowSecs: integer("replacementWindowSecs"),
+  remoteUrlAllowlist: list("remoteUrlAllowlist"),
+  webhookToleranceSecs: integer("webhookToleranceSecs"),
+  previousWebhookSecretArn: context("previousWebhookSecretArn"),
   workerBatchSize: integer("workerBatchSize"),
   workerMaximumConcurrency: integer("workerMaximumConcurrency"),
   logRetentionDays: integer("logRetentionDays") as logs.RetentionDays | undefined,

@@ -88,6 +88,22 @@ export interface SandboxLifecycleProps {
   readonly connectDeadlineSecs?: number;
   /** `AGENTS_API_BASE_URL`. @default https://api.openai.com/v1 */
   readonly agentsApiBaseUrl?: string;
+  /** `MAX_LIFETIME_SECS`: maximum executor lifetime, seconds (0 = off). @default 28800 */
+  readonly maxLifetimeSecs?: number;
+  /** `LIFETIME_HARD_CAP_SECS`: stop even mid-turn past it, seconds (0 = none). @default 32400 */
+  readonly lifetimeHardCapSecs?: number;
+  /** `NO_WORK_SECS`: idle without work, seconds (0 = off). @default 3600 */
+  readonly noWorkSecs?: number;
+  /** `MAX_REPLACEMENTS`: replacements within the window (0 = no cap). @default 3 */
+  readonly maxReplacements?: number;
+  /** `REPLACEMENT_WINDOW_SECS`, seconds (>= 1). @default 3600 */
+  readonly replacementWindowSecs?: number;
+  /** `REMOTE_URL_ALLOWLIST`: hosts a remote_url may name. @default ["api.openai.com"] */
+  readonly remoteUrlAllowlist?: string[];
+  /** `WEBHOOK_TOLERANCE_SECS`, seconds (>= 1). @default 300 */
+  readonly webhookToleranceSecs?: number;
+  /** `WEBHOOK_PREVIOUS_SECRET_ARN`: the previous signing secret during a rotation. @default none */
+  readonly previousWebhookSecretArn?: string;
   /** Records per worker invocation, 1-10. @default 10 */
   readonly workerBatchSize?: number;
   /** Maximum concurrent worker invocations per queue, 2-1000. @default 10 */
@@ -340,7 +356,10 @@ export class SandboxLifecycle extends Construct {
             new iam.PolicyStatement({
               sid: "SigningSecret",
               actions: ["secretsmanager:GetSecretValue"],
-              resources: [props.webhookSecretArn],
+              resources: [
+                props.webhookSecretArn,
+                ...(props.previousWebhookSecretArn ? [props.previousWebhookSecretArn] : []),
+              ],
             }),
             new iam.PolicyStatement({
               sid: "Enqueue",
@@ -398,6 +417,9 @@ export class SandboxLifecycle extends Construct {
       environment: {
         EVENTS_QUEUE_URL: this.eventsQueue.queueUrl,
         WEBHOOK_SECRET_ARN: props.webhookSecretArn,
+        // Empty = no previous secret (the settings treat a blank variable as unset).
+        WEBHOOK_PREVIOUS_SECRET_ARN: props.previousWebhookSecretArn ?? "",
+        WEBHOOK_TOLERANCE_SECS: String(props.webhookToleranceSecs ?? 300),
         DEPLOYMENT_ID: deploymentId,
       },
     });
@@ -420,6 +442,12 @@ export class SandboxLifecycle extends Construct {
       WORKSPACE_DIRECTORY: props.workspaceDirectory ?? "",
       SHUTDOWN_GRACE_SECS: String(props.shutdownGraceSecs ?? 300),
       CONNECT_DEADLINE_SECS: String(props.connectDeadlineSecs ?? 180),
+      MAX_LIFETIME_SECS: String(props.maxLifetimeSecs ?? 28800),
+      LIFETIME_HARD_CAP_SECS: String(props.lifetimeHardCapSecs ?? 32400),
+      NO_WORK_SECS: String(props.noWorkSecs ?? 3600),
+      MAX_REPLACEMENTS: String(props.maxReplacements ?? 3),
+      REPLACEMENT_WINDOW_SECS: String(props.replacementWindowSecs ?? 3600),
+      REMOTE_URL_ALLOWLIST: (props.remoteUrlAllowlist ?? ["api.openai.com"]).join(","),
       AGENTS_API_BASE_URL: props.agentsApiBaseUrl ?? "https://api.openai.com/v1",
       OPENAI_API_KEY_SECRET_ARN: props.openAIApiKeySecretArn,
     };
@@ -535,6 +563,16 @@ export class SandboxLifecycle extends Construct {
       3,
     );
     alarm(
+      "RemoteUrlNotAllowedAlarm",
+      "A session's remote_url is not on the allowlist; no compute started for it (ceilings, reason remote_url_not_allowed).",
+      lifecycle("ceilings", { reason: "remote_url_not_allowed" }),
+    );
+    alarm(
+      "ReplacementCapAlarm",
+      "An environment's executors keep missing their connect deadline; replacements are capped (ceilings, reason replacement_cap).",
+      lifecycle("ceilings", { reason: "replacement_cap" }),
+    );
+    alarm(
       "OrphansReleasedAlarm",
       "A compute of this deployment ran without a record and was stopped by a sweep.",
       lifecycle("orphans_released"),
@@ -563,8 +601,11 @@ export class SandboxLifecycle extends Construct {
             DECISION_OUTCOMES.map((outcome) => lifecycle("decisions", { outcome })),
           ),
           graph(
-            "Starts, failed starts, orphans released, hand-offs, stuck jobs",
-            ["starts", "start_failures", "orphans_released", "handoffs", "stuck_jobs"].map((n) => lifecycle(n)),
+            "Starts, failed starts, orphans released, hand-offs, stuck jobs, ceilings by reason",
+            [
+              ...CEILING_REASONS.map((reason) => lifecycle("ceilings", { reason })),
+              ...["starts", "start_failures", "orphans_released", "handoffs", "stuck_jobs"].map((n) => lifecycle(n)),
+            ],
           ),
         ],
         [
@@ -626,6 +667,8 @@ const DECISION_OUTCOMES = [
   "cleanup",
   "ignore",
 ];
+/** The `reason` label of `ceilings` (crates/controller/src/metrics.rs, issue 13). */
+const CEILING_REASONS = ["lifetime_exceeded", "lifetime_hard_cap", "no_work", "replacement_cap", "remote_url_not_allowed"];
 /** The `reason` label of `webhook_rejected` (crates/controller/src/metrics.rs). */
 const WEBHOOK_REJECTIONS = ["too_large", "headers", "signature", "malformed", "queue_unavailable"];
 
@@ -645,6 +688,28 @@ function validate(props: SandboxLifecycleProps): void {
   if (concurrency < 2 || concurrency > 1000) problems.push("workerMaximumConcurrency must be 2-1000");
   if ((props.connectDeadlineSecs ?? 180) < 1) problems.push("connectDeadlineSecs must be at least 1");
   if ((props.shutdownGraceSecs ?? 300) < 0) problems.push("shutdownGraceSecs must not be negative");
+  for (const [name, value] of [
+    ["maxLifetimeSecs", props.maxLifetimeSecs],
+    ["lifetimeHardCapSecs", props.lifetimeHardCapSecs],
+    ["noWorkSecs", props.noWorkSecs],
+    ["maxReplacements", props.maxReplacements],
+  ] as const) {
+    if (value !== undefined && (!Number.isInteger(value) || value < 0)) problems.push(`${name} must be a whole number >= 0`);
+  }
+  const lifetime = props.maxLifetimeSecs ?? 28800;
+  const hardCap = props.lifetimeHardCapSecs ?? 32400;
+  if (lifetime !== 0 && hardCap !== 0 && hardCap < lifetime) {
+    problems.push("lifetimeHardCapSecs must be 0 or at least maxLifetimeSecs");
+  }
+  if ((props.replacementWindowSecs ?? 3600) < 1) problems.push("replacementWindowSecs must be at least 1");
+  if ((props.webhookToleranceSecs ?? 300) < 1) problems.push("webhookToleranceSecs must be at least 1");
+  if (props.remoteUrlAllowlist?.some((h) => h.trim() === "" || /[\s,@]/.test(h))) {
+    problems.push("remoteUrlAllowlist entries must be hosts, *.domain or scheme://host (no spaces, commas or @)");
+  }
+  const previous = props.previousWebhookSecretArn;
+  if (previous !== undefined && !Token.isUnresolved(previous) && !SECRET_ARN.test(previous)) {
+    problems.push("previousWebhookSecretArn must be a full Secrets Manager ARN");
+  }
   if (props.agentIds?.some((a) => a.trim() === "" || a.includes(","))) {
     problems.push("agentIds must be non-empty ids without commas");
   }

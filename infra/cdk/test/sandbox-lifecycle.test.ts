@@ -82,7 +82,7 @@ describe("SandboxLifecycle", () => {
     template.resourceCountIs("AWS::Lambda::EventSourceMapping", 2);
     template.resourceCountIs("AWS::Events::Rule", 1);
     template.resourceCountIs("AWS::Logs::LogGroup", 4);
-    template.resourceCountIs("AWS::CloudWatch::Alarm", 10);
+    template.resourceCountIs("AWS::CloudWatch::Alarm", 12);
     template.resourceCountIs("AWS::CloudWatch::Dashboard", 1);
     template.resourceCountIs("AWS::IAM::Policy", 0);
   });
@@ -250,11 +250,48 @@ describe("SandboxLifecycle", () => {
     assert.deepEqual(Object.keys(functionNamed(t, "webhook").Environment.Variables).sort(), [
       "DEPLOYMENT_ID",
       "EVENTS_QUEUE_URL",
+      "WEBHOOK_PREVIOUS_SECRET_ARN",
       "WEBHOOK_SECRET_ARN",
+      "WEBHOOK_TOLERANCE_SECS",
     ]);
     // The webhook's metrics carry the deployment dimension too.
     assert.equal(functionNamed(t, "webhook").Environment.Variables.DEPLOYMENT_ID, "prod-1");
     assert.deepEqual(functionNamed(t, "sweeper").Environment.Variables, env);
+  });
+
+  it("wires the ceilings, the webhook tolerance and the previous signing secret (issue 13)", () => {
+    const defaults = functionNamed(template, "worker").Environment.Variables;
+    assert.equal(defaults.MAX_LIFETIME_SECS, "28800");
+    assert.equal(defaults.LIFETIME_HARD_CAP_SECS, "32400");
+    assert.equal(defaults.NO_WORK_SECS, "3600");
+    assert.equal(defaults.MAX_REPLACEMENTS, "3");
+    assert.equal(defaults.REPLACEMENT_WINDOW_SECS, "3600");
+    assert.equal(defaults.REMOTE_URL_ALLOWLIST, "api.openai.com");
+    const previous = "arn:aws:secretsmanager:us-east-1:123456789012:secret:webhook-old-AbCdEf";
+    const t = synth({
+      maxLifetimeSecs: 7200,
+      lifetimeHardCapSecs: 0,
+      noWorkSecs: 600,
+      maxReplacements: 5,
+      replacementWindowSecs: 1800,
+      remoteUrlAllowlist: ["api.openai.com", "*.corp.example"],
+      webhookToleranceSecs: 120,
+      previousWebhookSecretArn: previous,
+    });
+    const env = functionNamed(t, "worker").Environment.Variables;
+    assert.equal(env.MAX_LIFETIME_SECS, "7200");
+    assert.equal(env.LIFETIME_HARD_CAP_SECS, "0");
+    assert.equal(env.NO_WORK_SECS, "600");
+    assert.equal(env.MAX_REPLACEMENTS, "5");
+    assert.equal(env.REPLACEMENT_WINDOW_SECS, "1800");
+    assert.equal(env.REMOTE_URL_ALLOWLIST, "api.openai.com,*.corp.example");
+    const webhook = functionNamed(t, "webhook").Environment.Variables;
+    assert.equal(webhook.WEBHOOK_TOLERANCE_SECS, "120");
+    assert.equal(webhook.WEBHOOK_PREVIOUS_SECRET_ARN, previous);
+    assert.ok(JSON.stringify(t.toJSON()).includes(previous));
+    assert.throws(() => synth({ maxLifetimeSecs: 7200, lifetimeHardCapSecs: 3600 }), /lifetimeHardCapSecs/);
+    assert.throws(() => synth({ previousWebhookSecretArn: "whsec_abc" }), /previousWebhookSecretArn/);
+    assert.throws(() => synth({ remoteUrlAllowlist: ["user@evil.example"] }), /remoteUrlAllowlist/);
   });
 
   it("defaults DEPLOYMENT_ID to the stack name", () => {
@@ -299,9 +336,11 @@ describe("SandboxLifecycle", () => {
         a.Properties.Dimensions.map((d: { Name: string; Value: unknown }) => [d.Name, d.Value]),
       );
       assert.ok("deployment" in dims, JSON.stringify(a.Properties));
-      return `${a.Properties.MetricName}/${dims.outcome ?? ""}/${a.Properties.EvaluationPeriods}`;
+      return `${a.Properties.MetricName}/${dims.outcome ?? dims.reason ?? ""}/${a.Properties.EvaluationPeriods}`;
     });
     assert.deepEqual(shown.sort(), [
+      "ceilings/remote_url_not_allowed/1",
+      "ceilings/replacement_cap/1",
       "decisions/divergent/1",
       "decisions/reconcile/3",
       "decisions/uncertain/3",

@@ -37,7 +37,7 @@ use sandbox_aws::{DynamoRegistry, EcsCompute, SqsQueue, create_table, load_sdk_c
 use sandbox_controller::ports::{Clock, Compute as _, NO_DEADLINE, PortError, SystemClock};
 use sandbox_controller::{Controller, ControllerConfig, Intake, router};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
-use sandbox_core::ids::{DeploymentId, InstanceId};
+use sandbox_core::ids::{DeploymentId, EnvironmentId, InstanceId};
 use sandbox_core::observed::Policy;
 use sandbox_core::webhook::WebhookVerifier;
 use std::collections::HashMap;
@@ -232,8 +232,10 @@ pub fn harness_config(deployment: DeploymentId, opts: &AwsOptions) -> Controller
         shutdown_grace_secs: opts.common.grace_secs,
         recheck_secs: 1,
         uncertain_retry_secs: 1,
+        remote_url_allowlist: vec![crate::SIM_REMOTE_URL_HOST.to_owned()],
         ..Policy::default()
     };
+    (opts.common.ceilings)(&mut controller.policy);
     controller.stop_readback_interval = Duration::from_millis(50);
     controller.lock_busy_retry_secs = 1;
     controller.visibility_secs = 30;
@@ -269,7 +271,7 @@ impl AwsHarness {
         let webhook_url = format!("http://127.0.0.1:{port}/webhook");
         let secret = agents_sim::DEFAULT_WEBHOOK_SECRET.to_owned();
         let mut sim_cfg = SimConfig::default()
-            .with_time_scale(60.0)
+            .with_time_scale(opts.common.sim_time_scale)
             .with_turn_secs(opts.common.turn_secs)
             .with_connect_deadline_secs(opts.common.sim_connect_deadline_secs)
             .with_faults(opts.common.duplicates, opts.common.reorder, 0..=20);
@@ -422,6 +424,14 @@ impl LifecycleHarness for AwsHarness {
 
     fn controller(&self) -> &AwsController {
         &self.controller
+    }
+
+    async fn audit(&self, env: &str) -> anyhow::Result<Vec<sandbox_controller::ports::AuditEntry>> {
+        Ok(self
+            .controller
+            .registry
+            .audit_entries(&EnvironmentId::new(env).effect_key())
+            .await?)
     }
 
     /// StopTask outside the controller, with the reason ECS gives an exited container.

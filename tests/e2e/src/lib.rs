@@ -14,13 +14,17 @@ pub use lifecycle_harness::LifecycleHarness;
 pub mod ecs_idempotency_proxy;
 pub mod operator_cli;
 
+/// The simulator's `remote_url` scheme and host (`http://127.0.0.1:PORT/...`): the
+/// harnesses' `remote_url` allowlist.
+pub const SIM_REMOTE_URL_HOST: &str = "http://127.0.0.1";
+
 use agents_sim::{SimClient, SimConfig, SimHandle, Url};
 use anyhow::{Context as _, bail};
 use sandbox_agents_api::ClientConfig;
 use sandbox_controller::ControllerConfig;
 use sandbox_controller::ports::{Compute as _, NO_DEADLINE};
 use sandbox_core::compute::ComputeInstance;
-use sandbox_core::ids::{DeploymentId, InstanceId};
+use sandbox_core::ids::{DeploymentId, EnvironmentId, InstanceId};
 use sandbox_core::observed::Policy;
 use sandbox_local::embedded::{EmbeddedConfig, EmbeddedStack, LocalController};
 use sandbox_local::process_compute::{ExecutorCommand, KeySource};
@@ -51,6 +55,12 @@ pub struct Options {
     /// The simulator's input-time connection deadline, simulated seconds (default 300 =
     /// 5 real seconds).
     pub sim_connect_deadline_secs: f64,
+    /// Changes the harness policy after the short times are set (the ceiling rows set
+    /// their ceilings here); default: none.
+    pub ceilings: fn(&mut Policy),
+    /// Simulated seconds per real second (default 60). 1.0 keeps the session's
+    /// `last_active_at` on the controller's clock (the no-work row).
+    pub sim_time_scale: f64,
 }
 
 impl Default for Options {
@@ -63,6 +73,8 @@ impl Default for Options {
             sweep_every: None,
             turn_secs: 30.0,
             sim_connect_deadline_secs: SimConfig::default().connect_deadline_secs,
+            ceilings: |_| {},
+            sim_time_scale: 60.0,
         }
     }
 }
@@ -124,7 +136,7 @@ impl Harness {
                 Url::parse(&format!("http://127.0.0.1:{port}/webhook"))?,
                 secret.clone(),
             )
-            .with_time_scale(60.0)
+            .with_time_scale(opts.sim_time_scale)
             .with_turn_secs(opts.turn_secs)
             .with_connect_deadline_secs(opts.sim_connect_deadline_secs)
             .with_faults(opts.duplicates, opts.reorder, 0..=20);
@@ -138,8 +150,10 @@ impl Harness {
             shutdown_grace_secs: opts.grace_secs,
             recheck_secs: 1,
             uncertain_retry_secs: 1,
+            remote_url_allowlist: vec![SIM_REMOTE_URL_HOST.to_owned()],
             ..Policy::default()
         };
+        (opts.ceilings)(&mut controller.policy);
         controller.stop_readback_interval = Duration::from_millis(50);
         controller.lock_busy_retry_secs = 1;
         let mut api = ClientConfig::new(agents_sim::DEFAULT_API_KEY);
@@ -228,6 +242,14 @@ impl LifecycleHarness for Harness {
 
     /// Stops the executor process through the provider (SIGTERM to its group), outside
     /// any job.
+    async fn audit(&self, env: &str) -> anyhow::Result<Vec<sandbox_controller::ports::AuditEntry>> {
+        Ok(self
+            .controller()
+            .registry
+            .audit_entries(&EnvironmentId::new(env).effect_key())
+            .await?)
+    }
+
     async fn stop_behind_the_controllers_back(&self, id: &InstanceId) -> anyhow::Result<()> {
         Ok(self
             .controller()

@@ -49,6 +49,13 @@ pub trait LifecycleHarness: Sized {
     /// The controller over this backend's adapters.
     fn controller(&self) -> &Controller<Self::Queue, Self::Registry, Self::Compute, AgentsClient>;
 
+    /// The audit entries of one environment's decisions, oldest first (the registry's
+    /// audit trail).
+    ///
+    /// # Errors
+    /// The registry's error.
+    async fn audit(&self, env: &str) -> anyhow::Result<Vec<sandbox_controller::ports::AuditEntry>>;
+
     /// Stops one executor outside the controller, as a crash or an operator would: the
     /// controller learns of it only from the provider.
     ///

@@ -39,6 +39,9 @@ macro_rules! rows_on {
             row27_record_says_running_but_executor_gone_marks_stopped_and_starts_nothing,
             row20_mid_turn_disconnect_is_held_with_its_evidence_until_an_owner_resolves_it,
             row21_timed_out_submissions_are_answered_from_turn_evidence_never_resubmitted,
+            ceiling_idle_executor_past_its_max_lifetime_is_stopped_then_new_input_starts_a_fresh_generation,
+            ceiling_remote_url_not_on_the_allowlist_starts_no_executor_and_is_reconciled,
+            ceiling_session_waiting_on_a_function_call_with_no_work_stops_its_executor_as_no_work,
         );
     };
     (@tests $backend:ident: $harness:ty; $($row:ident),+ $(,)?) => {
@@ -737,5 +740,158 @@ async fn row21_timed_out_submissions_are_answered_from_turn_evidence_never_resub
     let sim = h.client().state().await.unwrap();
     assert_eq!(sim.session(&sid).unwrap().turns, 2, "no input resubmitted");
     assert_eq!(h.live(&env).await.unwrap().len(), 1);
+    h.shutdown().await.unwrap();
+}
+
+// ------------------------------------------------------------------ issue 13: ceilings
+
+async fn ceiling_idle_executor_past_its_max_lifetime_is_stopped_then_new_input_starts_a_fresh_generation<
+    H: LifecycleHarness,
+>() {
+    // A long grace: only the lifetime can stop the executor here.
+    let h = H::start(Options {
+        grace_secs: 600,
+        ceilings: |p| {
+            p.max_lifetime_secs = 4;
+            p.lifetime_hard_cap_secs = 0;
+            p.no_work_secs = 0;
+        },
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let (s, env) = running_session(&h).await;
+    wait_idle(&h, &s).await;
+    let first = h.live(&env).await.unwrap().remove(0);
+    sweep_until(&h, "lifetime stop recorded", || async {
+        Ok(h.live(&env).await?.is_empty()
+            && h.record(&env)
+                .await?
+                .is_some_and(|r| r.status == RecordStatus::Stopped))
+    })
+    .await;
+    assert_eq!(status(&h, &first).await, ComputeStatus::Stopped);
+    assert_eq!(stop_reasons(&h, &env).await, vec!["lifetime_exceeded"]);
+    assert_executor_processes::<H>(&env, 0);
+    // New input: the connection request starts generation 2 as usual.
+    h.client()
+        .submit_message(s.id.as_str(), "again")
+        .await
+        .unwrap();
+    h.wait_until("a fresh generation", H::STEP_TIMEOUT, || async {
+        Ok(h.record(&env)
+            .await?
+            .is_some_and(|r| r.generation == Generation(2)))
+    })
+    .await
+    .unwrap();
+    h.shutdown().await.unwrap();
+}
+
+async fn ceiling_remote_url_not_on_the_allowlist_starts_no_executor_and_is_reconciled<
+    H: LifecycleHarness,
+>() {
+    // The production default: https://api.openai.com only; the simulator's remote_url is
+    // http://127.0.0.1:PORT/...
+    let h = H::start(Options {
+        ceilings: |p| p.remote_url_allowlist = vec!["api.openai.com".into()],
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let s = h
+        .client()
+        .create_session(agents_sim::SessionEnvironment::self_hosted())
+        .await
+        .unwrap();
+    let env = env_of(&s);
+    h.client()
+        .submit_message(s.id.as_str(), "go")
+        .await
+        .unwrap();
+    h.wait_until("the refusal audited", H::STEP_TIMEOUT, || async {
+        Ok(h.audit(&env)
+            .await?
+            .iter()
+            .any(|a| a.outcome == "reconcile" && a.reason.contains("remote_url_not_allowed")))
+    })
+    .await
+    .unwrap();
+    let entry = h
+        .audit(&env)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|a| a.outcome == "reconcile")
+        .unwrap();
+    assert!(entry.reason.contains("127.0.0.1"), "{}", entry.reason);
+    assert!(
+        !entry.reason.contains("/connect"),
+        "the URL is never echoed"
+    );
+    assert!(h.sim().wait_deliveries_idle(H::STEP_TIMEOUT).await);
+    tokio::time::sleep(H::SETTLE).await;
+    assert!(h.live(&env).await.unwrap().is_empty());
+    assert!(instances_of(&h, &env).await.is_empty(), "no compute at all");
+    assert_eq!(connect_count(&h, &env).await, 0);
+    assert_executor_processes::<H>(&env, 0);
+    h.shutdown().await.unwrap();
+}
+
+async fn ceiling_session_waiting_on_a_function_call_with_no_work_stops_its_executor_as_no_work<
+    H: LifecycleHarness,
+>() {
+    // Simulated time at the real rate, so `last_active_at` is on the controller's clock; a
+    // 3 s no-work period, a 2 s grace (the no-work lease), no lifetime.
+    let h = H::start(Options {
+        grace_secs: 3,
+        turn_secs: 1.0,
+        sim_time_scale: 1.0,
+        sim_connect_deadline_secs: 600.0,
+        ceilings: |p| {
+            p.no_work_secs = 3;
+            p.max_lifetime_secs = 0;
+        },
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let (s, env) = running_session(&h).await;
+    wait_idle(&h, &s).await;
+    // The session now waits on a function call: busy (the idle lease, if one was taken,
+    // is cancelled), yet there is no work for the executor.
+    h.client()
+        .require_function_call(s.id.as_str())
+        .await
+        .unwrap();
+    let first = h.live(&env).await.unwrap().remove(0);
+    sweep_until(&h, "no-work stop recorded", || async {
+        Ok(h.live(&env).await?.is_empty()
+            && h.record(&env)
+                .await?
+                .is_some_and(|r| r.status == RecordStatus::Stopped))
+    })
+    .await;
+    assert_eq!(status(&h, &first).await, ComputeStatus::Stopped);
+    assert_eq!(stop_reasons(&h, &env).await, vec!["no_work"]);
+    let audit = h.audit(&env).await.unwrap();
+    let outcomes: Vec<&str> = audit.iter().map(|a| a.outcome.as_str()).collect();
+    let lease_at = audit
+        .iter()
+        .position(|a| {
+            a.outcome == "schedule-stop" && a.reason.contains("no turn and no connection request")
+        })
+        .unwrap_or_else(|| panic!("a no-work lease: {outcomes:?}"));
+    let stop_at = audit
+        .iter()
+        .rposition(|a| a.outcome == "stop" && a.reason.contains("no-work lease due"))
+        .unwrap_or_else(|| panic!("the no-work stop: {outcomes:?}"));
+    assert!(lease_at < stop_at, "{outcomes:?}");
+    assert_eq!(
+        h.client().get_session(s.id.as_str()).await.unwrap().status,
+        SessionStatus::RequiresAction,
+        "the session still waits on its function call"
+    );
+    assert_executor_processes::<H>(&env, 0);
     h.shutdown().await.unwrap();
 }

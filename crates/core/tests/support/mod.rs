@@ -143,9 +143,17 @@ pub fn observe(trigger: Trigger, session: Session) -> Observed {
         inventory: Inventory::Known { instances: vec![] },
         latest_turn: None,
         filter: OwnershipFilter::default(),
-        policy: Policy::default(),
+        policy: test_policy(),
         now: NOW,
         turn_not_found: false,
+    }
+}
+
+/// The default policy, with the test sessions' `remote_url` host allowed.
+pub fn test_policy() -> Policy {
+    Policy {
+        remote_url_allowlist: vec!["wss://agents.example.test".into()],
+        ..Policy::default()
     }
 }
 
@@ -275,6 +283,7 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                 r.status = RecordStatus::Stopped;
                 r.lease = None;
                 r.connection_requested_at = None;
+                r.no_work_lease = None;
             }
             Effect::MarkClosed => {
                 fresh(&mut next.record);
@@ -283,6 +292,7 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                 r.cleanup_required = false;
                 r.lease = None;
                 r.connection_requested_at = None;
+                r.no_work_lease = None;
             }
             Effect::RequireCleanup => {
                 fresh(&mut next.record);
@@ -292,6 +302,19 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
             Effect::ResolveReconciliation(res) => {
                 fresh(&mut next.record);
                 sandbox_core::evidence::resolve(&mut next.record.as_mut().unwrap().evidence, res);
+            }
+            Effect::PutNoWorkLease(l) => {
+                fresh(&mut next.record);
+                next.record.as_mut().unwrap().no_work_lease = Some(l.clone());
+            }
+            Effect::DropNoWorkLease => {
+                if let Some(r) = next.record.as_mut() {
+                    r.no_work_lease = None;
+                }
+            }
+            Effect::RecordReplacements { recent } => {
+                fresh(&mut next.record);
+                next.record.as_mut().unwrap().replacements = recent.clone();
             }
         }
     }
