@@ -373,3 +373,56 @@ fn evidence_round_trips_through_the_record_json_and_old_records_still_parse() {
     let parsed: Record = serde_json::from_value(old).unwrap();
     assert!(parsed.evidence.is_empty() && parsed.connection.is_none());
 }
+
+// ----------------------------------------------- the hold beside the ceilings (issue 13)
+
+/// A held record (`task-1`, started 3 h ago) whose session waits on a function call and
+/// was last active 2 h ago: past the no-work period (1 h).
+fn held_with_no_work(trigger: Trigger) -> sandbox_core::observed::Observed {
+    let mut s = session(
+        sandbox_core::session::SessionStatus::RequiresAction,
+        vec![function_call_action()],
+    );
+    s.last_active_at = (NOW - 2 * 3_600) as i64;
+    let mut r = held_record();
+    r.instance_recorded_at = Some(NOW - 3 * 3_600);
+    observe(trigger, s)
+        .with_record(r)
+        .with_instances(vec![instance(
+            "task-1",
+            1,
+            sandbox_core::compute::ComputeStatus::Running,
+            Some(NOW - 3 * 3_600),
+        )])
+}
+
+#[test]
+fn held_compute_of_a_session_with_no_work_takes_no_no_work_lease() {
+    let d = decide(&held_with_no_work(Trigger::Sweep));
+    assert!(
+        !d.effects
+            .iter()
+            .any(|e| matches!(e, Effect::PutNoWorkLease(_))),
+        "{d:?}"
+    );
+    assert!(!d.touches_resources(), "the files stay: {d:?}");
+}
+
+#[test]
+fn held_compute_past_its_max_lifetime_is_stopped_all_the_same() {
+    let mut o = held_with_no_work(Trigger::Sweep);
+    o.session = sandbox_core::observed::SessionView::Found {
+        session: Box::new(idle()),
+    };
+    o.inventory = sandbox_core::observed::Inventory::Known {
+        instances: vec![instance(
+            "task-1",
+            1,
+            sandbox_core::compute::ComputeStatus::Running,
+            Some(NOW - 9 * 3_600),
+        )],
+    };
+    let d = decide(&o);
+    assert_eq!(d.outcome, Outcome::Stop, "{d:?}");
+    assert!(matches!(d.reason, Reason::LifetimeExceeded { .. }), "{d:?}");
+}
