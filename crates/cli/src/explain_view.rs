@@ -16,7 +16,10 @@
 //!   stopped" once the stop is confirmed ("... task not confirmed stopped" before);
 //! - `workspace_disposition`: `none` — the executor's `/workspace` is the task's ephemeral
 //!   storage; nothing is snapshotted or retained (until workspaces persist);
-//! - `effect_reconciliation`: `observed` when a decision recorded turn and tool evidence
+//! - `effect_reconciliation`: from the record's evidence when it holds any (issue 15):
+//!   `unknown` while a question is open, else the latest resolution's effect (`observed`,
+//!   `compensated`, `not_needed`, `abandoned`); without evidence, `observed` when a
+//!   decision recorded turn and tool evidence
 //!   for an owner (`reconcile`: a mid-turn disconnect, a timed-out submission found);
 //!   `unknown` when a submission's outcome stayed unknown (`uncertain` on a timed-out
 //!   input) with no later `reconcile`; `not_needed` otherwise.

@@ -249,3 +249,71 @@ async fn dead_letters_are_listed_then_redriven_with_their_hand_offs_reset() {
     let bad = sandboxctl(&["dlq", "list", "--max", "0", "--data-dir", d], &[]).await;
     assert_eq!(bad.code, 2, "{bad:?}");
 }
+
+/// `resolve` and `report-timeout` (issue 15) refuse bad input with exit 2 and change
+/// nothing; a resolve with nothing open enqueues nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_and_report_timeout_refuse_bad_input_and_change_nothing() {
+    let h = Harness::start(Options {
+        grace_secs: 600,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let s = h
+        .client
+        .create_session(agents_sim::SessionEnvironment::self_hosted())
+        .await
+        .unwrap();
+    let env = s.self_hosted().unwrap().id.as_str().to_owned();
+    let session = s.id.as_str().to_owned();
+    h.client.submit_message(&session, "go").await.unwrap();
+    h.wait_until("executor connected", T, || h.connected(&env))
+        .await
+        .unwrap();
+    let before = h.record(&env).await.unwrap().unwrap();
+
+    let bad = h
+        .sandboxctl(&["resolve", &session, "--effect", "unknown"])
+        .await;
+    assert_eq!(bad.code, 2, "{bad:?}");
+    assert!(
+        bad.stderr
+            .contains("observed, compensated, not_needed, abandoned"),
+        "{bad:?}"
+    );
+    let nobody = h
+        .sandboxctl(&["resolve", "sess_nobody", "--effect", "observed"])
+        .await;
+    assert_eq!(nobody.code, 2, "{nobody:?}");
+    let control = h
+        .sandboxctl(&["resolve", &env, "--effect", "observed", "--note", "a\u{7}b"])
+        .await;
+    assert_eq!(control.code, 2, "{control:?}");
+    let nothing = h
+        .sandboxctl(&["resolve", &env, "--effect", "not_needed", "--json"])
+        .await;
+    assert_eq!(nothing.code, 0, "{nothing:?}");
+    let doc = nothing.json();
+    assert_eq!(
+        (doc["open"].as_u64(), doc["enqueued"].as_bool()),
+        (Some(0), Some(false))
+    );
+
+    let unknown = h.sandboxctl(&["report-timeout", "sess_nobody"]).await;
+    assert_eq!(unknown.code, 2, "{unknown:?}");
+    let future = h
+        .sandboxctl(&["report-timeout", &session, "--submitted-at", "99999999999"])
+        .await;
+    assert_eq!(future.code, 2, "{future:?}");
+    let bad_turn = h
+        .sandboxctl(&["report-timeout", &session, "--turn", "turn with spaces"])
+        .await;
+    assert_eq!(bad_turn.code, 2, "{bad_turn:?}");
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = h.record(&env).await.unwrap().unwrap();
+    assert!(after.evidence.is_empty(), "{after:?}");
+    assert_eq!(after.instance, before.instance);
+    h.shutdown().await.unwrap();
+}
