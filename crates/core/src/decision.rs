@@ -22,6 +22,10 @@
 //!    connected, else the newest), and an active compute the record does not name is
 //!    adopted (row 12) or, on a sweep with no record at all, released as an orphan
 //!    (row 26);
+//!    Then the cost and safety ceilings (issue 13; their own section at the end of this
+//!    file): a `remote_url` off the allowlist gets no compute; past the maximum lifetime,
+//!    or with no work for the no-work period, the executor is stopped; and in 8 the
+//!    replacement cap bounds replacements for a missed connect deadline;
 //! 8. a current `environment_connection` requirement ensures one compute: start, wait,
 //!    reuse or replace — replace only on evidence that the executor is not connected, its
 //!    deadline counted from the request it answers — with start-failure backoff, a

@@ -129,7 +129,8 @@ pub fn validate_allowlist(allowlist: &[String]) -> Result<(), String> {
                 "entry {n} must be a host, *.domain or scheme://host (no spaces, no user info)"
             ));
         }
-        if entry.host[entry.host.starts_with("*.").then_some(2).unwrap_or(0)..].contains('*') {
+        let rest = entry.host.strip_prefix("*.").unwrap_or(entry.host);
+        if rest.contains('*') {
             return Err(format!("entry {n} has a wildcard that is not a leading *."));
         }
         if !entry

@@ -69,7 +69,7 @@ fn secret_with_whitespace_anywhere_is_refused() {
     for bad in [
         format!("{SECRET}\n"),
         format!(" {SECRET}"),
-        format!("whsec_MfKQ9r8GKYqr TwjUPD8ILPZIo2LaLaSw"),
+        "whsec_MfKQ9r8GKYqr TwjUPD8ILPZIo2LaLaSw".to_owned(),
         format!("{SECRET}\t"),
     ] {
         assert_eq!(

@@ -322,12 +322,14 @@ impl AwsHarness {
             let rx = stopped.clone();
             tasks.push(tokio::spawn(sweeper_loop(c, every, rx)));
         }
-        tasks.push(tokio::spawn(executor_bridge(
-            controller.clone(),
-            client.clone(),
-            opts.bridge_every,
-            stopped,
-        )));
+        if !opts.common.executors_never_connect {
+            tasks.push(tokio::spawn(executor_bridge(
+                controller.clone(),
+                client.clone(),
+                opts.bridge_every,
+                stopped,
+            )));
+        }
         Ok(Self {
             sim,
             client,

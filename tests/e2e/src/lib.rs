@@ -61,6 +61,9 @@ pub struct Options {
     /// Simulated seconds per real second (default 60). 1.0 keeps the session's
     /// `last_active_at` on the controller's clock (the no-work row).
     pub sim_time_scale: f64,
+    /// Executors run but never connect (the replacement cap row): locally a `sleep`
+    /// process instead of the stand-in, on AWS the bridge leaves the tasks unconnected.
+    pub executors_never_connect: bool,
 }
 
 impl Default for Options {
@@ -75,6 +78,7 @@ impl Default for Options {
             sim_connect_deadline_secs: SimConfig::default().connect_deadline_secs,
             ceilings: |_| {},
             sim_time_scale: 60.0,
+            executors_never_connect: false,
         }
     }
 }
@@ -162,10 +166,14 @@ impl Harness {
             dir.path(),
             api,
             secret,
-            ExecutorCommand::new(
-                workspace_binary("sim-executor")?.display().to_string(),
-                ["exec-server"],
-            ),
+            if opts.executors_never_connect {
+                ExecutorCommand::new("sleep", ["86400"])
+            } else {
+                ExecutorCommand::new(
+                    workspace_binary("sim-executor")?.display().to_string(),
+                    ["exec-server"],
+                )
+            },
             KeySource::File(key_file),
             controller,
         );

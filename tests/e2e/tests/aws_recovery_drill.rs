@@ -51,6 +51,8 @@ fn worker_env(
         ("DEPLOYMENT_ID", deployment.into()),
         ("OPENAI_API_KEY_SECRET_ARN", secret_arn.into()),
         ("AGENTS_API_BASE_URL", agents_api.into()),
+        // The simulator's remote_url is http://127.0.0.1:PORT/... (issue 13 allowlist).
+        ("REMOTE_URL_ALLOWLIST", "http://127.0.0.1".into()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))

@@ -27,6 +27,8 @@ fn serve(dir: &Path, sim_base: &str, port: u16, crash: bool) -> Child {
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--deployment", "e2e-crash", "--grace-secs", "600"])
         .args(["--visibility-secs", "2", "--lock-ttl-secs", "3"])
+        // The simulator's remote_url is http://127.0.0.1:PORT/... (issue 13 allowlist).
+        .args(["--remote-url-allow", "http://127.0.0.1"])
         .arg("--stop-executors-on-exit")
         .args(["--", "exec-server"])
         .env("OPENAI_API_KEY", agents_sim::DEFAULT_API_KEY)

@@ -42,6 +42,7 @@ macro_rules! rows_on {
             ceiling_idle_executor_past_its_max_lifetime_is_stopped_then_new_input_starts_a_fresh_generation,
             ceiling_remote_url_not_on_the_allowlist_starts_no_executor_and_is_reconciled,
             ceiling_session_waiting_on_a_function_call_with_no_work_stops_its_executor_as_no_work,
+            ceiling_executors_that_never_connect_are_replaced_up_to_the_cap_then_reconciled,
         );
     };
     (@tests $backend:ident: $harness:ty; $($row:ident),+ $(,)?) => {
@@ -892,6 +893,66 @@ async fn ceiling_session_waiting_on_a_function_call_with_no_work_stops_its_execu
         SessionStatus::RequiresAction,
         "the session still waits on its function call"
     );
+    assert_executor_processes::<H>(&env, 0);
+    h.shutdown().await.unwrap();
+}
+
+async fn ceiling_executors_that_never_connect_are_replaced_up_to_the_cap_then_reconciled<
+    H: LifecycleHarness,
+>() {
+    // Executors run but never connect; a 2 s connect deadline, at most 2 replacements per
+    // hour. The simulator's own connection wait is a day, so the session keeps asking.
+    let h = H::start(Options {
+        executors_never_connect: true,
+        sim_connect_deadline_secs: 86_400.0,
+        ceilings: |p| {
+            p.connect_deadline_secs = 2;
+            p.max_replacements = 2;
+            p.replacement_window_secs = 3_600;
+            p.no_work_secs = 0;
+            p.max_lifetime_secs = 0;
+        },
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let s = h
+        .client()
+        .create_session(agents_sim::SessionEnvironment::self_hosted())
+        .await
+        .unwrap();
+    let env = env_of(&s);
+    h.client()
+        .submit_message(s.id.as_str(), "go")
+        .await
+        .unwrap();
+    h.wait_until("the cap reached", Duration::from_secs(90), || async {
+        Ok(h.audit(&env)
+            .await?
+            .iter()
+            .any(|a| a.outcome == "reconcile" && a.reason.contains("without connecting")))
+    })
+    .await
+    .unwrap();
+    h.wait_until("nothing live", H::STEP_TIMEOUT, || async {
+        Ok(h.live(&env).await?.is_empty())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        stop_reasons(&h, &env).await,
+        vec!["replaced", "replaced", "replacement_cap"]
+    );
+    let record = h.record(&env).await.unwrap().unwrap();
+    assert_eq!(record.replacements.len(), 2, "{record:?}");
+    assert_eq!(record.status, RecordStatus::Stopped);
+    assert_eq!(record.generation, Generation(3));
+    // Held: the session still asks for a connection, nothing new starts in the window.
+    h.controller().sweep().await.unwrap();
+    tokio::time::sleep(H::SETTLE).await;
+    assert!(h.live(&env).await.unwrap().is_empty());
+    assert_eq!(instances_of(&h, &env).await.len(), 3);
+    assert_eq!(connect_count(&h, &env).await, 0);
     assert_executor_processes::<H>(&env, 0);
     h.shutdown().await.unwrap();
 }
