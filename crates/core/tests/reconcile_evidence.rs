@@ -373,3 +373,31 @@ fn evidence_round_trips_through_the_record_json_and_old_records_still_parse() {
     let parsed: Record = serde_json::from_value(old).unwrap();
     assert!(parsed.evidence.is_empty() && parsed.connection.is_none());
 }
+
+#[test]
+fn open_questions_without_a_turn_are_recorded_once_per_trigger_and_the_list_stays_bounded() {
+    let mut list = vec![open_evidence()];
+    let mut failing = open_evidence();
+    failing.trigger = EvidenceTrigger::StartFailing;
+    failing.turn = None;
+    failing.tools = vec![];
+    for attempts in 5..40 {
+        let mut e = failing.clone();
+        e.reason = format!("start failed {attempts} times");
+        append(&mut list, e);
+    }
+    assert_eq!(list.len(), 2, "one open start_failing question: {list:?}");
+    // Many distinct open questions: bounded, and the entry holding the files stays.
+    for i in 0..(3 * MAX_EVIDENCE) {
+        let mut e = open_evidence();
+        e.trigger = EvidenceTrigger::InputTimedOut;
+        e.tools = vec![];
+        e.turn.as_mut().unwrap().id = format!("turn_t{i}");
+        append(&mut list, e);
+    }
+    assert_eq!(list.len(), MAX_EVIDENCE);
+    assert!(
+        list.iter().any(|e| e.holds_files()),
+        "the held question is kept"
+    );
+}
