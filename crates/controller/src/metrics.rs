@@ -27,7 +27,7 @@
 //! | `webhook_accepted` | count | | a delivery queued |
 //! | `webhook_ignored` | count | | a verified delivery that is not compute's business |
 //! | `webhook_rejected` | count | `reason` (`too_large`, `headers`, `signature`, `malformed`, `queue_unavailable`) | a delivery answered 4xx/503 |
-//! | `held_environments` | count (gauge) | | environments with open reconciliation evidence (issue 15: held for an owner), set by every sweep from the registry's list |
+//! | `held_environments` | count (one value per sweep) | | environments with open reconciliation evidence (issue 15: held for an owner), counted by every sweep in the registry's list (a value, not a gauge: the EMF recorder writes a gauge on every flush, and an invocation that recorded nothing writes nothing) |
 //!
 //! The time from a start to the executor's first connection is not measured yet: the
 //! record does not keep when a connection was first seen.
@@ -71,7 +71,7 @@ pub mod names {
     pub const WEBHOOK_IGNORED: &str = "webhook_ignored";
     /// Deliveries rejected, label `reason`.
     pub const WEBHOOK_REJECTED: &str = "webhook_rejected";
-    /// Environments with open reconciliation evidence (gauge, set per sweep).
+    /// Environments with open reconciliation evidence (one value per sweep).
     pub const HELD_ENVIRONMENTS: &str = "held_environments";
     /// Cost and safety ceilings that acted (issue 13), label `reason`:
     /// `lifetime_exceeded`, `lifetime_hard_cap`, `no_work` (executor stops),
@@ -106,10 +106,10 @@ pub fn describe() {
     ] {
         describe_counter!(name, Unit::Count, what);
     }
-    metrics::describe_gauge!(
+    describe_histogram!(
         HELD_ENVIRONMENTS,
         Unit::Count,
-        "environments with open reconciliation evidence"
+        "environments with open reconciliation evidence, per sweep"
     );
     for (name, what) in [
         (ENQUEUE_TO_START, "job enqueue to accepted compute start"),
@@ -228,7 +228,7 @@ pub fn webhook_rejected(reason: &'static str) {
 /// Environments whose record holds open reconciliation evidence (held for an owner), as
 /// one sweep counted them in the registry's list.
 pub fn held_environments(count: usize) {
-    metrics::gauge!(names::HELD_ENVIRONMENTS).set(count as f64);
+    metrics::histogram!(names::HELD_ENVIRONMENTS).record(count as f64);
 }
 
 #[cfg(test)]

@@ -264,11 +264,14 @@ impl Evidence {
 
     /// Whether `other` records the same question (same trigger and turn, same submission
     /// outcome): appended once.
+    /// A question without a turn (start failures, missing evidence, a divergence) is one
+    /// open question per trigger, whatever its latest reason: a sweep re-deciding it, or
+    /// the attempt count growing, writes nothing new.
     fn same_question(&self, other: &Evidence) -> bool {
         self.trigger == other.trigger
             && self.turn.as_ref().map(|t| &t.id) == other.turn.as_ref().map(|t| &t.id)
             && self.submission == other.submission
-            && (self.turn.is_some() || self.reason == other.reason)
+            && (self.turn.is_some() || self.is_open() || self.reason == other.reason)
     }
 }
 
@@ -362,7 +365,9 @@ fn workspace_of(o: &Observed) -> WorkspaceLayer {
 }
 
 /// Appends `entry` to `list` unless the same question is already recorded; keeps at most
-/// [`MAX_EVIDENCE`] entries (open ones are never dropped). Returns whether `list` changed.
+/// [`MAX_EVIDENCE`] entries, dropping the oldest resolved entry first, then the oldest open
+/// one that holds no files; an entry that holds the files is never dropped. Returns whether
+/// `list` changed.
 pub fn append(list: &mut Vec<Evidence>, entry: Evidence) -> bool {
     if let Some(known) = list.iter_mut().find(|e| e.same_question(&entry)) {
         // An application asking again about a timed-out submission gets a fresh answer
@@ -376,7 +381,11 @@ pub fn append(list: &mut Vec<Evidence>, entry: Evidence) -> bool {
     }
     list.push(entry);
     while list.len() > MAX_EVIDENCE {
-        match list.iter().position(|e| !e.is_open()) {
+        let drop = list
+            .iter()
+            .position(|e| !e.is_open())
+            .or_else(|| list.iter().position(|e| !e.holds_files()));
+        match drop {
             Some(i) => {
                 list.remove(i);
             }

@@ -426,3 +426,30 @@ fn held_compute_past_its_max_lifetime_is_stopped_all_the_same() {
     assert_eq!(d.outcome, Outcome::Stop, "{d:?}");
     assert!(matches!(d.reason, Reason::LifetimeExceeded { .. }), "{d:?}");
 }
+#[test]
+fn open_questions_without_a_turn_are_recorded_once_per_trigger_and_the_list_stays_bounded() {
+    let mut list = vec![open_evidence()];
+    let mut failing = open_evidence();
+    failing.trigger = EvidenceTrigger::StartFailing;
+    failing.turn = None;
+    failing.tools = vec![];
+    for attempts in 5..40 {
+        let mut e = failing.clone();
+        e.reason = format!("start failed {attempts} times");
+        append(&mut list, e);
+    }
+    assert_eq!(list.len(), 2, "one open start_failing question: {list:?}");
+    // Many distinct open questions: bounded, and the entry holding the files stays.
+    for i in 0..(3 * MAX_EVIDENCE) {
+        let mut e = open_evidence();
+        e.trigger = EvidenceTrigger::InputTimedOut;
+        e.tools = vec![];
+        e.turn.as_mut().unwrap().id = format!("turn_t{i}");
+        append(&mut list, e);
+    }
+    assert_eq!(list.len(), MAX_EVIDENCE);
+    assert!(
+        list.iter().any(|e| e.holds_files()),
+        "the held question is kept"
+    );
+}
