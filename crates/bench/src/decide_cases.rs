@@ -54,11 +54,7 @@ fn observed(trigger: Trigger, session: Session, running: bool) -> Observed {
         },
         latest_turn: None,
         filter: OwnershipFilter::default(),
-        // The events/ fixtures name wss://api.openai.com/...
-        policy: Policy {
-            remote_url_allowlist: vec!["wss://api.openai.com".into()],
-            ..Policy::default()
-        },
+        policy: Policy::default(),
         now: NOW,
         turn_not_found: false,
     }

@@ -260,11 +260,12 @@ pub struct Policy {
     pub max_replacements: u32,
     /// The replacement cap's window, seconds (default 3,600).
     pub replacement_window_secs: u64,
-    /// Where the executor key may be sent: the `remote_url` of a session must be `https`
-    /// with a host matching one entry, or else no compute starts (`reconcile`,
-    /// `remote_url_not_allowed`). An entry is a host (`api.openai.com`), a wildcard for
-    /// its subdomains (`*.example.com`), or `scheme://host` to allow another scheme for
-    /// that host (local mode: `http://127.0.0.1`). Default: `["api.openai.com"]`.
+    /// Where the executor key may be sent: the `remote_url` of a session must use TLS
+    /// (`wss`, the API's WebSocket URL, or `https`) with a host matching one entry, or
+    /// else no compute starts (`reconcile`, `remote_url_not_allowed`). An entry is a host
+    /// (`api.openai.com`), a wildcard for its subdomains (`*.example.com`), or
+    /// `scheme://host` to allow exactly that scheme for that host (local mode:
+    /// `http://127.0.0.1`). Default: `["api.openai.com"]`.
     pub remote_url_allowlist: Vec<String>,
 }
 

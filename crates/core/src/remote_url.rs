@@ -19,7 +19,8 @@ pub enum RemoteUrlRefusal {
     Unparsable,
     /// The URL carries a user name or password (`https://user@host/`).
     HasCredentials,
-    /// The scheme is not allowed for that host (only `https` unless an entry says so).
+    /// The scheme is not allowed for that host (only `https` and `wss` unless an entry
+    /// says so).
     SchemeNotAllowed {
         /// The URL's scheme.
         scheme: String,
@@ -51,17 +52,25 @@ impl fmt::Display for RemoteUrlRefusal {
     }
 }
 
-/// One allowlist entry, parsed: an optional scheme (default `https`) and a host pattern
-/// (exact, or `*.suffix` for any subdomain of `suffix`, not `suffix` itself).
+/// The schemes an entry without one allows: TLS only. The API's `remote_url` is a
+/// WebSocket URL (`wss://api.openai.com/v1/agents/environments/{id}/connect`, as in the
+/// `events/sessions/` fixtures); `https` is the registration endpoint's (seed 002).
+const TLS_SCHEMES: [&str; 2] = ["https", "wss"];
+
+/// One allowlist entry, parsed: an optional scheme (default: [`TLS_SCHEMES`]) and a host
+/// pattern (exact, or `*.suffix` for any subdomain of `suffix`, not `suffix` itself).
 struct Entry<'a> {
-    scheme: &'a str,
+    scheme: Option<&'a str>,
     host: &'a str,
 }
 
 impl<'a> Entry<'a> {
     fn parse(raw: &'a str) -> Self {
         let raw = raw.trim();
-        let (scheme, rest) = raw.split_once("://").unwrap_or(("https", raw));
+        let (scheme, rest) = match raw.split_once("://") {
+            Some((scheme, rest)) => (Some(scheme), rest),
+            None => (None, raw),
+        };
         // A port or path in an entry is ignored: the entry names a host.
         let host = rest.split(['/', ':']).next().unwrap_or(rest);
         Self { scheme, host }
@@ -97,7 +106,11 @@ pub fn check(remote_url: &str, allowlist: &[String]) -> Result<(), RemoteUrlRefu
     for entry in allowlist.iter().map(|e| Entry::parse(e)) {
         if entry.host_matches(&host) {
             host_known = true;
-            if entry.scheme.eq_ignore_ascii_case(scheme) {
+            let allowed = match entry.scheme {
+                Some(s) => s.eq_ignore_ascii_case(scheme),
+                None => TLS_SCHEMES.contains(&scheme),
+            };
+            if allowed {
                 return Ok(());
             }
         }
@@ -135,6 +148,7 @@ pub fn validate_allowlist(allowlist: &[String]) -> Result<(), String> {
         }
         if !entry
             .scheme
+            .unwrap_or("https")
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'-' || b == b'.')
         {
@@ -150,6 +164,30 @@ mod tests {
 
     fn list(entries: &[&str]) -> Vec<String> {
         entries.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn websocket_remote_url_of_the_api_passes_the_default_allowlist() {
+        // The shape the API gives (events/sessions/ fixtures).
+        let allow = crate::observed::Policy::default().remote_url_allowlist;
+        assert_eq!(
+            check(
+                "wss://api.openai.com/v1/agents/environments/env_1/connect",
+                &allow
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            check(
+                "ws://api.openai.com/v1/agents/environments/env_1/connect",
+                &allow
+            ),
+            Err(RemoteUrlRefusal::SchemeNotAllowed {
+                scheme: "ws".into(),
+                host: "api.openai.com".into()
+            }),
+            "plaintext never carries the key"
+        );
     }
 
     #[test]
@@ -189,7 +227,7 @@ mod tests {
     }
 
     #[test]
-    fn plain_http_or_wss_needs_an_entry_with_that_scheme() {
+    fn plain_http_needs_an_entry_with_that_scheme() {
         let allow = list(&["api.openai.com", "http://127.0.0.1"]);
         assert_eq!(
             check("http://api.openai.com/x", &allow),
@@ -200,7 +238,7 @@ mod tests {
         );
         assert_eq!(check("http://127.0.0.1:4010/v1/x", &allow), Ok(()));
         assert!(check("https://127.0.0.1/x", &allow).is_err());
-        assert!(check("wss://api.openai.com/x", &allow).is_err());
+        assert!(check("ws://api.openai.com/x", &allow).is_err());
     }
 
     #[test]

@@ -47,9 +47,6 @@ fn controller() -> TestController {
         .insert(session.id.clone(), session);
     let mut config = ControllerConfig::new(DeploymentId::new("test").unwrap());
     config.stop_readback_interval = Duration::from_millis(1);
-    // The events/ session fixtures name wss://api.openai.com/... (the allowlist's
-    // default is https only).
-    config.policy.remote_url_allowlist = vec!["wss://api.openai.com".into()];
     Controller::new(
         MemoryQueue::default(),
         MemoryQueue::default(),
