@@ -28,6 +28,7 @@ pub mod record;
 pub mod session;
 pub mod turn;
 pub mod webhook;
+pub mod workspace;
 
 pub use decision::{Decision, Effect, Outcome, Reason, StartSpec, StopSpec, decide};
 pub use ids::{DeploymentId, EffectKey, EnvironmentId, Generation, InstanceId, SessionId};

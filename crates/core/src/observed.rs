@@ -207,6 +207,19 @@ pub struct Policy {
     /// this long after the last failure (default 3,600); an operator can reset them at
     /// once ([`Trigger::ResetStartFailures`]).
     pub start_failing_cooldown_secs: u64,
+    /// Workspace snapshots kept per environment, newest first (default 1; at least 1: the
+    /// latest is what the next generation restores). Older ones are deleted after each
+    /// new snapshot.
+    #[serde(default = "default_snapshot_keep")]
+    pub snapshot_keep: u32,
+    /// What a close does with the workspace and its snapshots: `delete`, or `retain` for D
+    /// days (default `retain:7`), after which the sweeper deletes them.
+    #[serde(default)]
+    pub close_workspace: crate::workspace::CloseWorkspace,
+}
+
+fn default_snapshot_keep() -> u32 {
+    1
 }
 
 impl Default for Policy {
@@ -221,6 +234,8 @@ impl Default for Policy {
             uncertain_retry_secs: 15,
             visibility_window_secs: 300,
             start_failing_cooldown_secs: 3_600,
+            snapshot_keep: 1,
+            close_workspace: crate::workspace::CloseWorkspace::default(),
         }
     }
 }

@@ -47,6 +47,16 @@ pub struct Record {
     pub cleanup_required: bool,
     /// Optimistic-concurrency version: every write conditions on it and increments it.
     pub version: u64,
+    /// The workspace snapshot chain, oldest first: the snapshots this environment still
+    /// keeps (the last [`crate::observed::Policy::snapshot_keep`], or those a close retains
+    /// until their `expires_at`). The latest ([`Record::latest_snapshot`]) is the workspace
+    /// reference the next generation restores (the seeds' "workspace snapshot reference").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<crate::workspace::SnapshotRef>,
+    /// The snapshot the current generation was restored from, if any (the parent of the
+    /// snapshot its stop takes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_from: Option<String>,
 }
 
 /// What the controller believes about the environment's compute.
@@ -103,6 +113,8 @@ impl Record {
             start_failure: None,
             cleanup_required: false,
             version: 0,
+            snapshots: Vec::new(),
+            restored_from: None,
         }
     }
 
@@ -114,5 +126,11 @@ impl Record {
     /// Whether the record claims a compute is running or starting.
     pub fn claims_compute(&self) -> bool {
         self.status == RecordStatus::Active && self.instance.is_some()
+    }
+
+    /// The latest workspace snapshot: what the next generation restores, `None` when no
+    /// workspace was saved yet.
+    pub fn latest_snapshot(&self) -> Option<&crate::workspace::SnapshotRef> {
+        self.snapshots.last()
     }
 }
