@@ -232,6 +232,7 @@ pub fn harness_config(deployment: DeploymentId, opts: &AwsOptions) -> Controller
         shutdown_grace_secs: opts.common.grace_secs,
         recheck_secs: 1,
         uncertain_retry_secs: 1,
+        close_workspace: opts.common.close_workspace,
         ..Policy::default()
     };
     controller.stop_readback_interval = Duration::from_millis(50);

@@ -51,6 +51,9 @@ pub struct Options {
     /// The simulator's input-time connection deadline, simulated seconds (default 300 =
     /// 5 real seconds).
     pub sim_connect_deadline_secs: f64,
+    /// What a close does with the workspace (`Policy::close_workspace`; default
+    /// `retain:7`).
+    pub close_workspace: sandbox_core::workspace::CloseWorkspace,
 }
 
 impl Default for Options {
@@ -63,6 +66,7 @@ impl Default for Options {
             sweep_every: None,
             turn_secs: 30.0,
             sim_connect_deadline_secs: SimConfig::default().connect_deadline_secs,
+            close_workspace: Default::default(),
         }
     }
 }
@@ -138,6 +142,7 @@ impl Harness {
             shutdown_grace_secs: opts.grace_secs,
             recheck_secs: 1,
             uncertain_retry_secs: 1,
+            close_workspace: opts.close_workspace,
             ..Policy::default()
         };
         controller.stop_readback_interval = Duration::from_millis(50);
