@@ -128,6 +128,9 @@ fn wrote(applied: &Value, kind: &ReceiptKind) -> bool {
 
 /// The snapshot chain (module docs), oldest first.
 fn snapshot_chain(record: Option<&Record>, receipts: &[Receipt]) -> Vec<Value> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let kept = record.map(|r| r.snapshots.as_slice()).unwrap_or_default();
     let mut chain: Vec<Value> = Vec::new();
     let mut seen: Vec<String> = Vec::new();
@@ -151,7 +154,11 @@ fn snapshot_chain(record: Option<&Record>, receipts: &[Receipt]) -> Vec<Value> {
             continue;
         }
         seen.push(id.clone());
-        let k = kept.iter().find(|s| s.snapshot_id == id);
+        // A retained snapshot past its expiry is the sweeper's to delete: not kept.
+        let k = kept
+            .iter()
+            .find(|s| s.snapshot_id == id)
+            .filter(|s| s.expires_at.is_none_or(|at| at > now));
         chain.push(json!({
             "snapshot_id": id,
             "generation": generation,
