@@ -6,7 +6,7 @@
  * (comma-separated), webhookSecretArn, openAIApiKeySecretArn, executorKeySecretArn.
  * Optional: stackName (default sandbox-lifecycle), deploymentId, executorCpuArchitecture,
  * executorCpu, executorMemory, assignPublicIp (true/false), agentIds (comma-separated),
- * workspaceDirectory, shutdownGraceSecs, connectDeadlineSecs, agentsApiBaseUrl,
+ * workspaceDirectory, shutdownGraceSecs, connectDeadlineSecs, snapshotKeep, closeWorkspace, agentsApiBaseUrl,
  * workerBatchSize, workerMaximumConcurrency, logRetentionDays, alarmTopicArn, lambdaDir.
  *
  * Code: `<lambdaDir>/<name>/bootstrap.zip` for webhook, worker and sweeper, as
@@ -100,6 +100,8 @@ new SandboxLifecycle(stack, "Sandbox", {
   workspaceDirectory: context("workspaceDirectory"),
   shutdownGraceSecs: integer("shutdownGraceSecs"),
   connectDeadlineSecs: integer("connectDeadlineSecs"),
+  snapshotKeep: integer("snapshotKeep"),
+  closeWorkspace: context("closeWorkspace"),
   agentsApiBaseUrl: context("agentsApiBaseUrl"),
   workerBatchSize: integer("workerBatchSize"),
   workerMaximumConcurrency: integer("workerMaximumConcurrency"),

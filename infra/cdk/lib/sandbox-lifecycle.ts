@@ -88,6 +88,10 @@ export interface SandboxLifecycleProps {
   readonly shutdownGraceSecs?: number;
   /** `CONNECT_DEADLINE_SECS`, seconds (>= 1). @default 180 */
   readonly connectDeadlineSecs?: number;
+  /** `SNAPSHOT_KEEP`: workspace snapshots kept per environment (>= 1). @default 1 */
+  readonly snapshotKeep?: number;
+  /** `CLOSE_WORKSPACE`: `delete` or `retain:<days>`. @default "retain:7" */
+  readonly closeWorkspace?: string;
   /** `AGENTS_API_BASE_URL`. @default https://api.openai.com/v1 */
   readonly agentsApiBaseUrl?: string;
   /** Records per worker invocation, 1-10. @default 10 */
@@ -422,6 +426,8 @@ export class SandboxLifecycle extends Construct {
       WORKSPACE_DIRECTORY: props.workspaceDirectory ?? "",
       SHUTDOWN_GRACE_SECS: String(props.shutdownGraceSecs ?? 300),
       CONNECT_DEADLINE_SECS: String(props.connectDeadlineSecs ?? 180),
+      SNAPSHOT_KEEP: String(props.snapshotKeep ?? 1),
+      CLOSE_WORKSPACE: props.closeWorkspace ?? "retain:7",
       AGENTS_API_BASE_URL: props.agentsApiBaseUrl ?? "https://api.openai.com/v1",
       OPENAI_API_KEY_SECRET_ARN: props.openAIApiKeySecretArn,
     };
@@ -661,6 +667,8 @@ function validate(props: SandboxLifecycleProps): void {
   if (concurrency < 2 || concurrency > 1000) problems.push("workerMaximumConcurrency must be 2-1000");
   if ((props.connectDeadlineSecs ?? 180) < 1) problems.push("connectDeadlineSecs must be at least 1");
   if ((props.shutdownGraceSecs ?? 300) < 0) problems.push("shutdownGraceSecs must not be negative");
+  if (!Number.isInteger(props.snapshotKeep ?? 1) || (props.snapshotKeep ?? 1) < 1) problems.push("snapshotKeep must be an integer of at least 1");
+  if (!/^(delete|retain:[1-9][0-9]*)$/.test(props.closeWorkspace ?? "retain:7")) problems.push("closeWorkspace must be delete or retain:<days >= 1>");
   if (props.agentIds?.some((a) => a.trim() === "" || a.includes(","))) {
     problems.push("agentIds must be non-empty ids without commas");
   }
