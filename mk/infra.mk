@@ -94,7 +94,8 @@ deploy-help:
 	@echo "Required: $(DEPLOY_REQUIRED), AWS_REGION (or AWS_DEFAULT_REGION), AWS credentials."
 	@echo "Optional: STACK_NAME (default sandbox-lifecycle, <= 36 characters unless DEPLOYMENT_ID is set),"
 	@echo "  DEPLOYMENT_ID, ASSIGN_PUBLIC_IP (ENABLED/DISABLED), AGENT_IDS (comma-separated),"
-	@echo "  WORKSPACE_DIRECTORY, SHUTDOWN_GRACE_SECS, CONNECT_DEADLINE_SECS, AGENTS_API_BASE_URL,"
+	@echo "  WORKSPACE_DIRECTORY, SHUTDOWN_GRACE_SECS, CONNECT_DEADLINE_SECS, SNAPSHOT_KEEP, CLOSE_WORKSPACE,"
+	@echo "  AGENTS_API_BASE_URL,"
 	@echo "  WORKER_BATCH_SIZE, WORKER_MAXIMUM_CONCURRENCY, EXECUTOR_CPU_ARCHITECTURE (ARM64/X86_64),"
 	@echo "  EXECUTOR_CPU, EXECUTOR_MEMORY, LOG_RETENTION_DAYS, ALARM_TOPIC_ARN."
 	@echo "See README.md, section Deploy."
@@ -124,6 +125,7 @@ SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=
 	$(call sam-param,AgentIds,AGENT_IDS) $(call sam-param,WorkspaceDirectory,WORKSPACE_DIRECTORY) \
 	$(call sam-param,ShutdownGraceSecs,SHUTDOWN_GRACE_SECS) \
 	$(call sam-param,ConnectDeadlineSecs,CONNECT_DEADLINE_SECS) \
+	$(call sam-param,SnapshotKeep,SNAPSHOT_KEEP) $(call sam-param,CloseWorkspace,CLOSE_WORKSPACE) \
 	$(call sam-param,AgentsApiBaseUrl,AGENTS_API_BASE_URL) \
 	$(call sam-param,WorkerBatchSize,WORKER_BATCH_SIZE) \
 	$(call sam-param,WorkerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
@@ -154,6 +156,7 @@ CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' 
 	$(call cdk-context,agentIds,AGENT_IDS) $(call cdk-context,workspaceDirectory,WORKSPACE_DIRECTORY) \
 	$(call cdk-context,shutdownGraceSecs,SHUTDOWN_GRACE_SECS) \
 	$(call cdk-context,connectDeadlineSecs,CONNECT_DEADLINE_SECS) \
+	$(call cdk-context,snapshotKeep,SNAPSHOT_KEEP) $(call cdk-context,closeWorkspace,CLOSE_WORKSPACE) \
 	$(call cdk-context,agentsApiBaseUrl,AGENTS_API_BASE_URL) \
 	$(call cdk-context,workerBatchSize,WORKER_BATCH_SIZE) \
 	$(call cdk-context,workerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \

@@ -352,6 +352,9 @@ impl EcsCompute {
     }
 }
 
+/// Workspace persistence on ECS: not yet (the defaults keep nothing, `none`).
+impl sandbox_controller::ports::Workspaces for EcsCompute {}
+
 impl Compute for EcsCompute {
     async fn start(
         &self,

@@ -20,6 +20,8 @@
 //! | `WORKSPACE_DIRECTORY` | worker, sweeper | no | required `environment.workspace_directory` (default: any) |
 //! | `SHUTDOWN_GRACE_SECS` | worker, sweeper | no | seconds between an idle session and the stop (default 300) |
 //! | `CONNECT_DEADLINE_SECS` | worker, sweeper | no | seconds a started executor has to connect before it is replaced (default 180; ≥ 1) |
+//! | `SNAPSHOT_KEEP` | worker, sweeper | no | workspace snapshots kept per environment (default 1; ≥ 1) |
+//! | `CLOSE_WORKSPACE` | worker, sweeper | no | what a close does with the workspace: `delete` or `retain:<days ≥ 1>` (default `retain:7`) |
 //! | `AGENTS_API_BASE_URL` | worker, sweeper | no | Agents API root (default `https://api.openai.com/v1`) |
 //! | `OPENAI_API_KEY_SECRET_ARN` | worker, sweeper | yes | Secrets Manager ARN (or name) of the OpenAI API key |
 //! | `WEBHOOK_SECRET_ARN` | webhook | yes | Secrets Manager ARN (or name) of the webhook signing secret (`whsec_...`) |
@@ -30,7 +32,7 @@
 //! | `NO_WORK_SECS` | worker, sweeper | no | idle without work: no turn and no connection request for this long stops the executor, seconds (default 3,600; 0 = off) |
 //! | `MAX_REPLACEMENTS` | worker, sweeper | no | replacements for a missed connect deadline allowed within the window (default 3; 0 = no cap) |
 //! | `REPLACEMENT_WINDOW_SECS` | worker, sweeper | no | the replacement cap's window, seconds (default 3,600; ≥ 1) |
-//! | `REMOTE_URL_ALLOWLIST` | worker, sweeper | no | comma-separated hosts a session's `remote_url` may name (`host`, `*.domain`, `scheme://host`; default `api.openai.com`, https only) |
+//! | `REMOTE_URL_ALLOWLIST` | worker, sweeper | no | comma-separated hosts a session's `remote_url` may name (`host`, `*.domain`, `scheme://host`; default `api.openai.com`, `wss` or `https` only) |
 //! | `AWS_ENDPOINT_URL` | all | no | one endpoint for every AWS service: tests only (moto) |
 //!
 //! An empty or blank value counts as unset. Every failure is one [`SettingsError`] naming
@@ -339,6 +341,25 @@ impl ControllerSettings {
             true,
         )?;
         ceilings(&vars, &mut controller.policy)?;
+        controller.policy.snapshot_keep = match vars.optional("SNAPSHOT_KEEP") {
+            None => defaults.snapshot_keep,
+            Some(raw) => {
+                raw.parse::<u32>()
+                    .ok()
+                    .filter(|k| *k >= 1)
+                    .ok_or(SettingsError::Invalid {
+                        var: "SNAPSHOT_KEEP",
+                        reason: "a count of at least 1",
+                    })?
+            }
+        };
+        if let Some(raw) = vars.optional("CLOSE_WORKSPACE") {
+            controller.policy.close_workspace =
+                raw.parse().map_err(|_| SettingsError::Invalid {
+                    var: "CLOSE_WORKSPACE",
+                    reason: "`delete` or `retain:<days ≥ 1>`",
+                })?;
+        }
         controller.filter.agent_ids = vars.list("AGENT_IDS")?;
         controller.filter.workspace_directory = vars.optional("WORKSPACE_DIRECTORY");
         controller.worker_id = worker_id(&vars.0);

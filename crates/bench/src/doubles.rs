@@ -65,6 +65,9 @@ fn poisoned(operation: &'static str) -> PortError {
     PortError::permanent("compute", operation, "memory compute lock poisoned")
 }
 
+/// Keeps no workspace (the defaults: `none`).
+impl sandbox_controller::ports::Workspaces for MemoryCompute {}
+
 impl Compute for MemoryCompute {
     async fn start(
         &self,

@@ -339,6 +339,7 @@ impl Demo {
                     generation: Generation(1),
                     idempotency_token: idempotency_token(&echo_env, Generation(1)),
                     previous: None,
+                    restore: None,
                 },
                 &c.config.deployment,
                 NO_DEADLINE,
@@ -446,7 +447,7 @@ async fn report(c: &LocalController) -> anyhow::Result<String> {
         .iter()
         .filter_map(|r| match &r.kind {
             ReceiptKind::ComputeStopped { reason, .. } => Some(reason.as_str()),
-            ReceiptKind::SessionDeleted { .. } => None,
+            ReceiptKind::SessionDeleted { .. } | ReceiptKind::WorkspaceClosed { .. } => None,
         })
         .collect();
     let orphans = stop_reasons.iter().filter(|r| **r == "orphan").count();
@@ -530,9 +531,15 @@ fn describe_receipt(r: &Receipt) -> String {
             instance_id,
             generation,
             reason,
+            workspace,
         } => {
-            format!("compute stopped: {instance_id} g{generation} ({reason})")
+            format!(
+                "compute stopped: {instance_id} g{generation} ({reason}); workspace: {workspace}"
+            )
         }
         ReceiptKind::SessionDeleted { session_id } => format!("session deleted: {session_id}"),
+        ReceiptKind::WorkspaceClosed { workspace, .. } => {
+            format!("session closed; workspace: {workspace}")
+        }
     }
 }

@@ -2,6 +2,11 @@
 //! entries) and every receipt merged in time order — and, once a close ran, the terminal
 //! record of the cleanup.
 //!
+//! The snapshot chain (`snapshot_chain`): every workspace snapshot the environment's stops
+//! took (from the stop receipts), oldest first, with the generation it holds, the snapshot
+//! that generation was restored from (the record's chain keeps the parent links), and
+//! whether it is still kept (the record's chain) or was deleted (retention or a close).
+//!
 //! The id may be a session id, an environment id or a compute id (an ECS task ARN, the
 //! task id at its end, or a local `pid:...` handle); it is resolved in that order, and an
 //! id nothing matches is a usage error that names the kinds tried.
@@ -14,8 +19,9 @@
 //!   executor of the deployment (`api.agents.environments.connect` only), and the Agents
 //!   API has no per-environment credential to revoke, so: "not revoked: shared key; task
 //!   stopped" once the stop is confirmed ("... task not confirmed stopped" before);
-//! - `workspace_disposition`: `none` — the executor's `/workspace` is the task's ephemeral
-//!   storage; nothing is snapshotted or retained (until workspaces persist);
+//! - `workspace_disposition`: what the close did with the files, from its
+//!   `workspace_closed` receipt (`deleted`, or `snapshot <id>` retained until a time), else
+//!   what the last stop receipt says (`snapshot <id>`, `deleted`, `none`), else `none`;
 //! - `effect_reconciliation`: from the record's evidence when it holds any (issue 15):
 //!   `unknown` while a question is open, else the latest resolution's effect (`observed`,
 //!   `compensated`, `not_needed`, `abandoned`); without evidence, `observed` when a
@@ -30,6 +36,7 @@ use crate::timestamps::{stamp, utc};
 use sandbox_controller::ports::{AuditEntry, Compute as _, Receipt, ReceiptKind, Registry as _};
 use sandbox_core::ids::{EnvironmentId, InstanceId, SessionId};
 use sandbox_core::record::{Record, RecordStatus};
+use sandbox_core::workspace::WorkspaceDisposition;
 use serde_json::{Value, json};
 use std::io::Write;
 
@@ -118,7 +125,77 @@ fn wrote(applied: &Value, kind: &ReceiptKind) -> bool {
             applied["effect"] == "stop_compute"
                 && applied["target"]["instance_id"] == instance_id.as_str()
         }
+        ReceiptKind::WorkspaceClosed { .. } => applied["effect"] == "mark_closed",
     }
+}
+
+/// The snapshot chain (module docs), oldest first.
+fn snapshot_chain(record: Option<&Record>, receipts: &[Receipt]) -> Vec<Value> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let kept = record.map(|r| r.snapshots.as_slice()).unwrap_or_default();
+    let mut chain: Vec<Value> = Vec::new();
+    let mut seen: Vec<String> = Vec::new();
+    let taken = receipts.iter().filter_map(|r| match &r.kind {
+        ReceiptKind::ComputeStopped {
+            generation,
+            workspace: WorkspaceDisposition::Snapshot { snapshot_id },
+            ..
+        } => Some((r.at, *generation, snapshot_id.clone())),
+        _ => None,
+    });
+    // Snapshots taken outside a stop (of a generation that stopped behind the
+    // controller's back) are only in the record's chain.
+    let recorded = kept
+        .iter()
+        .map(|s| (s.taken_at, s.generation.0, s.snapshot_id.clone()));
+    let mut all: Vec<(u64, u64, String)> = taken.chain(recorded).collect();
+    all.sort();
+    for (at, generation, id) in all {
+        if seen.contains(&id) {
+            continue;
+        }
+        seen.push(id.clone());
+        // A retained snapshot past its expiry is the sweeper's to delete: not kept.
+        let k = kept
+            .iter()
+            .find(|s| s.snapshot_id == id)
+            .filter(|s| s.expires_at.is_none_or(|at| at > now));
+        chain.push(json!({
+            "snapshot_id": id,
+            "generation": generation,
+            "taken_at": stamp(k.map_or(at, |s| s.taken_at)),
+            "restored_from": k.and_then(|s| s.parent.clone()),
+            "kept": k.is_some(),
+            "expires_at": k.and_then(|s| s.expires_at).map(stamp),
+        }));
+    }
+    chain
+}
+
+/// The workspace disposition of the terminal record (module docs).
+fn workspace_disposition(receipts: &[Receipt]) -> String {
+    let closed = receipts.iter().rev().find_map(|r| match &r.kind {
+        ReceiptKind::WorkspaceClosed {
+            workspace,
+            retained_until,
+            ..
+        } => Some(match retained_until {
+            Some(until) => format!("{workspace} (retained until {})", utc(*until)),
+            None => workspace.to_string(),
+        }),
+        _ => None,
+    });
+    let stopped = || {
+        receipts.iter().rev().find_map(|r| match &r.kind {
+            ReceiptKind::ComputeStopped { workspace, .. } => Some(workspace.to_string()),
+            _ => None,
+        })
+    };
+    closed
+        .or_else(stopped)
+        .unwrap_or_else(|| WorkspaceDisposition::None.to_string())
 }
 
 fn decision_json(e: &AuditEntry) -> Value {
@@ -149,6 +226,7 @@ fn terminal(record: Option<&Record>, audit: &[AuditEntry], receipts: &[Receipt])
             instance_id,
             generation,
             reason,
+            ..
         } => Some(json!({
             "confirmed": true,
             "at": stamp(r.at),
@@ -200,7 +278,7 @@ fn terminal(record: Option<&Record>, audit: &[AuditEntry], receipts: &[Receipt])
         } else {
             "not revoked: shared key; task not confirmed stopped"
         },
-        "workspace_disposition": "none",
+        "workspace_disposition": workspace_disposition(receipts),
         "effect_reconciliation": effects,
     }))
 }
@@ -246,6 +324,7 @@ pub async fn run<O: Ops>(
     keyed.sort_by_key(|(key, _, _)| *key);
     let timeline: Vec<(u64, u8, Value)> = keyed.into_iter().map(|(_, at, v)| (at, 0, v)).collect();
     let terminal = terminal(record.as_ref(), &audit, &receipts);
+    let chain = snapshot_chain(record.as_ref(), &receipts);
     let mut problems = vec![];
     if record.as_ref().is_some_and(|r| r.cleanup_required) {
         problems.push("cleanup required: the close is not finished".to_owned());
@@ -270,6 +349,7 @@ pub async fn run<O: Ops>(
                 "effect_key": key,
                 "record": record,
                 "timeline": timeline.iter().map(|(_, _, v)| v.clone()).collect::<Vec<_>>(),
+                "snapshot_chain": chain,
                 "terminal": terminal,
                 "reconciliation": record.as_ref().map_or_else(Vec::new, |r| r.evidence.iter().map(crate::evidence_view::entry_json).collect()),
                 "connection": record.as_ref().map_or(Value::Null, crate::evidence_view::connection_json),
@@ -302,6 +382,25 @@ pub async fn run<O: Ops>(
             writeln!(out, "  last reconciled event: {id}")?;
         }
         crate::evidence_view::write_text(out, &r.evidence)?;
+    }
+    if !chain.is_empty() {
+        writeln!(out, "  workspace snapshots (oldest first):")?;
+        for s in &chain {
+            let state = match (s["kept"].as_bool(), s["expires_at"]["utc"].as_str()) {
+                (Some(true), Some(until)) => format!("kept until {until}"),
+                (Some(true), None) => "kept".to_owned(),
+                _ => "deleted".to_owned(),
+            };
+            writeln!(
+                out,
+                "    g{} {}{} — {state}",
+                s["generation"],
+                s["snapshot_id"].as_str().unwrap_or(""),
+                s["restored_from"]
+                    .as_str()
+                    .map_or_else(String::new, |p| format!(" (restored from {p})")),
+            )?;
+        }
     }
     for (at, _, v) in &timeline {
         if v["kind"] == "decision" {

@@ -60,6 +60,13 @@ pub struct ServeArgs {
     /// Grace between an idle session and the stop, seconds.
     #[arg(long, default_value_t = 300)]
     grace_secs: u64,
+    /// Workspace snapshots (archives) kept per environment, at least 1.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    snapshot_keep: u32,
+    /// What a close does with the workspace: `delete`, or `retain:<days>` (archives kept
+    /// that many days, then deleted by the sweep).
+    #[arg(long, default_value = "retain:7")]
+    close_workspace: sandbox_core::workspace::CloseWorkspace,
     /// Worker loops.
     #[arg(long, default_value_t = 2)]
     workers: usize,
@@ -162,6 +169,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut controller = ControllerConfig::new(DeploymentId::new(args.deployment.clone())?);
     controller.policy = policy;
     controller.policy.shutdown_grace_secs = args.grace_secs;
+    controller.policy.snapshot_keep = args.snapshot_keep;
+    controller.policy.close_workspace = args.close_workspace;
     controller.filter.agent_ids = args.agent_ids;
     controller.filter.workspace_directory = args.workspace_directory;
     controller.visibility_secs = args.visibility_secs.max(1);

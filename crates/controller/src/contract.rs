@@ -1035,6 +1035,7 @@ pub async fn registry_contract<R: Registry>(r: &R) {
                 instance_id: InstanceId::new(format!("inst_ct_{run}")),
                 generation: 1,
                 reason: "lease_expired".to_owned(),
+                workspace: Default::default(),
             },
         },
         Receipt {
@@ -1098,6 +1099,7 @@ fn contract_spec(run: &str, suffix: &str) -> StartSpec {
         idempotency_token: idempotency_token(&environment_id, Generation(1)),
         environment_id,
         previous: None,
+        restore: None,
     }
 }
 
@@ -1516,4 +1518,192 @@ pub async fn registry_evidence_contract<R: Registry>(r: &R) {
         "registry contract [{rule}]: the resolved evidence reads back"
     );
     assert!(got.holding_evidence().is_none());
+}
+/// What a workspace contract run can do with the files of a live compute, where the
+/// backend lets a test reach them (child processes: the directory; the twin: its volume).
+/// ECS on moto runs no containers: it passes `None` and the suite checks the snapshot and
+/// volume bookkeeping only (the `RunTask` request shape is asserted by the AWS tests).
+pub trait WorkspaceProbe: Sync {
+    /// Writes `content` to `path` in the live workspace of (`env`, `generation`).
+    fn write(
+        &self,
+        env: &EnvironmentId,
+        generation: Generation,
+        path: &str,
+        content: &str,
+    ) -> impl std::future::Future<Output = ()> + Send;
+    /// Reads `path` from the live workspace of (`env`, `generation`).
+    fn read(
+        &self,
+        env: &EnvironmentId,
+        generation: Generation,
+        path: &str,
+    ) -> impl std::future::Future<Output = Option<String>> + Send;
+}
+
+/// No probe: for backends whose files a test cannot reach.
+pub struct NoProbe;
+
+impl WorkspaceProbe for NoProbe {
+    async fn write(&self, _: &EnvironmentId, _: Generation, _: &str, _: &str) {}
+    async fn read(&self, _: &EnvironmentId, _: Generation, _: &str) -> Option<String> {
+        None
+    }
+}
+
+fn stored_of<'a>(
+    all: &'a [crate::ports::StoredWorkspace],
+    env: &EnvironmentId,
+    kind: crate::ports::StoredKind,
+) -> Vec<&'a crate::ports::StoredWorkspace> {
+    all.iter()
+        .filter(|s| &s.environment_id == env && s.kind == kind)
+        .collect()
+}
+
+/// The workspace contract (issue 14), for provider adapters with workspace persistence.
+///
+/// Starts generation 1 (`probe` writes a file into it), then checks: a save while the
+/// compute is live is refused and deletes nothing; after the stop reads back `Stopped`,
+/// `save_workspace` returns `snapshot <id>`, and again the same id (idempotent);
+/// `list_stored(deployment)` shows the snapshot with its environment and generation tags
+/// and no working copy of generation 1 (deleted after the snapshot), and nothing of it
+/// under another deployment; generation 2 started with `restore` = that snapshot reads the
+/// file (`probe`); after its stop, `discard_workspace` answers `deleted` and leaves no
+/// working copy; `delete_stored` removes the snapshot, twice without error; a save of a
+/// generation that has nothing is `none`. Everything started is stopped.
+pub async fn workspace_contract<C: Compute, P: WorkspaceProbe>(
+    c: &C,
+    deployment: &DeploymentId,
+    probe: Option<&P>,
+) {
+    use crate::ports::StoredKind;
+    use sandbox_core::workspace::{SnapshotRef, WorkspaceDisposition};
+    let run = unique();
+    let spec = contract_spec(&run, "_ws");
+    let env = spec.environment_id.clone();
+    let g1 = Generation(1);
+    let fail = |rule: &str, e: crate::ports::PortError| -> ! {
+        panic!("workspace contract [{rule}]: {e}")
+    };
+
+    let first = start_instance(c, &spec, deployment).await;
+    if let Some(p) = probe {
+        p.write(&env, g1, "notes/agent.txt", &run).await;
+    }
+    let rule_live = "save-only-stopped";
+    let live = c.save_workspace(deployment, &env, g1).await;
+    assert!(
+        live.is_err(),
+        "workspace contract [{rule_live}]: a save while generation 1 runs must be refused, got {live:?}"
+    );
+    stop_and_confirm(c, &first.instance_id).await;
+
+    let rule_snap = "snapshot-after-stop";
+    let saved = c
+        .save_workspace(deployment, &env, g1)
+        .await
+        .unwrap_or_else(|e| fail(rule_snap, e));
+    let WorkspaceDisposition::Snapshot { snapshot_id } = saved.clone() else {
+        panic!("workspace contract [{rule_snap}]: expected `snapshot <id>`, got {saved}");
+    };
+    let again = c
+        .save_workspace(deployment, &env, g1)
+        .await
+        .unwrap_or_else(|e| fail(rule_snap, e));
+    assert_eq!(
+        again, saved,
+        "workspace contract [{rule_snap}]: a second save returns the same snapshot"
+    );
+    let rule_list = "list-stored";
+    let stored = c
+        .list_stored(deployment)
+        .await
+        .unwrap_or_else(|e| fail(rule_list, e));
+    let snaps = stored_of(&stored, &env, StoredKind::Snapshot);
+    assert!(
+        snaps
+            .iter()
+            .any(|s| s.id == snapshot_id && s.generation == g1),
+        "workspace contract [{rule_list}]: the snapshot is listed with its tags: {stored:?}"
+    );
+    assert!(
+        stored_of(&stored, &env, StoredKind::Volume)
+            .iter()
+            .all(|v| v.generation != g1),
+        "workspace contract [{rule_list}]: generation 1's working copy is deleted after its snapshot: {stored:?}"
+    );
+    let others = c
+        .list_stored(&other_deployment(deployment))
+        .await
+        .unwrap_or_else(|e| fail(rule_list, e));
+    assert!(
+        others.iter().all(|s| s.id != snapshot_id),
+        "workspace contract [{rule_list}]: another deployment does not list this snapshot"
+    );
+
+    let rule = "restore-latest";
+    let mut spec2 = spec.clone();
+    spec2.generation = Generation(2);
+    spec2.idempotency_token = idempotency_token(&env, Generation(2));
+    spec2.previous = Some(first.as_ref());
+    spec2.restore = Some(SnapshotRef {
+        snapshot_id: snapshot_id.clone(),
+        generation: g1,
+        taken_at: 0,
+        parent: None,
+        expires_at: None,
+    });
+    let second = start_instance(c, &spec2, deployment).await;
+    if let Some(p) = probe {
+        assert_eq!(
+            p.read(&env, Generation(2), "notes/agent.txt")
+                .await
+                .as_deref(),
+            Some(run.as_str()),
+            "workspace contract [{rule}]: generation 2 reads the file generation 1 wrote"
+        );
+    }
+    stop_and_confirm(c, &second.instance_id).await;
+
+    let rule = "discard";
+    let discarded = c
+        .discard_workspace(deployment, &env, Generation(2))
+        .await
+        .unwrap_or_else(|e| fail(rule, e));
+    assert_eq!(
+        discarded,
+        WorkspaceDisposition::Deleted,
+        "workspace contract [{rule}]: the working copy of generation 2 is deleted"
+    );
+    let stored = c
+        .list_stored(deployment)
+        .await
+        .unwrap_or_else(|e| fail(rule, e));
+    assert!(
+        stored_of(&stored, &env, StoredKind::Volume).is_empty(),
+        "workspace contract [{rule}]: no working copy is left: {stored:?}"
+    );
+    assert_eq!(
+        c.save_workspace(deployment, &env, Generation(2))
+            .await
+            .unwrap_or_else(|e| fail(rule, e)),
+        WorkspaceDisposition::None,
+        "workspace contract [{rule}]: nothing to save after a discard"
+    );
+
+    let rule = "delete-snapshot";
+    for _ in 0..2 {
+        c.delete_stored(deployment, StoredKind::Snapshot, &snapshot_id)
+            .await
+            .unwrap_or_else(|e| fail(rule, e));
+    }
+    let stored = c
+        .list_stored(deployment)
+        .await
+        .unwrap_or_else(|e| fail(rule, e));
+    assert!(
+        stored_of(&stored, &env, StoredKind::Snapshot).is_empty(),
+        "workspace contract [{rule}]: the deleted snapshot is not listed: {stored:?}"
+    );
 }

@@ -9,6 +9,7 @@ use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EffectKey, EnvironmentId, InstanceId, SessionId};
 use sandbox_core::record::Record;
+use sandbox_core::workspace::WorkspaceDisposition;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 
@@ -191,11 +192,27 @@ pub enum ReceiptKind {
         generation: u64,
         /// Why it was stopped (`lease_expired`, `session_deleted`, ...).
         reason: String,
+        /// What happened to its workspace (`snapshot <id>`, `deleted`, ...); `none` in
+        /// receipts written before workspaces were kept.
+        #[serde(default)]
+        workspace: WorkspaceDisposition,
     },
     /// `DELETE /agents/sessions/{id}` answered deleted (or 404: already gone).
     SessionDeleted {
         /// The session.
         session_id: SessionId,
+    },
+    /// The record was closed and the close's workspace disposition applied
+    /// ([`sandbox_core::observed::Policy::close_workspace`]): every snapshot deleted
+    /// (`deleted`), or the latest kept until `retained_until` (`snapshot <id>`), or
+    /// nothing was ever saved (`none`).
+    WorkspaceClosed {
+        /// What happened to the files.
+        workspace: WorkspaceDisposition,
+        /// The snapshots still kept (ids, oldest first).
+        snapshots: Vec<String>,
+        /// Until when they are kept, Unix seconds (the sweeper deletes them after).
+        retained_until: Option<u64>,
     },
 }
 
@@ -420,7 +437,7 @@ pub fn check_deadline(
 /// environment's live instances ([`Compute::find`], constant cost), and a replayed start
 /// with the same idempotency token returns the same task (ECS `clientToken`, 24 h). Starts and stops carry a deadline, `not_after` (Unix seconds): the
 /// adapter sends nothing once it passed (see [`check_deadline`]).
-pub trait Compute: Send + Sync + 'static {
+pub trait Compute: Workspaces + Send + Sync + 'static {
     /// Starts the executor for `spec` (environment id, remote URL unchanged, generation,
     /// idempotency token), tagged with `deployment`, unless `not_after` passed.
     ///
@@ -498,4 +515,97 @@ pub trait Compute: Send + Sync + 'static {
         reason: &str,
         not_after: u64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
+}
+
+/// What kind of stored workspace a [`StoredWorkspace`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoredKind {
+    /// A saved copy (EBS snapshot, local archive).
+    Snapshot,
+    /// A working copy (EBS volume, local directory).
+    Volume,
+}
+
+/// One stored workspace of this deployment, as the provider lists it (tagged deployment,
+/// environment, generation): what the sweeper reconciles against the records.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredWorkspace {
+    /// Snapshot or working copy.
+    pub kind: StoredKind,
+    /// Provider id (`snap-…`, `vol-…`, an archive or directory name).
+    pub id: String,
+    /// The environment (tag).
+    pub environment_id: EnvironmentId,
+    /// The generation (tag).
+    pub generation: sandbox_core::ids::Generation,
+    /// When it was created, Unix seconds.
+    pub created_at: u64,
+    /// Attached to a running compute (an EBS volume `in-use`, a local directory of a live
+    /// executor): never deleted.
+    pub in_use: bool,
+}
+
+/// Workspace persistence: files outlive compute (DESIGN.md principle 8; agents-api.md:
+/// "reusing the environment ID does not restore files in replacement compute").
+///
+/// The controller calls [`Workspaces::save_workspace`] only after the compute of that
+/// generation was read back stopped (ECS `STOPPED`): nothing writes to the files any more.
+/// Restoring is part of [`Compute::start`] ([`StartSpec::restore`]), so the sandbox never
+/// holds a credential for it. Every method is idempotent, and deletes of what is already
+/// gone succeed. The defaults keep nothing (`none`): a provider without persistence.
+pub trait Workspaces: Send + Sync + 'static {
+    /// Saves the workspace of `generation` of `environment_id` and then deletes its working
+    /// copy. Returns `Snapshot { id }`, `None` when there is nothing to save (never written
+    /// or saved already and gone), or `RetainedLocalDir` when the working copy could not be
+    /// saved and was left in place. A second call for a generation already saved returns
+    /// the same snapshot.
+    ///
+    /// # Errors
+    /// A [`PortError`]: nothing was deleted; the caller retries.
+    fn save_workspace(
+        &self,
+        _deployment: &DeploymentId,
+        _environment_id: &EnvironmentId,
+        _generation: sandbox_core::ids::Generation,
+    ) -> impl Future<Output = Result<WorkspaceDisposition, PortError>> + Send {
+        async { Ok(WorkspaceDisposition::None) }
+    }
+    /// Deletes the working copy of `generation` without saving it (a close with
+    /// `delete`, an orphan, a divergent duplicate). `Deleted` or `None` (nothing there).
+    ///
+    /// # Errors
+    /// A [`PortError`]: retry.
+    fn discard_workspace(
+        &self,
+        _deployment: &DeploymentId,
+        _environment_id: &EnvironmentId,
+        _generation: sandbox_core::ids::Generation,
+    ) -> impl Future<Output = Result<WorkspaceDisposition, PortError>> + Send {
+        async { Ok(WorkspaceDisposition::None) }
+    }
+    /// Deletes one stored workspace by kind and id (a pruned or expired snapshot, an
+    /// orphaned volume); one that is gone already counts as deleted.
+    ///
+    /// # Errors
+    /// A [`PortError`]: retry.
+    fn delete_stored(
+        &self,
+        _deployment: &DeploymentId,
+        _kind: StoredKind,
+        _id: &str,
+    ) -> impl Future<Output = Result<(), PortError>> + Send {
+        async { Ok(()) }
+    }
+    /// Every stored workspace of `deployment` (snapshots and working copies), every page:
+    /// the sweeper's inventory. Linear in what is stored.
+    ///
+    /// # Errors
+    /// A [`PortError`]: the sweeper deletes nothing on a partial inventory.
+    fn list_stored(
+        &self,
+        _deployment: &DeploymentId,
+    ) -> impl Future<Output = Result<Vec<StoredWorkspace>, PortError>> + Send {
+        async { Ok(Vec::new()) }
+    }
 }

@@ -29,7 +29,7 @@
 //! single invocation's duration grows with the deployment (the sweeper Lambda).
 
 use crate::job::{Job, SweptEvidence};
-use crate::ports::{Compute, Outgoing, PortError, Queue, Registry};
+use crate::ports::{Compute, Outgoing, PortError, Queue, Registry, StoredKind, StoredWorkspace};
 use crate::worker::{Controller, Disposition};
 use sandbox_agents_api::SessionsApi;
 use sandbox_core::compute::ComputeInstance;
@@ -53,6 +53,9 @@ pub struct SweepReport {
     /// Settled records not swept this time (their turn comes once per
     /// `settled_resweep_secs`).
     pub settled_skipped: usize,
+    /// Stored workspaces deleted by this sweep: expired snapshots (a close's retention
+    /// passed), snapshots and working copies no record keeps ([`Controller::sweep_workspaces`]).
+    pub workspaces_deleted: usize,
 }
 
 /// The jobs one sweep decided to run.
@@ -62,6 +65,8 @@ pub struct SweepPlan {
     pub jobs: Vec<Job>,
     /// Settled records left out this time.
     pub settled_skipped: usize,
+    /// The records the plan read (the workspace sweep reuses them).
+    pub records: Vec<Record>,
 }
 
 /// Whether the record needs nothing unless its session changes: stopped, or active with
@@ -186,6 +191,7 @@ where
                 }
             }
         }
+        plan.records = records;
         Ok(plan)
     }
 
@@ -200,6 +206,7 @@ where
             settled_skipped: plan.settled_skipped,
             ..SweepReport::default()
         };
+        report.workspaces_deleted = self.sweep_workspaces(&plan.records).await;
         for job in &plan.jobs {
             match self.process(job).await {
                 Ok(p) => {
@@ -233,6 +240,7 @@ where
             settled_skipped: plan.settled_skipped,
             ..SweepReport::default()
         };
+        report.workspaces_deleted = self.sweep_workspaces(&plan.records).await;
         let rate = u64::from(self.config.sweep_jobs_per_sec.max(1));
         for (i, job) in plan.jobs.into_iter().enumerate() {
             let delay = u32::try_from((i as u64 / rate).min(900)).unwrap_or(900);
@@ -256,6 +264,89 @@ where
             }
         }
         Ok(report)
+    }
+}
+
+/// Whether the sweeper deletes stored workspace `w` (module docs of
+/// [`Controller::sweep_workspaces`]), given its environment's record.
+fn expendable(w: &StoredWorkspace, record: Option<&Record>, now: u64, grace_secs: u64) -> bool {
+    if w.in_use {
+        return false;
+    }
+    let old = now.saturating_sub(w.created_at) >= grace_secs;
+    match w.kind {
+        StoredKind::Snapshot => {
+            let kept = record.and_then(|r| r.snapshots.iter().find(|s| s.snapshot_id == w.id));
+            match kept {
+                Some(s) => s.expires_at.is_some_and(|at| at <= now),
+                None => old,
+            }
+        }
+        StoredKind::Volume => {
+            let unsaved = record.is_some_and(|r| {
+                r.status != RecordStatus::Closed
+                    && r.latest_snapshot()
+                        .is_none_or(|s| s.generation < w.generation)
+            });
+            !unsaved && old
+        }
+    }
+}
+
+impl<Q, R, C, S> Controller<Q, R, C, S>
+where
+    Q: Queue,
+    R: Registry,
+    C: Compute,
+    S: SessionsApi,
+{
+    /// Deletes the stored workspaces of this deployment nobody needs, from one
+    /// [`crate::ports::Workspaces::list_stored`] (linear in what is stored) against the
+    /// `records` the sweep read:
+    /// - a snapshot in a record's chain whose `expires_at` passed (a close retained it for
+    ///   [`sandbox_core::workspace::CloseWorkspace::Retain`] days);
+    /// - a snapshot no record's chain names (a worker that crashed before recording it, a
+    ///   record that is gone), older than `Policy::visibility_window_secs` (a snapshot just
+    ///   taken is recorded when its worker releases the lock);
+    /// - a working copy (EBS volume, local directory) not in use whose environment has no
+    ///   record, a closed one, or a snapshot of that generation or a later one, older than
+    ///   the same window. A stopped generation not saved yet is kept: the next start or
+    ///   the close saves it.
+    ///
+    /// Returns how many were deleted; failures are logged and left for the next sweep.
+    pub async fn sweep_workspaces(&self, records: &[Record]) -> usize {
+        let now = self.clock.now();
+        let stored = match self.compute.list_stored(&self.config.deployment).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "stored workspaces unavailable: none deleted this sweep");
+                return 0;
+            }
+        };
+        let by_env: BTreeMap<&EnvironmentId, &Record> =
+            records.iter().map(|r| (&r.environment_id, r)).collect();
+        let grace = self.config.policy.visibility_window_secs;
+        let mut deleted = 0;
+        for w in &stored {
+            let record = by_env.get(&w.environment_id).copied();
+            if !expendable(w, record, now, grace) {
+                continue;
+            }
+            match self
+                .compute
+                .delete_stored(&self.config.deployment, w.kind, &w.id)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(kind = ?w.kind, id = %w.id, environment_id = %w.environment_id, generation = %w.generation, "stored workspace deleted by the sweep");
+                    deleted += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(kind = ?w.kind, id = %w.id, error = %e, "stored workspace not deleted; next sweep retries");
+                }
+            }
+        }
+        deleted
     }
 }
 

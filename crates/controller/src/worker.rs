@@ -36,7 +36,7 @@ use crate::crash_point::crash_point;
 use crate::job::Job;
 use crate::ports::{
     AuditEntry, Clock, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, ReceiptKind,
-    Registry, Release, Started, Write,
+    Registry, Release, Started, StoredKind, Write,
 };
 use sandbox_agents_api::{ApiError, PageParams, SessionsApi};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
@@ -48,6 +48,7 @@ use sandbox_core::observed::{
     EnvironmentRead, Inventory, Observed, SessionView, Trigger, TurnEvidence,
 };
 use sandbox_core::record::{Record, StartFailure};
+use sandbox_core::workspace::{self, CloseWorkspace, SnapshotRef, WorkspaceDisposition};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -733,6 +734,13 @@ where
                     }
                     Ok(())
                 }
+                Effect::MarkClosed => match self.close_workspace(act).await {
+                    Ok(()) => {
+                        act.change(effect);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                },
                 record_only => {
                     act.change(record_only);
                     Ok(())
@@ -755,13 +763,20 @@ where
         act: &mut Act,
         now: u64,
     ) -> Result<(), String> {
+        self.save_unsaved_workspace(act, spec.generation).await?;
         self.flush(act).await?;
+        // The snapshot to restore: the decision's, or the newer one a stop earlier in this
+        // decision (a replacement's) or the save above took.
+        let mut spec = spec.clone();
+        spec.restore = act.fresh.latest_snapshot().cloned();
+        let spec = &spec;
         match self
             .compute
             .start(spec, &self.config.deployment, act.not_after)
             .await
         {
             Ok(Started::Instance(instance)) => {
+                act.fresh.restored_from = spec.restore.as_ref().map(|s| s.snapshot_id.clone());
                 tracing::info!(
                     environment_id = %spec.environment_id, instance_id = %instance.instance_id,
                     generation = %spec.generation, "compute started"
@@ -846,6 +861,7 @@ where
             pause = (pause * 2).min(std::time::Duration::from_secs(5));
         }
         tracing::info!(instance_id = %stop.target.instance_id, generation = %stop.target.generation, %reason, "compute stopped");
+        let workspace = self.stopped_workspace(stop, act).await?;
         let receipt = Receipt {
             at: self.clock.now(),
             effect_key: act.fresh.environment_id.effect_key(),
@@ -853,6 +869,211 @@ where
                 instance_id: stop.target.instance_id.clone(),
                 generation: stop.target.generation.0,
                 reason,
+                workspace,
+            },
+        };
+        self.registry
+            .receipt(&receipt)
+            .await
+            .map_err(|e| format!("receipt write failed: {e}"))
+    }
+
+    /// The workspace of a compute just read back `STOPPED` (DESIGN.md principle 8):
+    /// an orphan's or a divergent duplicate's is discarded (no record keeps it, or the
+    /// kept compute's files are the live ones); a closed or deleted session's follows
+    /// [`sandbox_core::observed::Policy::close_workspace`]; every other one is snapshotted,
+    /// appended to the record's chain and the chain pruned to
+    /// [`sandbox_core::observed::Policy::snapshot_keep`].
+    async fn stopped_workspace(
+        &self,
+        stop: &StopSpec,
+        act: &mut Act,
+    ) -> Result<WorkspaceDisposition, String> {
+        let env = stop_environment(act);
+        let generation = stop.target.generation;
+        let discard = match stop.reason {
+            StopReason::Orphan | StopReason::Divergent => true,
+            StopReason::Closed | StopReason::SessionDeleted => {
+                self.config.policy.close_workspace == CloseWorkspace::Delete
+            }
+            _ => false,
+        };
+        if discard {
+            return self
+                .compute
+                .discard_workspace(&self.config.deployment, &env, generation)
+                .await
+                .map_err(|e| format!("workspace discard failed: {e}"));
+        }
+        let saved = self.save_workspace(act, generation).await?;
+        if let (StopReason::Closed | StopReason::SessionDeleted, CloseWorkspace::Retain { days }) =
+            (stop.reason, self.config.policy.close_workspace)
+        {
+            let until = self.clock.now().saturating_add(u64::from(days) * 86_400);
+            for s in &mut act.fresh.snapshots {
+                s.expires_at = Some(until);
+            }
+            act.dirty = true;
+        }
+        Ok(saved)
+    }
+
+    /// Saves generation `generation`'s workspace, appends the snapshot to the record's
+    /// chain (its parent: what that generation was restored from) and prunes the chain.
+    async fn save_workspace(
+        &self,
+        act: &mut Act,
+        generation: sandbox_core::ids::Generation,
+    ) -> Result<WorkspaceDisposition, String> {
+        let env = stop_environment(act);
+        let saved = self
+            .compute
+            .save_workspace(&self.config.deployment, &env, generation)
+            .await
+            .map_err(|e| format!("workspace snapshot failed (files kept): {e}"))?;
+        if let WorkspaceDisposition::Snapshot { snapshot_id } = &saved
+            && !act
+                .fresh
+                .snapshots
+                .iter()
+                .any(|s| &s.snapshot_id == snapshot_id)
+        {
+            let parent = (act.fresh.current().map(|i| i.generation) == Some(generation))
+                .then(|| act.fresh.restored_from.clone())
+                .flatten();
+            tracing::info!(environment_id = %env, %generation, %snapshot_id, "workspace snapshotted");
+            act.fresh.snapshots.push(SnapshotRef {
+                snapshot_id: snapshot_id.clone(),
+                generation,
+                taken_at: self.clock.now(),
+                parent,
+                expires_at: None,
+            });
+            act.dirty = true;
+            self.prune_snapshots(act).await;
+        }
+        Ok(saved)
+    }
+
+    /// Deletes the snapshots beyond the last `snapshot_keep`; one whose delete fails stays
+    /// in the chain (retried after the next snapshot; the sweeper reports it).
+    async fn prune_snapshots(&self, act: &mut Act) {
+        for old in workspace::prune(&act.fresh.snapshots, self.config.policy.snapshot_keep) {
+            match self
+                .compute
+                .delete_stored(
+                    &self.config.deployment,
+                    StoredKind::Snapshot,
+                    &old.snapshot_id,
+                )
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(snapshot_id = %old.snapshot_id, "old workspace snapshot deleted (retention)");
+                    act.fresh
+                        .snapshots
+                        .retain(|s| s.snapshot_id != old.snapshot_id);
+                    act.dirty = true;
+                }
+                Err(e) => {
+                    tracing::warn!(snapshot_id = %old.snapshot_id, error = %e, "old workspace snapshot not deleted; kept in the chain");
+                }
+            }
+        }
+    }
+
+    /// Before a start: the workspace of the generation the record last named, if it was
+    /// never saved (it stopped behind the controller's back, lifecycle-cases.md rows 11
+    /// and 27), is saved now, so the new generation restores it. `decide()` starts only
+    /// when no compute of the environment is active.
+    async fn save_unsaved_workspace(
+        &self,
+        act: &mut Act,
+        next: sandbox_core::ids::Generation,
+    ) -> Result<(), String> {
+        let Some(last) = act.fresh.current().map(|i| i.generation) else {
+            return Ok(());
+        };
+        let saved = act.fresh.latest_snapshot().map(|s| s.generation);
+        if last >= next || saved.is_some_and(|g| g >= last) {
+            return Ok(());
+        }
+        self.save_workspace(act, last).await.map(|_| ())
+    }
+
+    /// The close's workspace disposition, applied with `MarkClosed`
+    /// ([`sandbox_core::observed::Policy::close_workspace`]): `delete` deletes the working
+    /// copy and every snapshot; `retain` saves what is unsaved and keeps the snapshots
+    /// until the expiry the sweeper enforces. One `WorkspaceClosed` receipt.
+    async fn close_workspace(&self, act: &mut Act) -> Result<(), String> {
+        let env = act.fresh.environment_id.clone();
+        let dep = &self.config.deployment;
+        let now = self.clock.now();
+        let (workspace, retained_until) = match self.config.policy.close_workspace {
+            CloseWorkspace::Delete => {
+                if let Some(last) = act.fresh.current().map(|i| i.generation) {
+                    self.compute
+                        .discard_workspace(dep, &env, last)
+                        .await
+                        .map_err(|e| format!("workspace discard failed: {e}"))?;
+                }
+                for s in act.fresh.snapshots.clone() {
+                    self.compute
+                        .delete_stored(dep, StoredKind::Snapshot, &s.snapshot_id)
+                        .await
+                        .map_err(|e| format!("snapshot {} delete failed: {e}", s.snapshot_id))?;
+                    act.fresh
+                        .snapshots
+                        .retain(|k| k.snapshot_id != s.snapshot_id);
+                    act.dirty = true;
+                }
+                (WorkspaceDisposition::Deleted, None)
+            }
+            CloseWorkspace::Retain { days } => {
+                if let Some(last) = act.fresh.current().map(|i| i.generation)
+                    && act
+                        .fresh
+                        .latest_snapshot()
+                        .is_none_or(|s| s.generation < last)
+                {
+                    self.save_workspace(act, last).await?;
+                }
+                let until = now.saturating_add(u64::from(days) * 86_400);
+                for s in &mut act.fresh.snapshots {
+                    if s.expires_at.is_none() {
+                        s.expires_at = Some(until);
+                    }
+                }
+                act.dirty = true;
+                let workspace =
+                    act.fresh
+                        .latest_snapshot()
+                        .map_or(WorkspaceDisposition::None, |s| {
+                            WorkspaceDisposition::Snapshot {
+                                snapshot_id: s.snapshot_id.clone(),
+                            }
+                        });
+                let until = act
+                    .fresh
+                    .snapshots
+                    .iter()
+                    .filter_map(|s| s.expires_at)
+                    .max();
+                (workspace, until)
+            }
+        };
+        let receipt = Receipt {
+            at: now,
+            effect_key: env.effect_key(),
+            kind: ReceiptKind::WorkspaceClosed {
+                workspace,
+                snapshots: act
+                    .fresh
+                    .snapshots
+                    .iter()
+                    .map(|s| s.snapshot_id.clone())
+                    .collect(),
+                retained_until,
             },
         };
         self.registry
@@ -1091,4 +1312,9 @@ impl Act {
         }
         self.dirty = true;
     }
+}
+
+/// The environment whose workspace a stop or save concerns (the record's).
+fn stop_environment(act: &Act) -> EnvironmentId {
+    act.fresh.environment_id.clone()
 }

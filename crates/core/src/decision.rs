@@ -202,8 +202,9 @@ pub enum Reason {
         /// is later.
         running_secs: u64,
     },
-    /// The recorded compute stopped behind the controller's back (row 11). Files are not
-    /// restored on the new compute: restore from a snapshot if one exists.
+    /// The recorded compute stopped behind the controller's back (row 11). The next
+    /// generation starts from the environment's latest workspace snapshot (the gone
+    /// generation's own, taken before the start, when its files are still there).
     ComputeGone {
         /// The generation that is gone.
         previous: Generation,
@@ -360,7 +361,7 @@ impl fmt::Display for Reason {
             }
             Self::ComputeGone { previous } => write!(
                 f,
-                "generation {previous} stopped; workspace files are not restored"
+                "generation {previous} stopped; its workspace is restored from its snapshot"
             ),
             Self::StartBackoff { attempts } => {
                 write!(f, "start failed {attempts} time(s); backing off")
@@ -450,9 +451,16 @@ pub struct StartSpec {
     /// Deterministic per (environment, generation), ≤ 64 printable ASCII
     /// ([`idempotency_token`]).
     pub idempotency_token: String,
-    /// The generation this start follows, if any. Its files are NOT restored
-    /// (agents-api.md: reusing an environment id does not restore files).
+    /// The generation this start follows, if any. Its files are not in the new compute
+    /// unless restored (agents-api.md: reusing an environment id does not restore files).
     pub previous: Option<InstanceRef>,
+    /// The workspace snapshot the new generation starts from: the record's latest
+    /// ([`Record::latest_snapshot`]) when decided (rows 10, 11, and a start after an idle
+    /// stop). The controller substitutes the snapshot a stop earlier in the same decision
+    /// took (a replacement's), or that it takes of a generation that stopped behind its
+    /// back, before sending the start. `None`: an empty workspace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<crate::workspace::SnapshotRef>,
 }
 
 /// Why a compute is stopped (recorded with the receipt).
@@ -1255,6 +1263,7 @@ impl View<'_> {
             generation,
             idempotency_token: idempotency_token(&self.o.environment_id, generation),
             previous,
+            restore: self.record.and_then(Record::latest_snapshot).cloned(),
         }
     }
 

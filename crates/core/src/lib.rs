@@ -30,6 +30,7 @@ pub mod remote_url;
 pub mod session;
 pub mod turn;
 pub mod webhook;
+pub mod workspace;
 
 pub use decision::{Decision, Effect, Outcome, Reason, StartSpec, StopSpec, decide};
 pub use ids::{DeploymentId, EffectKey, EnvironmentId, Generation, InstanceId, SessionId};

@@ -267,6 +267,19 @@ pub struct Policy {
     /// `scheme://host` to allow exactly that scheme for that host (local mode:
     /// `http://127.0.0.1`). Default: `["api.openai.com"]`.
     pub remote_url_allowlist: Vec<String>,
+    /// Workspace snapshots kept per environment, newest first (default 1; at least 1: the
+    /// latest is what the next generation restores). Older ones are deleted after each
+    /// new snapshot.
+    #[serde(default = "default_snapshot_keep")]
+    pub snapshot_keep: u32,
+    /// What a close does with the workspace and its snapshots: `delete`, or `retain` for D
+    /// days (default `retain:7`), after which the sweeper deletes them.
+    #[serde(default)]
+    pub close_workspace: crate::workspace::CloseWorkspace,
+}
+
+fn default_snapshot_keep() -> u32 {
+    1
 }
 
 impl Default for Policy {
@@ -287,6 +300,8 @@ impl Default for Policy {
             max_replacements: 3,
             replacement_window_secs: 3_600,
             remote_url_allowlist: vec![DEFAULT_REMOTE_URL_HOST.to_owned()],
+            snapshot_keep: 1,
+            close_workspace: crate::workspace::CloseWorkspace::default(),
         }
     }
 }

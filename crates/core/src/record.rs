@@ -74,6 +74,16 @@ pub struct Record {
     /// the replacement cap ([`crate::observed::Policy::max_replacements`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replacements: Vec<u64>,
+    /// The workspace snapshot chain, oldest first: the snapshots this environment still
+    /// keeps (the last [`crate::observed::Policy::snapshot_keep`], or those a close retains
+    /// until their `expires_at`). The latest ([`Record::latest_snapshot`]) is the workspace
+    /// reference the next generation restores (the seeds' "workspace snapshot reference").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<crate::workspace::SnapshotRef>,
+    /// The snapshot the current generation was restored from, if any (the parent of the
+    /// snapshot its stop takes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_from: Option<String>,
 }
 
 /// What the controller believes about the environment's compute.
@@ -135,6 +145,8 @@ impl Record {
             last_reconciled_event_id: None,
             no_work_lease: None,
             replacements: Vec::new(),
+            snapshots: Vec::new(),
+            restored_from: None,
         }
     }
 
@@ -157,5 +169,10 @@ impl Record {
     /// ([`crate::evidence::Evidence::holds_files`]).
     pub fn holding_evidence(&self) -> Option<&crate::evidence::Evidence> {
         self.evidence.iter().find(|e| e.holds_files())
+    }
+    /// The latest workspace snapshot: what the next generation restores, `None` when no
+    /// workspace was saved yet.
+    pub fn latest_snapshot(&self) -> Option<&crate::workspace::SnapshotRef> {
+        self.snapshots.last()
     }
 }

@@ -201,7 +201,7 @@ fn row10_running_past_connect_deadline_and_not_connected_is_replaced() {
 }
 
 #[test]
-fn row11_record_says_running_but_task_stopped_starts_next_generation_without_files() {
+fn row11_record_says_running_but_task_stopped_starts_next_generation_from_its_snapshot() {
     let o = observe(Trigger::ConnectionRequested, requires_connection())
         .with_record(active_record(2, "task-2"))
         .with_instances(vec![instance("task-2", 2, Stopped, Some(NOW - 900))]);
@@ -213,7 +213,7 @@ fn row11_record_says_running_but_task_stopped_starts_next_generation_without_fil
             previous: Generation(2)
         }
     );
-    assert!(d.reason.to_string().contains("not restored"));
+    assert!(d.reason.to_string().contains("restored from its snapshot"));
     assert_eq!(d.effects.last(), Some(&noted()));
     let s = starts(&d);
     assert_eq!(s[0].generation, Generation(3));

@@ -29,6 +29,8 @@ fn controller_env() -> HashMap<&'static str, String> {
         ("WORKSPACE_DIRECTORY", "/workspace"),
         ("SHUTDOWN_GRACE_SECS", "120"),
         ("CONNECT_DEADLINE_SECS", "240"),
+        ("SNAPSHOT_KEEP", "3"),
+        ("CLOSE_WORKSPACE", "delete"),
         (
             "OPENAI_API_KEY_SECRET_ARN",
             "arn:aws:secretsmanager:us-east-1:123456789012:secret:openai-key-AbCdEf",
@@ -65,6 +67,11 @@ fn complete_controller_environment_parses_every_variable() {
     );
     assert_eq!(s.controller.policy.shutdown_grace_secs, 120);
     assert_eq!(s.controller.policy.connect_deadline_secs, 240);
+    assert_eq!(s.controller.policy.snapshot_keep, 3);
+    assert_eq!(
+        s.controller.policy.close_workspace,
+        sandbox_core::workspace::CloseWorkspace::Delete
+    );
     assert_eq!(s.agents_api_base_url, "https://api.openai.com/v1");
     assert_eq!(s.api_key_secret.var, "OPENAI_API_KEY_SECRET_ARN");
     assert_eq!(s.aws_endpoint_url, None);
@@ -85,6 +92,8 @@ fn optional_controller_variables_take_their_defaults() {
         "WORKSPACE_DIRECTORY",
         "SHUTDOWN_GRACE_SECS",
         "CONNECT_DEADLINE_SECS",
+        "SNAPSHOT_KEEP",
+        "CLOSE_WORKSPACE",
     ] {
         env.remove(k);
     }
@@ -97,6 +106,11 @@ fn optional_controller_variables_take_their_defaults() {
     assert_eq!(s.controller.filter.workspace_directory, None);
     assert_eq!(s.controller.policy.shutdown_grace_secs, 300);
     assert_eq!(s.controller.policy.connect_deadline_secs, 180);
+    assert_eq!(s.controller.policy.snapshot_keep, 1);
+    assert_eq!(
+        s.controller.policy.close_workspace,
+        sandbox_core::workspace::CloseWorkspace::Retain { days: 7 }
+    );
     assert_eq!(s.agents_api_base_url, "https://api.openai.com/v1");
 }
 
@@ -130,6 +144,10 @@ fn invalid_controller_values_name_the_variable_and_never_repeat_the_value() {
         ("SHUTDOWN_GRACE_SECS", "5m"),
         ("SHUTDOWN_GRACE_SECS", "-1"),
         ("CONNECT_DEADLINE_SECS", "0"),
+        ("SNAPSHOT_KEEP", "0"),
+        ("SNAPSHOT_KEEP", "all"),
+        ("CLOSE_WORKSPACE", "retain:0"),
+        ("CLOSE_WORKSPACE", "keep-forever"),
         ("ASSIGN_PUBLIC_IP", "maybe"),
         ("DEPLOYMENT_ID", "prod/eu west"),
         ("SUBNETS", "subnet-1,,subnet-2"),

@@ -29,6 +29,7 @@ pub mod embedded;
 pub mod process_compute;
 pub mod sqlite_queue;
 pub mod sqlite_registry;
+pub mod workspace_archive;
 
 pub use process_compute::{
     ExecutorCommand, ExecutorKey, ExitInfo, KeySource, ProcessCompute, ProcessComputeConfig,

@@ -1,7 +1,9 @@
 //! ProcessCompute: the shared compute contracts plus real-process specifics (environment
 //! and key hand-over, SIGKILL after the grace, adoption after a restart, idempotent start).
 
-use sandbox_controller::contract::{compute_contract, compute_idempotency_contract};
+use sandbox_controller::contract::{
+    WorkspaceProbe, compute_contract, compute_idempotency_contract, workspace_contract,
+};
 use sandbox_controller::ports::{Compute, NO_DEADLINE, Started};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
@@ -90,6 +92,7 @@ fn spec(env: &str, generation: u64) -> StartSpec {
         idempotency_token: idempotency_token(&environment_id, Generation(generation)),
         environment_id,
         previous: None,
+        restore: None,
     }
 }
 
@@ -181,7 +184,7 @@ async fn the_executor_gets_remote_url_environment_id_and_key_and_the_key_leaks_n
     let c = ProcessCompute::open(config.clone()).unwrap();
     let s = spec("env_keys", 1);
     let inst = start(&c, &s).await;
-    let workspace = f.root().join("env_keys");
+    let workspace = f.root().join("env_keys").join("g1");
     let env = wait_for_file(&workspace.join("env.txt")).await;
 
     assert!(
@@ -287,7 +290,7 @@ async fn the_key_can_come_from_an_environment_variable() {
         r#"{ printf 'CODEX_API_KEY=%s\n' "$CODEX_API_KEY"; echo END; } > env.txt; exec sleep 300"#;
     let c = ProcessCompute::open(f.config(sh(script), KeySource::EnvVar("PATH".into()))).unwrap();
     let inst = start(&c, &spec("env_var_key", 1)).await;
-    let env = wait_for_file(&f.root().join("env_var_key/env.txt")).await;
+    let env = wait_for_file(&f.root().join("env_var_key/g1/env.txt")).await;
     assert_eq!(env, format!("CODEX_API_KEY={}\nEND\n", expected.trim()));
     c.stop(&inst.instance_id, "test", NO_DEADLINE)
         .await
@@ -354,7 +357,7 @@ async fn a_child_ignoring_sigterm_is_killed_after_the_grace() {
     config.stop_grace = Duration::from_secs(1);
     let c = ProcessCompute::open(config).unwrap();
     let inst = start(&c, &spec("env_stubborn", 1)).await;
-    let ready = f.root().join("env_stubborn/ready.txt");
+    let ready = f.root().join("env_stubborn/g1/ready.txt");
     let deadline = Instant::now() + Duration::from_secs(5);
     while !ready.exists() {
         assert!(Instant::now() < deadline, "child never got ready");
@@ -531,7 +534,7 @@ async fn the_same_idempotency_token_spawns_once_even_concurrently() {
     let other = ProcessCompute::open(c.config().clone()).unwrap();
     assert_eq!(start(&other, &s).await.instance_id, x.instance_id);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let spawns = std::fs::read_to_string(f.root().join("env_idem/spawns.txt")).unwrap();
+    let spawns = std::fs::read_to_string(f.root().join("env_idem/g3/spawns.txt")).unwrap();
     assert_eq!(spawns, "spawned\n", "exactly one process was spawned");
     assert_eq!(c.list(&deployment()).await.unwrap().len(), 1);
     assert_eq!(c.shutdown_all().await.unwrap(), 1);
@@ -618,4 +621,42 @@ async fn futures_pids<const N: usize>(
         out.push(c.info(&i.instance_id).await.unwrap().unwrap().pid);
     }
     out
+}
+
+/// The generation directories, as the executor sees them.
+struct Dirs(PathBuf);
+
+impl WorkspaceProbe for Dirs {
+    async fn write(&self, env: &EnvironmentId, generation: Generation, path: &str, content: &str) {
+        let p = self
+            .0
+            .join(env.as_str())
+            .join(format!("g{}", generation.0))
+            .join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+    async fn read(
+        &self,
+        env: &EnvironmentId,
+        generation: Generation,
+        path: &str,
+    ) -> Option<String> {
+        let p = self
+            .0
+            .join(env.as_str())
+            .join(format!("g{}", generation.0))
+            .join(path);
+        std::fs::read_to_string(p).ok()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_process_workspaces_pass_the_workspace_contract() {
+    let f = Fixture::new();
+    let c = f.sleeper();
+    workspace_contract(&c, &deployment(), Some(&Dirs(f.root()))).await;
+    // The archives are tar + zstd files under the data directory, per deployment.
+    assert!(f.root().join(".snapshots").is_dir());
+    c.shutdown_all().await.unwrap();
 }

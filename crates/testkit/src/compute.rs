@@ -36,11 +36,14 @@
 
 use crate::clock::SimClock;
 use crate::rng::SimRng;
-use sandbox_controller::ports::{Compute, PortError, Started, check_deadline};
+use sandbox_controller::ports::{
+    Compute, PortError, Started, StoredKind, StoredWorkspace, Workspaces, check_deadline,
+};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus, TASK_FAILED_TO_START};
 use sandbox_core::decision::StartSpec;
-use sandbox_core::ids::{DeploymentId, EnvironmentId, InstanceId};
-use std::collections::HashMap;
+use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, InstanceId};
+use sandbox_core::workspace::WorkspaceDisposition;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// How long transitions take on the twin, seconds (0: at once).
@@ -257,6 +260,42 @@ struct State {
     buckets: HashMap<&'static str, (u64, u64)>,
     calls: EcsCalls,
     answers: EcsAnswers,
+    /// Workspace volumes, by (deployment, environment, generation): files by path.
+    volumes: HashMap<(DeploymentId, EnvironmentId, Generation), TwinVolume>,
+    /// Workspace snapshots by id.
+    snapshots: HashMap<String, TwinSnapshot>,
+    /// Counter of volume and snapshot ids.
+    ws_next: u64,
+}
+
+/// A workspace volume of the twin (ECS-managed EBS volume: created at `RunTask`, from the
+/// snapshot the start names, kept after the task stops).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TwinVolume {
+    /// Volume id (`vol-…`).
+    pub id: String,
+    /// Files by path.
+    pub files: BTreeMap<String, String>,
+    /// Created at, Unix seconds.
+    pub created_at: u64,
+}
+
+/// A workspace snapshot of the twin (EBS snapshot tagged deployment, environment,
+/// generation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TwinSnapshot {
+    /// Snapshot id (`snap-…`).
+    pub id: String,
+    /// The deployment tag.
+    pub deployment: DeploymentId,
+    /// The environment tag.
+    pub environment_id: EnvironmentId,
+    /// The generation tag.
+    pub generation: Generation,
+    /// Files by path.
+    pub files: BTreeMap<String, String>,
+    /// Created at, Unix seconds.
+    pub created_at: u64,
 }
 
 /// An in-memory compute provider. Clones share the same state.
@@ -280,6 +319,7 @@ fn same_request(a: &StartSpec, b: &StartSpec) -> bool {
         && a.session_id == b.session_id
         && a.remote_url == b.remote_url
         && a.generation == b.generation
+        && a.restore.as_ref().map(|r| &r.snapshot_id) == b.restore.as_ref().map(|r| &r.snapshot_id)
 }
 
 fn pages(n: usize) -> u64 {
@@ -315,6 +355,9 @@ impl TwinCompute {
                 buckets: HashMap::new(),
                 calls: EcsCalls::default(),
                 answers: EcsAnswers::default(),
+                volumes: HashMap::new(),
+                snapshots: HashMap::new(),
+                ws_next: 0,
             })),
         }
     }
@@ -549,6 +592,219 @@ impl TwinCompute {
     }
 }
 
+impl TwinCompute {
+    /// Writes a file into the workspace volume of `generation` (as the agent would).
+    /// `false` when that generation has no volume.
+    pub fn write_file(
+        &self,
+        deployment: &DeploymentId,
+        env: &EnvironmentId,
+        generation: Generation,
+        path: &str,
+        content: &str,
+    ) -> bool {
+        let mut s = self.state();
+        match s
+            .volumes
+            .get_mut(&(deployment.clone(), env.clone(), generation))
+        {
+            Some(v) => {
+                v.files.insert(path.to_owned(), content.to_owned());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The workspace volume of `generation`, if it exists.
+    pub fn volume(
+        &self,
+        deployment: &DeploymentId,
+        env: &EnvironmentId,
+        generation: Generation,
+    ) -> Option<TwinVolume> {
+        self.state()
+            .volumes
+            .get(&(deployment.clone(), env.clone(), generation))
+            .cloned()
+    }
+
+    /// Every workspace snapshot, by id.
+    pub fn snapshots(&self) -> Vec<TwinSnapshot> {
+        let mut all: Vec<TwinSnapshot> = self.state().snapshots.values().cloned().collect();
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        all
+    }
+
+    /// Leaves a tagged volume no compute uses (a crashed controller's leftover).
+    pub fn leave_volume(
+        &self,
+        deployment: &DeploymentId,
+        env: &EnvironmentId,
+        generation: Generation,
+    ) {
+        let now = self.clock.now_ms() / 1000;
+        let mut s = self.state();
+        s.ws_next += 1;
+        let id = format!("vol-twin{}", s.ws_next);
+        s.volumes.insert(
+            (deployment.clone(), env.clone(), generation),
+            TwinVolume {
+                id,
+                files: BTreeMap::new(),
+                created_at: now,
+            },
+        );
+    }
+
+    /// Whether some instance of (deployment, env, generation) is not `STOPPED` yet.
+    fn volume_in_use(
+        &self,
+        s: &State,
+        deployment: &DeploymentId,
+        env: &EnvironmentId,
+        generation: Generation,
+        now_ms: u64,
+    ) -> bool {
+        s.instances.iter().any(|i| {
+            &i.deployment == deployment
+                && &i.spec.environment_id == env
+                && i.spec.generation == generation
+                && self.view(i, now_ms).status != ComputeStatus::Stopped
+        })
+    }
+}
+
+impl Workspaces for TwinCompute {
+    async fn save_workspace(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+    ) -> Result<WorkspaceDisposition, PortError> {
+        let now = self.clock.now_ms();
+        let mut s = self.state();
+        if let Some(done) = s.snapshots.values().find(|x| {
+            &x.deployment == deployment
+                && &x.environment_id == environment_id
+                && x.generation == generation
+        }) {
+            return Ok(WorkspaceDisposition::Snapshot {
+                snapshot_id: done.id.clone(),
+            });
+        }
+        let key = (deployment.clone(), environment_id.clone(), generation);
+        if !s.volumes.contains_key(&key) {
+            return Ok(WorkspaceDisposition::None);
+        }
+        if self.volume_in_use(&s, deployment, environment_id, generation, now) {
+            // The controller snapshots only after the STOPPED read-back (the contract).
+            return Err(PortError::permanent(
+                "workspace",
+                "save",
+                format!("volume of {environment_id} generation {generation} is in use"),
+            ));
+        }
+        let volume = s.volumes.remove(&key).unwrap_or_default();
+        s.ws_next += 1;
+        let id = format!("snap-twin{}", s.ws_next);
+        s.snapshots.insert(
+            id.clone(),
+            TwinSnapshot {
+                id: id.clone(),
+                deployment: deployment.clone(),
+                environment_id: environment_id.clone(),
+                generation,
+                files: volume.files,
+                created_at: now / 1000,
+            },
+        );
+        Ok(WorkspaceDisposition::Snapshot { snapshot_id: id })
+    }
+
+    async fn discard_workspace(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+    ) -> Result<WorkspaceDisposition, PortError> {
+        let now = self.clock.now_ms();
+        let mut s = self.state();
+        if self.volume_in_use(&s, deployment, environment_id, generation, now) {
+            return Err(PortError::permanent(
+                "workspace",
+                "discard",
+                format!("volume of {environment_id} generation {generation} is in use"),
+            ));
+        }
+        let gone = s
+            .volumes
+            .remove(&(deployment.clone(), environment_id.clone(), generation));
+        Ok(if gone.is_some() {
+            WorkspaceDisposition::Deleted
+        } else {
+            WorkspaceDisposition::None
+        })
+    }
+
+    async fn delete_stored(
+        &self,
+        deployment: &DeploymentId,
+        kind: StoredKind,
+        id: &str,
+    ) -> Result<(), PortError> {
+        let mut s = self.state();
+        match kind {
+            StoredKind::Snapshot => {
+                if s.snapshots
+                    .get(id)
+                    .is_some_and(|x| &x.deployment == deployment)
+                {
+                    s.snapshots.remove(id);
+                }
+            }
+            StoredKind::Volume => s.volumes.retain(|k, v| !(&k.0 == deployment && v.id == id)),
+        }
+        Ok(())
+    }
+
+    async fn list_stored(
+        &self,
+        deployment: &DeploymentId,
+    ) -> Result<Vec<StoredWorkspace>, PortError> {
+        let now = self.clock.now_ms();
+        let s = self.state();
+        let mut out: Vec<StoredWorkspace> = s
+            .snapshots
+            .values()
+            .filter(|x| &x.deployment == deployment)
+            .map(|x| StoredWorkspace {
+                kind: StoredKind::Snapshot,
+                id: x.id.clone(),
+                environment_id: x.environment_id.clone(),
+                generation: x.generation,
+                created_at: x.created_at,
+                in_use: false,
+            })
+            .collect();
+        out.extend(
+            s.volumes
+                .iter()
+                .filter(|(k, _)| &k.0 == deployment)
+                .map(|(k, v)| StoredWorkspace {
+                    kind: StoredKind::Volume,
+                    id: v.id.clone(),
+                    environment_id: k.1.clone(),
+                    generation: k.2,
+                    created_at: v.created_at,
+                    in_use: self.volume_in_use(&s, &k.0, &k.1, k.2, now),
+                }),
+        );
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+}
+
 impl Compute for TwinCompute {
     async fn start(
         &self,
@@ -606,6 +862,35 @@ impl Compute for TwinCompute {
             stop_requested_ms: None,
             died_ms: None,
         };
+        let files = match &spec.restore {
+            None => BTreeMap::new(),
+            Some(r) => match s.snapshots.get(&r.snapshot_id) {
+                Some(snap) => snap.files.clone(),
+                // ECS: the task fails to attach a volume from a snapshot that is gone.
+                None => {
+                    return Ok(Started::Failed {
+                        reason: format!(
+                            "InvalidSnapshot.NotFound: snapshot {} does not exist",
+                            r.snapshot_id
+                        ),
+                    });
+                }
+            },
+        };
+        s.ws_next += 1;
+        let volume = TwinVolume {
+            id: format!("vol-twin{}", s.ws_next),
+            files,
+            created_at: now / 1000,
+        };
+        s.volumes.insert(
+            (
+                deployment.clone(),
+                spec.environment_id.clone(),
+                spec.generation,
+            ),
+            volume,
+        );
         let view = self.view(&instance, now);
         let pos = s.instances.len();
         s.instances.push(instance);

@@ -7,15 +7,17 @@
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
     AuditEntry, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, Received, Registry,
-    Release, Sent, Started, Write,
+    Release, Sent, Started, StoredKind, StoredWorkspace, Workspaces, Write,
 };
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
 use sandbox_core::environment::EnvironmentInfo;
+use sandbox_core::ids::Generation;
 use sandbox_core::ids::{DeploymentId, EffectKey, EnvironmentId, InstanceId, SessionId};
 use sandbox_core::record::Record;
 use sandbox_core::session::Session;
 use sandbox_core::turn::{Item, Page, Turn};
+use sandbox_core::workspace::WorkspaceDisposition;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -323,6 +325,47 @@ impl<R: Registry> Registry for Counting<R> {
     async fn receipts(&self, key: &EffectKey) -> Result<Vec<Receipt>, PortError> {
         self.log.record("registry", "receipts");
         self.inner.receipts(key).await
+    }
+}
+
+impl<C: Compute> Workspaces for Counting<C> {
+    async fn save_workspace(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+    ) -> Result<WorkspaceDisposition, PortError> {
+        self.log.record("workspace", "save_workspace");
+        self.inner
+            .save_workspace(deployment, environment_id, generation)
+            .await
+    }
+    async fn discard_workspace(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+    ) -> Result<WorkspaceDisposition, PortError> {
+        self.log.record("workspace", "discard_workspace");
+        self.inner
+            .discard_workspace(deployment, environment_id, generation)
+            .await
+    }
+    async fn delete_stored(
+        &self,
+        deployment: &DeploymentId,
+        kind: StoredKind,
+        id: &str,
+    ) -> Result<(), PortError> {
+        self.log.record("workspace", "delete_stored");
+        self.inner.delete_stored(deployment, kind, id).await
+    }
+    async fn list_stored(
+        &self,
+        deployment: &DeploymentId,
+    ) -> Result<Vec<StoredWorkspace>, PortError> {
+        self.log.record("workspace", "list_stored");
+        self.inner.list_stored(deployment).await
     }
 }
 

@@ -20,15 +20,17 @@
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
     AuditEntry, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, Received, Registry,
-    Release, Sent, Started, Write,
+    Release, Sent, Started, StoredKind, StoredWorkspace, Workspaces, Write,
 };
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
 use sandbox_core::environment::EnvironmentInfo;
+use sandbox_core::ids::Generation;
 use sandbox_core::ids::{DeploymentId, EffectKey, EnvironmentId, InstanceId, SessionId};
 use sandbox_core::record::Record;
 use sandbox_core::session::Session;
 use sandbox_core::turn::{Item, Page, Turn};
+use sandbox_core::workspace::WorkspaceDisposition;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// One kind of failure.
@@ -460,6 +462,57 @@ impl FaultPlan {
             fault: Fault::Conflict,
         });
         true
+    }
+}
+
+impl<C> Faulty<C> {
+    /// A planned fault of port `workspace`, operation `op`, as an error.
+    fn fail_workspace(&self, op: &'static str) -> Result<(), PortError> {
+        match self.plan.check("workspace", op) {
+            None => Ok(()),
+            Some(f) => Err(port_error("workspace", op, &f)),
+        }
+    }
+}
+
+impl<C: Compute> Workspaces for Faulty<C> {
+    async fn save_workspace(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+    ) -> Result<WorkspaceDisposition, PortError> {
+        self.fail_workspace("save_workspace")?;
+        self.inner
+            .save_workspace(deployment, environment_id, generation)
+            .await
+    }
+    async fn discard_workspace(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+    ) -> Result<WorkspaceDisposition, PortError> {
+        self.fail_workspace("discard_workspace")?;
+        self.inner
+            .discard_workspace(deployment, environment_id, generation)
+            .await
+    }
+    async fn delete_stored(
+        &self,
+        deployment: &DeploymentId,
+        kind: StoredKind,
+        id: &str,
+    ) -> Result<(), PortError> {
+        self.fail_workspace("delete_stored")?;
+        self.inner.delete_stored(deployment, kind, id).await
+    }
+    async fn list_stored(
+        &self,
+        deployment: &DeploymentId,
+    ) -> Result<Vec<StoredWorkspace>, PortError> {
+        self.fail_workspace("list_stored")?;
+        self.inner.list_stored(deployment).await
     }
 }
 

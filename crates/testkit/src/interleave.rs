@@ -12,15 +12,17 @@
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
     AuditEntry, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, Received, Registry,
-    Release, Sent, Started, Write,
+    Release, Sent, Started, StoredKind, StoredWorkspace, Workspaces, Write,
 };
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
 use sandbox_core::environment::EnvironmentInfo;
+use sandbox_core::ids::Generation;
 use sandbox_core::ids::{DeploymentId, EffectKey, EnvironmentId, InstanceId, SessionId};
 use sandbox_core::record::Record;
 use sandbox_core::session::Session;
 use sandbox_core::turn::{Item, Page, Turn};
+use sandbox_core::workspace::WorkspaceDisposition;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -153,6 +155,51 @@ impl<R: Registry> Registry for Interleaved<R> {
     async fn receipts(&self, key: &EffectKey) -> Result<Vec<Receipt>, PortError> {
         yield_once().await;
         self.inner.receipts(key).await
+    }
+}
+
+impl<C: Compute> Workspaces for Interleaved<C> {
+    async fn save_workspace(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+    ) -> Result<WorkspaceDisposition, PortError> {
+        yield_once().await;
+        let _ = "save_workspace";
+        self.inner
+            .save_workspace(deployment, environment_id, generation)
+            .await
+    }
+    async fn discard_workspace(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+    ) -> Result<WorkspaceDisposition, PortError> {
+        yield_once().await;
+        let _ = "discard_workspace";
+        self.inner
+            .discard_workspace(deployment, environment_id, generation)
+            .await
+    }
+    async fn delete_stored(
+        &self,
+        deployment: &DeploymentId,
+        kind: StoredKind,
+        id: &str,
+    ) -> Result<(), PortError> {
+        yield_once().await;
+        let _ = "delete_stored";
+        self.inner.delete_stored(deployment, kind, id).await
+    }
+    async fn list_stored(
+        &self,
+        deployment: &DeploymentId,
+    ) -> Result<Vec<StoredWorkspace>, PortError> {
+        yield_once().await;
+        let _ = "list_stored";
+        self.inner.list_stored(deployment).await
     }
 }
 

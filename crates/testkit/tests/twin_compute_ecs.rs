@@ -24,6 +24,7 @@ fn spec(n: usize) -> StartSpec {
         idempotency_token: idempotency_token(&environment_id, Generation(1)),
         environment_id,
         previous: None,
+        restore: None,
     }
 }
 

@@ -2,10 +2,11 @@
 //! simulation and the fault tests show over them holds for any backend that passes it.
 
 use sandbox_controller::contract::{
-    compute_contract, compute_idempotency_contract, queue_delay_contract, queue_fifo_contract,
-    registry_contract,
+    WorkspaceProbe, compute_contract, compute_idempotency_contract, queue_delay_contract,
+    queue_fifo_contract, registry_contract, workspace_contract,
 };
 use sandbox_core::ids::DeploymentId;
+use sandbox_core::ids::{EnvironmentId, Generation};
 use sandbox_testkit::{ComputeTiming, SimClock, TwinCompute, TwinQueue, TwinRegistry};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,4 +44,35 @@ async fn compute_twin_with_slow_transitions_passes_the_contracts() {
     let c = TwinCompute::with_timing(SimClock::wall(), timing);
     compute_contract(&c, &deployment).await;
     compute_idempotency_contract(&c, &deployment).await;
+}
+
+/// The twin's volumes, as the agent in the sandbox sees them.
+struct TwinFiles(TwinCompute, DeploymentId);
+
+impl WorkspaceProbe for TwinFiles {
+    async fn write(&self, env: &EnvironmentId, generation: Generation, path: &str, content: &str) {
+        assert!(self.0.write_file(&self.1, env, generation, path, content));
+    }
+    async fn read(
+        &self,
+        env: &EnvironmentId,
+        generation: Generation,
+        path: &str,
+    ) -> Option<String> {
+        self.0
+            .volume(&self.1, env, generation)
+            .and_then(|v| v.files.get(path).cloned())
+    }
+}
+
+#[tokio::test]
+async fn compute_twin_passes_the_workspace_contract() {
+    let deployment = DeploymentId::new("twin-contract-ws").unwrap();
+    let timing = ComputeTiming {
+        start_secs: 0,
+        stop_secs: 1,
+    };
+    let c = TwinCompute::with_timing(SimClock::wall(), timing);
+    let probe = TwinFiles(c.clone(), deployment.clone());
+    workspace_contract(&c, &deployment, Some(&probe)).await;
 }

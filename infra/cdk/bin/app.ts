@@ -6,7 +6,8 @@
  * (comma-separated), webhookSecretArn, openAIApiKeySecretArn, executorKeySecretArn.
  * Optional: stackName (default sandbox-lifecycle), deploymentId, executorCpuArchitecture,
  * executorCpu, executorMemory, assignPublicIp (true/false), agentIds (comma-separated),
- * workspaceDirectory, shutdownGraceSecs, connectDeadlineSecs, agentsApiBaseUrl,
+ * workspaceDirectory, shutdownGraceSecs, connectDeadlineSecs, snapshotKeep, closeWorkspace,
+ * agentsApiBaseUrl,
  * maxLifetimeSecs, lifetimeHardCapSecs, noWorkSecs, maxReplacements, replacementWindowSecs,
  * remoteUrlAllowlist (comma-separated), webhookToleranceSecs, previousWebhookSecretArn,
  * workerBatchSize, workerMaximumConcurrency, logRetentionDays, alarmTopicArn, lambdaDir.
@@ -102,6 +103,8 @@ new SandboxLifecycle(stack, "Sandbox", {
   workspaceDirectory: context("workspaceDirectory"),
   shutdownGraceSecs: integer("shutdownGraceSecs"),
   connectDeadlineSecs: integer("connectDeadlineSecs"),
+  snapshotKeep: integer("snapshotKeep"),
+  closeWorkspace: context("closeWorkspace"),
   agentsApiBaseUrl: context("agentsApiBaseUrl"),
   maxLifetimeSecs: integer("maxLifetimeSecs"),
   lifetimeHardCapSecs: integer("lifetimeHardCapSecs"),

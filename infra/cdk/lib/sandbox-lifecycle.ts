@@ -86,6 +86,10 @@ export interface SandboxLifecycleProps {
   readonly shutdownGraceSecs?: number;
   /** `CONNECT_DEADLINE_SECS`, seconds (>= 1). @default 180 */
   readonly connectDeadlineSecs?: number;
+  /** `SNAPSHOT_KEEP`: workspace snapshots kept per environment (>= 1). @default 1 */
+  readonly snapshotKeep?: number;
+  /** `CLOSE_WORKSPACE`: `delete` or `retain:<days>`. @default "retain:7" */
+  readonly closeWorkspace?: string;
   /** `AGENTS_API_BASE_URL`. @default https://api.openai.com/v1 */
   readonly agentsApiBaseUrl?: string;
   /** `MAX_LIFETIME_SECS`: maximum executor lifetime, seconds (0 = off). @default 28800 */
@@ -448,6 +452,8 @@ export class SandboxLifecycle extends Construct {
       MAX_REPLACEMENTS: String(props.maxReplacements ?? 3),
       REPLACEMENT_WINDOW_SECS: String(props.replacementWindowSecs ?? 3600),
       REMOTE_URL_ALLOWLIST: (props.remoteUrlAllowlist ?? ["api.openai.com"]).join(","),
+      SNAPSHOT_KEEP: String(props.snapshotKeep ?? 1),
+      CLOSE_WORKSPACE: props.closeWorkspace ?? "retain:7",
       AGENTS_API_BASE_URL: props.agentsApiBaseUrl ?? "https://api.openai.com/v1",
       OPENAI_API_KEY_SECRET_ARN: props.openAIApiKeySecretArn,
     };
@@ -710,6 +716,8 @@ function validate(props: SandboxLifecycleProps): void {
   if (previous !== undefined && !Token.isUnresolved(previous) && !SECRET_ARN.test(previous)) {
     problems.push("previousWebhookSecretArn must be a full Secrets Manager ARN");
   }
+  if (!Number.isInteger(props.snapshotKeep ?? 1) || (props.snapshotKeep ?? 1) < 1) problems.push("snapshotKeep must be an integer of at least 1");
+  if (!/^(delete|retain:[1-9][0-9]*)$/.test(props.closeWorkspace ?? "retain:7")) problems.push("closeWorkspace must be delete or retain:<days >= 1>");
   if (props.agentIds?.some((a) => a.trim() === "" || a.includes(","))) {
     problems.push("agentIds must be non-empty ids without commas");
   }

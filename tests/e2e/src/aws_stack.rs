@@ -233,6 +233,7 @@ pub fn harness_config(deployment: DeploymentId, opts: &AwsOptions) -> Controller
         recheck_secs: 1,
         uncertain_retry_secs: 1,
         remote_url_allowlist: vec![crate::SIM_REMOTE_URL_HOST.to_owned()],
+        close_workspace: opts.common.close_workspace,
         ..Policy::default()
     };
     (opts.common.ceilings)(&mut controller.policy);

@@ -64,6 +64,9 @@ pub struct Options {
     /// Executors run but never connect (the replacement cap row): locally a `sleep`
     /// process instead of the stand-in, on AWS the bridge leaves the tasks unconnected.
     pub executors_never_connect: bool,
+    /// What a close does with the workspace (`Policy::close_workspace`; default
+    /// `retain:7`).
+    pub close_workspace: sandbox_core::workspace::CloseWorkspace,
 }
 
 impl Default for Options {
@@ -79,6 +82,7 @@ impl Default for Options {
             ceilings: |_| {},
             sim_time_scale: 60.0,
             executors_never_connect: false,
+            close_workspace: Default::default(),
         }
     }
 }
@@ -155,6 +159,7 @@ impl Harness {
             recheck_secs: 1,
             uncertain_retry_secs: 1,
             remote_url_allowlist: vec![SIM_REMOTE_URL_HOST.to_owned()],
+            close_workspace: opts.close_workspace,
             ..Policy::default()
         };
         (opts.ceilings)(&mut controller.policy);

@@ -239,7 +239,8 @@ async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_rec
         .collect();
     assert_eq!(live.len(), 1, "exactly one task: {live:?}");
 
-    // Close through the worker: two receipts, the terminal record.
+    // Close through the worker: two receipts (and the close's workspace receipt: `none`,
+    // the ECS adapter keeps no workspace yet), the terminal record.
     let out = ctl(
         &[
             "close",
@@ -262,7 +263,10 @@ async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_rec
         .map(|r| r["kind"].as_str().unwrap().to_owned())
         .collect();
     kinds.sort();
-    assert_eq!(kinds, ["compute_stopped", "session_deleted"]);
+    assert_eq!(
+        kinds,
+        ["compute_stopped", "session_deleted", "workspace_closed"]
+    );
     let doc = ctl(&["explain", "--json", &task], &env).await.json();
     let t = &doc["terminal"];
     assert_eq!(t["session_deleted"]["confirmed"], true);

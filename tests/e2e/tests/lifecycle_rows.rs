@@ -117,7 +117,7 @@ async fn stop_reasons<H: LifecycleHarness>(h: &H, env: &str) -> Vec<String> {
         .into_iter()
         .filter_map(|r| match r.kind {
             ReceiptKind::ComputeStopped { reason, .. } => Some(reason),
-            ReceiptKind::SessionDeleted { .. } => None,
+            ReceiptKind::SessionDeleted { .. } | ReceiptKind::WorkspaceClosed { .. } => None,
         })
         .collect()
 }
@@ -133,7 +133,7 @@ async fn instances_of<H: LifecycleHarness>(h: &H, env: &str) -> Vec<ComputeInsta
         .into_iter()
         .filter_map(|r| match r.kind {
             ReceiptKind::ComputeStopped { instance_id, .. } => Some(instance_id),
-            ReceiptKind::SessionDeleted { .. } => None,
+            ReceiptKind::SessionDeleted { .. } | ReceiptKind::WorkspaceClosed { .. } => None,
         })
         .chain(
             h.record(env)
@@ -407,9 +407,10 @@ async fn row25_operator_close_deletes_the_session_and_stops_the_executor_with_tw
         .map(|r| match &r.kind {
             ReceiptKind::ComputeStopped { reason, .. } => format!("stopped:{reason}"),
             ReceiptKind::SessionDeleted { .. } => "deleted".into(),
+            ReceiptKind::WorkspaceClosed { .. } => "workspace-closed".into(),
         })
         .collect();
-    assert_eq!(kinds, vec!["deleted", "stopped:closed"]);
+    assert_eq!(kinds, vec!["deleted", "stopped:closed", "workspace-closed"]);
     assert!(
         h.client()
             .get_session(s.id.as_str())
@@ -446,6 +447,7 @@ async fn row26_sweep_releases_an_executor_no_record_owns<H: LifecycleHarness>() 
         generation: Generation(1),
         idempotency_token: idempotency_token(&env, Generation(1)),
         previous: None,
+        restore: None,
     };
     c.compute
         .start(&spec, &c.config.deployment, NO_DEADLINE)

@@ -158,7 +158,10 @@ async fn every_operator_command_on_a_running_local_stack() {
         .map(|r| r["kind"].as_str().unwrap())
         .collect();
     kinds.sort_unstable();
-    assert_eq!(kinds, ["compute_stopped", "session_deleted"]);
+    assert_eq!(
+        kinds,
+        ["compute_stopped", "session_deleted", "workspace_closed"]
+    );
     let explain = run(with(&["explain", "--json", &session]), &[])
         .await
         .json();
@@ -171,10 +174,27 @@ async fn every_operator_command_on_a_running_local_stack() {
         t["executor_credential"],
         "not revoked: shared key; task stopped"
     );
-    assert_eq!(t["workspace_disposition"], "none");
+    // The default close disposition retains the workspace for 7 days: the close's stop
+    // archived generation 1, and the chain shows it kept until then.
+    let snapshot = format!("{}/g1.tar.zst", explain["environment_id"].as_str().unwrap());
+    let disposition = t["workspace_disposition"].as_str().unwrap();
+    assert!(
+        disposition.starts_with(&format!("snapshot {snapshot} (retained until ")),
+        "{disposition}"
+    );
+    let chain = explain["snapshot_chain"].as_array().unwrap();
+    assert_eq!(chain.len(), 1, "{chain:?}");
+    assert_eq!(chain[0]["snapshot_id"], snapshot.as_str());
+    assert_eq!(chain[0]["kept"], true);
+    assert!(chain[0]["expires_at"]["unix"].is_u64());
     assert_eq!(t["effect_reconciliation"], "not_needed");
     let text = run(with(&["explain", &session]), &[]).await;
     assert!(text.stdout.contains("terminal record:"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("workspace snapshots (oldest first):"),
+        "{}",
+        text.stdout
+    );
     assert!(
         text.stdout.contains("session deleted:       yes"),
         "{}",

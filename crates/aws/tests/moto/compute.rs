@@ -108,6 +108,7 @@ fn spec(env: &str, generation: u64) -> StartSpec {
         idempotency_token: idempotency_token(&environment_id, Generation(generation)),
         environment_id,
         previous: None,
+        restore: None,
     }
 }
 

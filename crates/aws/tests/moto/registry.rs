@@ -236,6 +236,7 @@ async fn appends_read_back_in_write_order() {
                 instance_id: InstanceId::new(format!("inst_{i}")),
                 generation: i,
                 reason: "x".repeat(20_000),
+                workspace: Default::default(),
             },
         };
         r.receipt(&receipt).await.unwrap();

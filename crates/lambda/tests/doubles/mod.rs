@@ -143,6 +143,9 @@ pub struct MemoryCompute {
 }
 
 /// Deadlines (`not_after`) are not modelled: the tests' clock is fixed.
+/// Keeps no workspace (the defaults: `none`).
+impl sandbox_controller::ports::Workspaces for MemoryCompute {}
+
 impl Compute for MemoryCompute {
     async fn start(
         &self,
