@@ -1627,7 +1627,9 @@ impl View<'_> {
             )),
             Some(l) => matches!(self.o.trigger, Trigger::NoWorkLeaseDue { .. })
                 .then(|| Decision::new(Outcome::Wait, Reason::LeaseNotDue).recheck(l.due_at - now)),
-            None if no_work => {
+            // An idle session is the idle lease's (rows 14, 15: same grace, its own stop
+            // reason); the no-work period is for sessions that are never idle.
+            None if no_work && session.status != SessionStatus::Idle => {
                 let grace = p.shutdown_grace_secs;
                 Some(
                     Decision::new(Outcome::ScheduleStop, Reason::NoWork { quiet_secs })

@@ -502,3 +502,19 @@ fn remote_url_refused_while_the_record_has_a_replacement_in_flight_replaces_noth
     assert_eq!(d.outcome, Outcome::Reconcile);
     assert!(!d.touches_resources());
 }
+
+#[test]
+fn idle_session_quiet_past_the_no_work_period_is_left_to_the_idle_lease() {
+    let d = decide(&quiet_for(Trigger::Sweep, idle(), 2 * HOUR));
+    assert!(
+        !d.effects
+            .iter()
+            .any(|e| matches!(e, Effect::PutNoWorkLease(_))),
+        "{d:?}"
+    );
+    assert_eq!(d.outcome, Outcome::ScheduleStop, "the idle lease: {d:?}");
+    assert!(
+        d.effects.iter().any(|e| matches!(e, Effect::PutLease(_))),
+        "{d:?}"
+    );
+}
