@@ -630,6 +630,7 @@ export class SandboxLifecycle extends Construct {
             labelled(lifecycle("sweep_duration_seconds", {}, "Maximum"), "duration max (s)"),
             labelled(lifecycle("environments_swept"), "environments swept"),
             labelled(lifecycle("sweep_deferred"), "deferred"),
+            labelled(lifecycle("held_environments", {}, "Maximum"), "held for an owner"),
           ]),
           graph("Webhook deliveries", [
             lifecycle("webhook_accepted"),
