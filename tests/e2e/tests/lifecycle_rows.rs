@@ -776,6 +776,15 @@ async fn ceiling_idle_executor_past_its_max_lifetime_is_stopped_then_new_input_s
     assert_eq!(status(&h, &first).await, ComputeStatus::Stopped);
     assert_eq!(stop_reasons(&h, &env).await, vec!["lifetime_exceeded"]);
     assert_executor_processes::<H>(&env, 0);
+    // The API sees the executor gone before the next input (on moto the harness's bridge
+    // disconnects a stopped task's environment on its next poll); otherwise the simulator
+    // runs the turn on the old connection and requests none.
+    h.wait_until("the environment disconnected", H::STEP_TIMEOUT, || async {
+        Ok(h.client().get_environment(&env).await?.status
+            != sandbox_core::environment::EnvironmentStatus::Connected)
+    })
+    .await
+    .unwrap();
     // New input: the connection request starts generation 2 as usual.
     h.client()
         .submit_message(s.id.as_str(), "again")
