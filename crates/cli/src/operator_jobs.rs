@@ -426,6 +426,29 @@ pub struct ResolveArgs {
     pub backend: BackendArgs,
 }
 
+/// Reads the environment's record every 300 ms until `found` answers `Some` (returned)
+/// or `timeout_secs` seconds pass (`None`): how `--wait` follows a job the worker takes.
+///
+/// # Errors
+/// A failed registry read.
+async fn poll_record<O: Ops, T>(
+    ops: &O,
+    env: &EnvironmentId,
+    timeout_secs: u64,
+    mut found: impl FnMut(Option<Record>) -> Option<T>,
+) -> anyhow::Result<Option<T>> {
+    let deadline = Instant::now() + Duration::from_secs(timeout_secs);
+    loop {
+        if let Some(t) = found(ops.registry().get(&env.effect_key()).await?) {
+            return Ok(Some(t));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 /// The wall clock in nanoseconds: a de-duplication id per request, so two reports (or
 /// resolutions) sent within one second are two messages, not one dropped as a duplicate by
 /// the FIFO queue's five-minute de-duplication window.
@@ -512,21 +535,15 @@ pub async fn resolve<O: Ops>(
     let mut problems = vec![];
     let mut resolved = None;
     if open > 0 && args.wait {
-        let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
-        loop {
-            let r = ops.registry().get(&env.effect_key()).await?;
-            if let Some(r) = r.filter(|r| r.open_evidence().next().is_none()) {
-                resolved = Some(r);
-                break;
-            }
-            if Instant::now() >= deadline {
-                problems.push(format!(
-                    "the resolve job was not processed within {} s (is a worker running?)",
-                    args.timeout_secs
-                ));
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
+        resolved = poll_record(ops, &env, args.timeout_secs, |r| {
+            r.filter(|r| r.open_evidence().next().is_none())
+        })
+        .await?;
+        if resolved.is_none() {
+            problems.push(format!(
+                "the resolve job was not processed within {} s (is a worker running?)",
+                args.timeout_secs
+            ));
         }
     }
     if args.backend.json {
@@ -637,30 +654,22 @@ pub async fn report_timeout<O: Ops>(
     let mut problems = vec![];
     let mut outcome: Option<Evidence> = None;
     if args.wait {
-        let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
-        loop {
-            let r = ops.registry().get(&env.effect_key()).await?;
-            outcome = r.and_then(|r| {
-                r.evidence.into_iter().rev().find(|e| {
-                    e.trigger == EvidenceTrigger::InputTimedOut
-                        && e.observed_at >= now
-                        && (turn_id.is_none()
-                            || e.turn.as_ref().map(|t| &t.id) == turn_id.as_ref()
-                            || e.turn.is_none())
-                })
-            });
-            if outcome.is_some() {
-                break;
-            }
-            // An identical earlier answer is not recorded twice: the same question.
-            if Instant::now() >= deadline {
-                problems.push(format!(
-                    "no outcome recorded within {} s (is a worker running? an identical earlier report is not recorded again: {already} entry(ies) on the record)",
-                    args.timeout_secs
-                ));
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
+        outcome = poll_record(ops, &env, args.timeout_secs, |r| {
+            r?.evidence.into_iter().rev().find(|e| {
+                e.trigger == EvidenceTrigger::InputTimedOut
+                    && e.observed_at >= now
+                    && (turn_id.is_none()
+                        || e.turn.as_ref().map(|t| &t.id) == turn_id.as_ref()
+                        || e.turn.is_none())
+            })
+        })
+        .await?;
+        // An identical earlier answer is not recorded twice: the same question.
+        if outcome.is_none() {
+            problems.push(format!(
+                "no outcome recorded within {} s (is a worker running? an identical earlier report is not recorded again: {already} entry(ies) on the record)",
+                args.timeout_secs
+            ));
         }
     }
     if args.backend.json {
