@@ -378,6 +378,15 @@ pub async fn run<O: Ops>(
         if let Some(c) = r.connection {
             writeln!(out, "  connection: {:?} since {}", c.status, utc(c.since))?;
         }
+        if let (Some(started), Some(connected)) = (r.instance_recorded_at, r.instance_connected_at)
+        {
+            writeln!(
+                out,
+                "  executor first seen connected: {} ({} s after the start)",
+                utc(connected),
+                connected.saturating_sub(started)
+            )?;
+        }
         if let Some(id) = &r.last_reconciled_event_id {
             writeln!(out, "  last reconciled event: {id}")?;
         }

@@ -29,8 +29,7 @@
 //! | `webhook_rejected` | count | `reason` (`too_large`, `headers`, `signature`, `malformed`, `queue_unavailable`) | a delivery answered 4xx/503 |
 //! | `held_environments` | count (one value per sweep) | | environments with open reconciliation evidence (issue 15: held for an owner), counted by every sweep in the registry's list (a value, not a gauge: the EMF recorder writes a gauge on every flush, and an invocation that recorded nothing writes nothing) |
 //!
-//! The time from a start to the executor's first connection is not measured yet: the
-//! record does not keep when a connection was first seen.
+//! | `start_to_connected_seconds` | seconds | | from the accepted start (`RunTask`) to the first observation of its executor connected ([`sandbox_core::record::Record::instance_connected_at`]: an upper bound, read when the connection request is no longer required) |
 
 use crate::job::Job;
 use sandbox_core::decision::{Decision, Effect, StopReason};
@@ -57,6 +56,8 @@ pub mod names {
     pub const ENQUEUE_TO_START: &str = "enqueue_to_start_seconds";
     /// Provider start → confirmed stop, seconds.
     pub const EXECUTOR_LIFETIME: &str = "executor_lifetime_seconds";
+    /// Accepted start → executor first seen connected, seconds.
+    pub const START_TO_CONNECTED: &str = "start_to_connected_seconds";
     /// Shutdown lease → confirmed stop, seconds.
     pub const IDLE_TO_STOP: &str = "idle_to_stop_seconds";
     /// One sweep, seconds.
@@ -113,6 +114,10 @@ pub fn describe() {
     );
     for (name, what) in [
         (ENQUEUE_TO_START, "job enqueue to accepted compute start"),
+        (
+            START_TO_CONNECTED,
+            "accepted compute start to executor first seen connected",
+        ),
         (EXECUTOR_LIFETIME, "compute start to confirmed stop"),
         (IDLE_TO_STOP, "shutdown lease to confirmed stop"),
         (SWEEP_DURATION, "one sweep"),
@@ -186,6 +191,12 @@ pub fn ceiling_of(decision: &Decision) -> Option<&'static str> {
         Reason::RemoteUrlNotAllowed { .. } => Some("remote_url_not_allowed"),
         _ => None,
     }
+}
+
+/// The current instance's executor was seen connected for the first time, `secs` seconds
+/// after the record began naming it (the accepted start).
+pub fn executor_connected(secs: u64) {
+    metrics::histogram!(names::START_TO_CONNECTED).record(secs as f64);
 }
 
 /// A start answered without an instance.

@@ -484,8 +484,20 @@ where
             ),
             Inventory::Unavailable => (false, 0),
         };
+        // The connection request this record's instance was started for is no longer
+        // required: read the status once to see the executor connected (the
+        // `start_to_connected_seconds` metric; one read per instance, flat in the
+        // deployment).
+        let request_resolved = record.is_some_and(|r| {
+            r.connection_requested_at.is_some()
+                && r.instance.is_some()
+                && r.instance_connected_at.is_none()
+        }) && !session.requires_connection_of(env);
         let wants_status = running
-            && (session.requires_connection_of(env) || job.trigger == Trigger::Idle || active > 1);
+            && (session.requires_connection_of(env)
+                || job.trigger == Trigger::Idle
+                || active > 1
+                || request_resolved);
         let status = if wants_status {
             match self.sessions.retrieve_environment(env).await {
                 Ok(e) => EnvironmentRead::Read { status: e.status },
@@ -692,6 +704,11 @@ where
                 "held for an owner with evidence"
             );
             act.dirty |= sandbox_core::evidence::append(&mut act.fresh.evidence, e);
+        }
+        if let Some(at) = first_connected(observed, &act.fresh) {
+            act.fresh.instance_connected_at = Some(observed.now);
+            act.dirty = true;
+            crate::metrics::executor_connected(observed.now.saturating_sub(at));
         }
         if let Some(status) = observed.environment_status.status() {
             let changed = act.fresh.connection.is_none_or(|c| c.status != status);
@@ -1271,6 +1288,9 @@ impl Act {
         match effect {
             Effect::AdoptCompute(i) => {
                 r.generation = r.generation.max(i.generation);
+                if r.instance.as_ref() != Some(i) {
+                    r.instance_connected_at = None;
+                }
                 r.instance = Some(i.clone());
                 r.instance_recorded_at = Some(self.now);
                 r.status = sandbox_core::record::RecordStatus::Active;
@@ -1280,6 +1300,7 @@ impl Act {
                 r.start_failure = Some(f.clone());
                 r.instance = None;
                 r.instance_recorded_at = None;
+                r.instance_connected_at = None;
             }
             Effect::ClearStartFailure => r.start_failure = None,
             Effect::NoteConnectionRequest { at } => r.connection_requested_at = Some(*at),
@@ -1315,6 +1336,29 @@ impl Act {
 }
 
 /// The environment whose workspace a stop or save concerns (the record's).
+/// When the record began naming its instance, if this observation is the first to see that
+/// instance's executor connected: the status reads `connected`, the record has not seen it
+/// connected yet, and the instance is the only active compute and running (with two
+/// computes, the environment's status does not say which one connected). Unix seconds.
+fn first_connected(observed: &Observed, record: &Record) -> Option<u64> {
+    if !observed.environment_status.is_connected() || record.instance_connected_at.is_some() {
+        return None;
+    }
+    let current = record.current()?;
+    let Inventory::Known { instances } = &observed.inventory else {
+        return None;
+    };
+    let mut active = instances.iter().filter(|i| i.status.is_active());
+    match (active.next(), active.next()) {
+        (Some(only), None)
+            if only.status == ComputeStatus::Running && &only.as_ref() == current =>
+        {
+            record.instance_recorded_at
+        }
+        _ => None,
+    }
+}
+
 fn stop_environment(act: &Act) -> EnvironmentId {
     act.fresh.environment_id.clone()
 }

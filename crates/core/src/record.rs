@@ -84,6 +84,14 @@ pub struct Record {
     /// snapshot its stop takes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_from: Option<String>,
+    /// When the controller first saw the current instance's executor connected
+    /// (`agent.environment.status` `connected`), Unix seconds; cleared whenever the record
+    /// names a new instance. Observed, not reported: the worker reads the status once the
+    /// connection request it started the instance for is no longer required (typically on
+    /// the session's `in_progress` webhook), so this is an upper bound of the connect time.
+    /// Feeds the `start_to_connected_seconds` metric (issue 12).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_connected_at: Option<u64>,
 }
 
 /// What the controller believes about the environment's compute.
@@ -147,6 +155,7 @@ impl Record {
             replacements: Vec::new(),
             snapshots: Vec::new(),
             restored_from: None,
+            instance_connected_at: None,
         }
     }
 

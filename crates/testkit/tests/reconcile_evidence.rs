@@ -289,3 +289,75 @@ async fn row21_reported_timeouts_record_four_outcomes_and_never_resubmit() {
         .unwrap();
     assert_eq!(turns, turns_before);
 }
+
+/// Issue 12: the time from `RunTask` to the executor connected. The first job after the
+/// connection request is answered (the session's `in_progress`) reads the environment once,
+/// records when it first saw this instance connected and the `start_to_connected_seconds`
+/// metric; later jobs read nothing more for it, and a new instance starts over.
+#[tokio::test]
+async fn the_first_job_after_the_connection_request_records_when_the_executor_connected() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+
+    let world = World::new();
+    let c = world.controller("w");
+    let (session, env) = (SessionId::new("sess_cx"), EnvironmentId::new("env_cx"));
+    world.sessions.add(&session, &env, SessionStatus::Idle);
+    world.sessions.require_connection(&session);
+    let e = Env {
+        world,
+        c,
+        session,
+        env,
+    };
+    assert_eq!(
+        e.deliver(Trigger::ConnectionRequested, "wh_cx_1").await,
+        vec![Outcome::Start]
+    );
+    let started = e.record();
+    assert!(started.connection_requested_at.is_some() && started.instance_connected_at.is_none());
+
+    e.world.clock.advance_secs(40);
+    e.world.sessions.connect(&e.env, SessionStatus::InProgress);
+    e.world.calls.clear();
+    e.deliver(Trigger::TurnStarted, "wh_cx_2").await;
+    let calls = e.world.calls.take();
+    assert_eq!(
+        calls.of("agents_api", "retrieve_environment"),
+        1,
+        "{}",
+        calls.remote_sequence()
+    );
+    let r = e.record();
+    let connected_at = r.instance_connected_at.expect("connection observed");
+    assert_eq!(
+        connected_at - started.instance_recorded_at.unwrap(),
+        40,
+        "{r:?}"
+    );
+    let seconds: Vec<f64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "start_to_connected_seconds")
+        .flat_map(|(.., v)| match v {
+            DebugValue::Histogram(h) => h.into_iter().map(|x| x.into_inner()).collect(),
+            _ => vec![],
+        })
+        .collect();
+    assert_eq!(seconds, vec![40.0]);
+
+    // Observed once: the next job neither reads the status for it nor records it again.
+    e.world.calls.clear();
+    e.deliver(Trigger::TurnStarted, "wh_cx_3").await;
+    assert_eq!(
+        e.world
+            .calls
+            .take()
+            .of("agents_api", "retrieve_environment"),
+        0
+    );
+    assert_eq!(e.record().instance_connected_at, Some(connected_at));
+}

@@ -616,8 +616,11 @@ export class SandboxLifecycle extends Construct {
         ],
         [
           graph(
-            "Webhook enqueue to RunTask (seconds)",
-            ["p50", "p90", "Maximum"].map((s) => labelled(lifecycle("enqueue_to_start_seconds", {}, s), s)),
+            "Webhook enqueue to RunTask, RunTask to executor connected (seconds)",
+            [
+              ...["p50", "p90", "Maximum"].map((s) => labelled(lifecycle("enqueue_to_start_seconds", {}, s), `to RunTask ${s}`)),
+              ...["p50", "p90"].map((s) => labelled(lifecycle("start_to_connected_seconds", {}, s), `to connected ${s}`)),
+            ],
           ),
           graph("Executor lifetime at stop and idle compute before a stop (seconds)", [
             labelled(lifecycle("executor_lifetime_seconds", {}, "p50"), "lifetime p50"),

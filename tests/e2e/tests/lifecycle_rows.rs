@@ -221,6 +221,21 @@ async fn row01_connection_request_starts_one_executor_with_the_sessions_remote_u
         ]
     );
     assert_eq!(connect_count(&h, &env).await, 1);
+    // Once the connection request is answered (the turn runs: the session's `in_progress`
+    // webhook), the worker reads the status once and records when it first saw this
+    // instance connected (the `start_to_connected_seconds` metric).
+    h.wait_until("connection observed", H::STEP_TIMEOUT, || async {
+        Ok(h.record(&env)
+            .await?
+            .is_some_and(|r| r.instance_connected_at.is_some()))
+    })
+    .await
+    .unwrap();
+    let record = h.record(&env).await.unwrap().unwrap();
+    assert!(
+        record.instance_connected_at >= record.instance_recorded_at,
+        "{record:?}"
+    );
     assert_executor_processes::<H>(&env, 1);
     assert_eq!(h.shutdown().await.unwrap(), 1);
     assert_executor_processes::<H>(&env, 0);
