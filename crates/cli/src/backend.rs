@@ -194,12 +194,20 @@ impl LocalOps {
             .context("opening the events queue")?;
         let timers = SqliteQueue::open(&queues, TIMERS_QUEUE, QueueOptions::standard())
             .context("opening the timers queue")?;
+        // Decide with the settings the stack last ran with (`serve` flags), not defaults.
+        let mut config = ControllerConfig::new(deployment);
+        if let Some(settings) =
+            sandbox_local::settings_file::read(&dir).map_err(anyhow::Error::msg)?
+        {
+            config.policy = settings.policy;
+            config.filter = settings.filter;
+        }
         Ok(Self {
             registry,
             compute,
             events,
             timers,
-            config: ControllerConfig::new(deployment),
+            config,
         })
     }
 }
@@ -439,5 +447,40 @@ impl Ops for AwsOps {
             ..ClientConfig::new(key.expose().trim().to_owned())
         };
         AgentsClient::new(api).context("the Agents API client")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn local_args(dir: &std::path::Path) -> BackendArgs {
+        BackendArgs {
+            backend: Some(BackendKind::Local),
+            data_dir: Some(dir.to_owned()),
+            deployment: "local".into(),
+            json: false,
+        }
+    }
+
+    #[test]
+    fn the_local_backend_decides_with_the_settings_the_stack_ran_with() {
+        let dir = tempfile::tempdir().unwrap();
+        SqliteRegistry::open(dir.path().join("sandbox.db")).unwrap();
+        // No stack wrote settings: the defaults.
+        let ops = LocalOps::open(&local_args(dir.path())).unwrap();
+        assert_eq!(ops.config.policy, sandbox_core::observed::Policy::default());
+        // `serve --grace-secs 5 --max-lifetime-secs 600 --remote-url-allow example.test`.
+        let mut ran = ControllerConfig::new(DeploymentId::new("local").unwrap());
+        ran.policy.shutdown_grace_secs = 5;
+        ran.policy.max_lifetime_secs = 600;
+        ran.policy.remote_url_allowlist = vec!["example.test".into()];
+        sandbox_local::settings_file::write(dir.path(), &ran).unwrap();
+        let ops = LocalOps::open(&local_args(dir.path())).unwrap();
+        assert_eq!(ops.config.policy, ran.policy);
+        // A damaged file is an error naming it, not silently the defaults.
+        std::fs::write(sandbox_local::settings_file::path(dir.path()), "{").unwrap();
+        let e = LocalOps::open(&local_args(dir.path())).err().unwrap();
+        assert!(e.to_string().contains("controller-settings.json"), "{e}");
     }
 }

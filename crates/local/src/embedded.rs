@@ -153,6 +153,14 @@ impl EmbeddedStack {
             what: "create data dir",
             source,
         })?;
+        // The operator's tools decide with the stack's settings (`sandboxctl explain`,
+        // `sweep --dry-run` on this data directory).
+        crate::settings_file::write(&cfg.data_dir, &cfg.controller).map_err(|source| {
+            EmbeddedError::Io {
+                what: "write controller-settings.json",
+                source,
+            }
+        })?;
         // Queues and registry in two files, as SQS and DynamoDB are two services: their
         // write transactions never wait for each other's file lock (`make bench`).
         let db = cfg.data_dir.join("sandbox.db");

@@ -27,6 +27,7 @@
 mod db;
 pub mod embedded;
 pub mod process_compute;
+pub mod settings_file;
 pub mod sqlite_queue;
 pub mod sqlite_registry;
 pub mod workspace_archive;
