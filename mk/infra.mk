@@ -95,7 +95,9 @@ deploy-help:
 	@echo "Optional: STACK_NAME (default sandbox-lifecycle, <= 36 characters unless DEPLOYMENT_ID is set),"
 	@echo "  DEPLOYMENT_ID, ASSIGN_PUBLIC_IP (ENABLED/DISABLED), AGENT_IDS (comma-separated),"
 	@echo "  WORKSPACE_DIRECTORY, SHUTDOWN_GRACE_SECS, CONNECT_DEADLINE_SECS, SNAPSHOT_KEEP, CLOSE_WORKSPACE,"
-	@echo "  AGENTS_API_BASE_URL,"
+	@echo "  AGENTS_API_BASE_URL, MAX_LIFETIME_SECS, LIFETIME_HARD_CAP_SECS, NO_WORK_SECS, MAX_REPLACEMENTS,"
+	@echo "  REPLACEMENT_WINDOW_SECS, REMOTE_URL_ALLOWLIST (comma-separated), WEBHOOK_TOLERANCE_SECS,"
+	@echo "  WEBHOOK_PREVIOUS_SECRET_ARN,"
 	@echo "  WORKER_BATCH_SIZE, WORKER_MAXIMUM_CONCURRENCY, EXECUTOR_CPU_ARCHITECTURE (ARM64/X86_64),"
 	@echo "  EXECUTOR_CPU, EXECUTOR_MEMORY, LOG_RETENTION_DAYS, ALARM_TOPIC_ARN."
 	@echo "See README.md, section Deploy."
@@ -127,6 +129,13 @@ SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=
 	$(call sam-param,ConnectDeadlineSecs,CONNECT_DEADLINE_SECS) \
 	$(call sam-param,SnapshotKeep,SNAPSHOT_KEEP) $(call sam-param,CloseWorkspace,CLOSE_WORKSPACE) \
 	$(call sam-param,AgentsApiBaseUrl,AGENTS_API_BASE_URL) \
+	$(call sam-param,MaxLifetimeSecs,MAX_LIFETIME_SECS) \
+	$(call sam-param,LifetimeHardCapSecs,LIFETIME_HARD_CAP_SECS) \
+	$(call sam-param,NoWorkSecs,NO_WORK_SECS) $(call sam-param,MaxReplacements,MAX_REPLACEMENTS) \
+	$(call sam-param,ReplacementWindowSecs,REPLACEMENT_WINDOW_SECS) \
+	$(call sam-param,RemoteUrlAllowlist,REMOTE_URL_ALLOWLIST) \
+	$(call sam-param,WebhookToleranceSecs,WEBHOOK_TOLERANCE_SECS) \
+	$(call sam-param,PreviousWebhookSecretArn,WEBHOOK_PREVIOUS_SECRET_ARN) \
 	$(call sam-param,WorkerBatchSize,WORKER_BATCH_SIZE) \
 	$(call sam-param,WorkerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
 	$(call sam-param,ExecutorCpuArchitecture,EXECUTOR_CPU_ARCHITECTURE) \
@@ -158,6 +167,13 @@ CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' 
 	$(call cdk-context,connectDeadlineSecs,CONNECT_DEADLINE_SECS) \
 	$(call cdk-context,snapshotKeep,SNAPSHOT_KEEP) $(call cdk-context,closeWorkspace,CLOSE_WORKSPACE) \
 	$(call cdk-context,agentsApiBaseUrl,AGENTS_API_BASE_URL) \
+	$(call cdk-context,maxLifetimeSecs,MAX_LIFETIME_SECS) \
+	$(call cdk-context,lifetimeHardCapSecs,LIFETIME_HARD_CAP_SECS) \
+	$(call cdk-context,noWorkSecs,NO_WORK_SECS) $(call cdk-context,maxReplacements,MAX_REPLACEMENTS) \
+	$(call cdk-context,replacementWindowSecs,REPLACEMENT_WINDOW_SECS) \
+	$(call cdk-context,remoteUrlAllowlist,REMOTE_URL_ALLOWLIST) \
+	$(call cdk-context,webhookToleranceSecs,WEBHOOK_TOLERANCE_SECS) \
+	$(call cdk-context,previousWebhookSecretArn,WEBHOOK_PREVIOUS_SECRET_ARN) \
 	$(call cdk-context,workerBatchSize,WORKER_BATCH_SIZE) \
 	$(call cdk-context,workerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
 	$(call cdk-context,executorCpuArchitecture,EXECUTOR_CPU_ARCHITECTURE) \

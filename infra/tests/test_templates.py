@@ -440,3 +440,20 @@ def test_one_dashboard_shows_the_lifecycle_at_a_glance(any_cfn):
     assert shown == emitted_metric_names(), f"not on the dashboard: {sorted(emitted_metric_names() - shown)}"
     for title in ("Decisions by outcome", "Dead letters", "Function errors", "Sweeps", "Webhook deliveries"):
         assert title in body, title
+
+
+def test_make_deploy_passes_every_parameter_and_context_key(sam_cfn):
+    """`make deploy-sam` / `make deploy-cdk` map a variable to every SAM parameter and every
+    CDK context key the app reads (README, section Deploy), so no setting needs a hand-written
+    override."""
+    mk = (REPO / "mk" / "infra.mk").read_text()
+    sam_block = mk[mk.index("SAM_PARAMETERS =") : mk.index("deploy-sam:")]
+    for name in sam_cfn["Parameters"]:
+        assert f"{name}=" in sam_block or f"sam-param,{name}," in sam_block, f"make deploy-sam cannot set {name}"
+    app = (REPO / "infra" / "cdk" / "bin" / "app.ts").read_text()
+    keys = set(re.findall(r'\b(?:context|integer|list|required)\("([A-Za-z]+)"\)', app)) - {"placeholderCode"}
+    cdk_block = mk[mk.index("CDK_CONTEXT =") : mk.index("cdk-bootstrap:")]
+    for key in keys:
+        assert f"'{key}=" in cdk_block or f"cdk-context,{key}," in cdk_block or f"-c {key}=" in cdk_block, (
+            f"make deploy-cdk cannot set {key}"
+        )
