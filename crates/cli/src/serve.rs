@@ -123,6 +123,15 @@ fn secret_env(name: &str) -> anyhow::Result<String> {
     }
 }
 
+/// A webhook signing secret from the environment variable `name`, checked on its own so a
+/// malformed one is refused naming its variable and the mistake, never the value.
+fn webhook_secret_env(name: &str, what: &str) -> anyhow::Result<String> {
+    let value = secret_env(name)?;
+    sandbox_core::webhook::WebhookVerifier::new(&value)
+        .map_err(|e| anyhow::anyhow!("{name} ({what}): {e}"))?;
+    Ok(value)
+}
+
 /// The cost and safety ceilings (issue 13) from the flags into `policy`.
 fn ceilings(args: &ServeArgs, policy: &mut Policy) -> anyhow::Result<()> {
     if args.lifetime_hard_cap_secs != 0
@@ -150,9 +159,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Settings first: a misconfiguration fails before any secret is read.
     let mut policy = Policy::default();
     ceilings(&args, &mut policy)?;
-    let webhook_secret = secret_env(&args.webhook_secret_env)?;
+    let webhook_secret = webhook_secret_env(&args.webhook_secret_env, "webhook secret")?;
     let previous_webhook_secrets = match &args.webhook_previous_secret_env {
-        Some(var) => vec![secret_env(var)?],
+        Some(var) => vec![webhook_secret_env(var, "previous webhook secret")?],
         None => vec![],
     };
     let key = match args.executor_key_file {

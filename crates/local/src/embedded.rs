@@ -92,7 +92,7 @@ impl EmbeddedConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
     /// The webhook secret is unusable (names the check, never the secret).
-    #[error("webhook secret: {0}")]
+    #[error(transparent)]
     Secret(#[from] sandbox_core::webhook::SecretError),
     /// A local adapter could not open.
     #[error(transparent)]
