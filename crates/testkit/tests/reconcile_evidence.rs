@@ -36,20 +36,24 @@ struct Env {
 }
 
 impl Env {
-    /// A session whose executor started and connected, idle.
-    async fn running() -> Self {
+    /// A session that requires its environment's connection; nothing started yet.
+    fn requiring(session: &str, env: &str) -> Self {
         let world = World::new();
         let c = world.controller("w");
-        let session = SessionId::new("sess_ev");
-        let env = EnvironmentId::new("env_ev");
+        let (session, env) = (SessionId::new(session), EnvironmentId::new(env));
         world.sessions.add(&session, &env, SessionStatus::Idle);
         world.sessions.require_connection(&session);
-        let e = Self {
+        Self {
             world,
             c,
             session,
             env,
-        };
+        }
+    }
+
+    /// A session whose executor started and connected, idle.
+    async fn running() -> Self {
+        let e = Self::requiring("sess_ev", "env_ev");
         e.deliver(Trigger::ConnectionRequested, "wh_1").await;
         e.world.sessions.connect(&e.env, SessionStatus::Idle);
         e
@@ -301,17 +305,7 @@ async fn the_first_job_after_the_connection_request_records_when_the_executor_co
     let snapshotter = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
 
-    let world = World::new();
-    let c = world.controller("w");
-    let (session, env) = (SessionId::new("sess_cx"), EnvironmentId::new("env_cx"));
-    world.sessions.add(&session, &env, SessionStatus::Idle);
-    world.sessions.require_connection(&session);
-    let e = Env {
-        world,
-        c,
-        session,
-        env,
-    };
+    let e = Env::requiring("sess_cx", "env_cx");
     assert_eq!(
         e.deliver(Trigger::ConnectionRequested, "wh_cx_1").await,
         vec![Outcome::Start]

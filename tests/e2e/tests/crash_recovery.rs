@@ -3,105 +3,49 @@
 //! back from the durable queue and the existing executor is adopted — still exactly one.
 //! `E2E_SERVE_LOG=info` shows the controllers' logs (`--no-capture`).
 
-use agents_sim::{SimConfig, Url};
 use sandbox_controller::ports::Registry as _;
 use sandbox_core::ids::EnvironmentId;
+use sandbox_e2e::serve_process::{
+    Reaper, free_port, interrupt, serve_command, sim_delivering_to, wait_port,
+};
 use sandbox_e2e::{os_executors, workspace_binary};
 use sandbox_local::SqliteRegistry;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 fn serve(dir: &Path, sim_base: &str, port: u16, crash: bool) -> Child {
-    let key_file = dir.join("executor.key");
-    let mut cmd = Command::new(workspace_binary("sandboxctl").unwrap());
-    cmd.arg("serve")
-        .args(["--agents-api", sim_base])
-        .args(["--executor-key-file", key_file.to_str().unwrap()])
-        .args([
-            "--executor",
-            workspace_binary("sim-executor").unwrap().to_str().unwrap(),
-        ])
-        .args(["--data-dir", dir.join("data").to_str().unwrap()])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--deployment", "e2e-crash", "--grace-secs", "600"])
-        .args(["--visibility-secs", "2", "--lock-ttl-secs", "3"])
-        // The simulator's remote_url is http://127.0.0.1:PORT/... (issue 13 allowlist).
-        .args(["--remote-url-allow", "http://127.0.0.1"])
-        .arg("--stop-executors-on-exit")
-        .args(["--", "exec-server"])
-        .env("OPENAI_API_KEY", agents_sim::DEFAULT_API_KEY)
-        .env("OPENAI_WEBHOOK_SECRET", agents_sim::DEFAULT_WEBHOOK_SECRET)
-        .env(
-            "RUST_LOG",
-            std::env::var("E2E_SERVE_LOG").unwrap_or("warn".into()),
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+    let mut cmd = serve_command(
+        dir,
+        sim_base,
+        port,
+        &[
+            "--deployment",
+            "e2e-crash",
+            "--grace-secs",
+            "600",
+            "--visibility-secs",
+            "2",
+            "--lock-ttl-secs",
+            "3",
+        ],
+    );
+    cmd.env("OPENAI_WEBHOOK_SECRET", agents_sim::DEFAULT_WEBHOOK_SECRET);
     if crash {
         cmd.env("SANDBOX_CRASH_AT", "after-compute-start");
-    } else {
-        cmd.env_remove("SANDBOX_CRASH_AT");
     }
     cmd.spawn().unwrap()
-}
-
-/// Kills what a failed assertion would otherwise leave running: the controllers and the
-/// executors of the environment.
-struct Reaper {
-    pids: Vec<u32>,
-    env: Option<String>,
-}
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        let mut pids = self.pids.clone();
-        if let Some(env) = &self.env {
-            pids.extend(os_executors(Some(env)));
-        }
-        for pid in pids {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-        }
-    }
-}
-
-async fn wait_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "serve never listened");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_between_start_and_record_then_restarted_adopts_the_executor() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("executor.key"),
-        agents_sim::DEFAULT_EXECUTOR_KEY,
-    )
-    .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let sim = agents_sim::spawn(SimConfig::default().with_webhook(
-        Url::parse(&format!("http://127.0.0.1:{port}/webhook")).unwrap(),
-        agents_sim::DEFAULT_WEBHOOK_SECRET,
-    ))
-    .await
-    .unwrap();
+    let port = free_port();
+    let sim = sim_delivering_to(port).await;
     let client = sim.client();
 
-    let mut reaper = Reaper {
-        pids: vec![],
-        env: None,
-    };
+    let mut reaper = Reaper::default();
     let mut first = serve(dir.path(), &sim.base_url(), port, true);
     reaper.pids.push(first.id());
     wait_port(port).await;
@@ -150,7 +94,7 @@ async fn killed_between_start_and_record_then_restarted_adopts_the_executor() {
     );
 
     // Restart: the unacknowledged job reappears after its visibility timeout.
-    let mut second = serve(dir.path(), &sim.base_url(), port, false);
+    let second = serve(dir.path(), &sim.base_url(), port, false);
     reaper.pids.push(second.id());
     let deadline = Instant::now() + Duration::from_secs(60);
     let record = loop {
@@ -198,14 +142,7 @@ async fn killed_between_start_and_record_then_restarted_adopts_the_executor() {
     assert_eq!(state.environment(&env).unwrap().connect_count, 1);
 
     // SIGINT: serve stops and, with --stop-executors-on-exit, stops the executor.
-    Command::new("kill")
-        .args(["-INT", &second.id().to_string()])
-        .status()
-        .unwrap();
-    let status = tokio::task::spawn_blocking(move || second.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = interrupt(second).await;
     assert!(status.success(), "{status:?}");
     assert!(os_executors(Some(&env)).is_empty());
     sim.shutdown().await;

@@ -5,11 +5,13 @@
 //! pasted signature `v1,...`, a trailing newline) stops `serve` at start-up with a message
 //! naming the mistake and never the value.
 
-use agents_sim::{SimConfig, Url};
 use sandbox_core::webhook::WebhookVerifier;
-use sandbox_e2e::{os_executors, workspace_binary};
+use sandbox_e2e::os_executors;
+use sandbox_e2e::serve_process::{
+    Reaper, free_port, interrupt, serve_command, sim_delivering_to, wait_port,
+};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The new secret (`whsec_` + base64 of 32 bytes). TEST ONLY.
@@ -18,70 +20,23 @@ const NEW_SECRET: &str = "whsec_cm90YXRpb24tdGVzdC1uZXctc2VjcmV0LTMyYnl0ZXM=";
 const OTHER_SECRET: &str = "whsec_bm90LXRoaXMtc3RhY2tzLXNlY3JldC0zMi1ieXRlcyE=";
 
 fn serve(dir: &Path, sim_base: &str, port: u16, secrets: &[(&str, &str)]) -> Command {
-    let key_file = dir.join("executor.key");
-    std::fs::write(&key_file, agents_sim::DEFAULT_EXECUTOR_KEY).unwrap();
-    let mut cmd = Command::new(workspace_binary("sandboxctl").unwrap());
-    cmd.arg("serve")
-        .args(["--agents-api", sim_base])
-        .args(["--executor-key-file", key_file.to_str().unwrap()])
-        .args([
-            "--executor",
-            workspace_binary("sim-executor").unwrap().to_str().unwrap(),
-        ])
-        .args(["--data-dir", dir.join("data").to_str().unwrap()])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--deployment", "e2e-rotation", "--grace-secs", "600"])
-        .args(["--webhook-previous-secret-env", "OLD_WEBHOOK_SECRET"])
-        .args(["--webhook-tolerance-secs", "120"])
-        .args(["--remote-url-allow", "http://127.0.0.1"])
-        .arg("--stop-executors-on-exit")
-        .args(["--", "exec-server"])
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("OPENAI_API_KEY", agents_sim::DEFAULT_API_KEY)
-        .env("RUST_LOG", "warn")
-        .envs(secrets.iter().copied())
-        .stdout(Stdio::null());
+    let mut cmd = serve_command(
+        dir,
+        sim_base,
+        port,
+        &[
+            "--deployment",
+            "e2e-rotation",
+            "--grace-secs",
+            "600",
+            "--webhook-previous-secret-env",
+            "OLD_WEBHOOK_SECRET",
+            "--webhook-tolerance-secs",
+            "120",
+        ],
+    );
+    cmd.envs(secrets.iter().copied());
     cmd
-}
-
-/// Kills what a failed assertion would otherwise leave running.
-struct Reaper {
-    child: Option<Child>,
-    env: Option<String>,
-}
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if let Some(env) = &self.env {
-            for pid in os_executors(Some(env)) {
-                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            }
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn wait_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "serve never listened");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// POSTs an `agent.session.in_progress` delivery for `session`, signed with `secret`;
@@ -119,28 +74,21 @@ async fn during_a_rotation_deliveries_signed_with_the_current_or_the_previous_se
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     // The Agents API still signs with the old secret: the stack's previous one.
-    let sim = agents_sim::spawn(SimConfig::default().with_webhook(
-        Url::parse(&format!("http://127.0.0.1:{port}/webhook")).unwrap(),
-        agents_sim::DEFAULT_WEBHOOK_SECRET,
-    ))
-    .await
-    .unwrap();
+    let sim = sim_delivering_to(port).await;
     let client = sim.client();
+    let child = serve(
+        dir.path(),
+        &sim.base_url(),
+        port,
+        &[
+            ("OPENAI_WEBHOOK_SECRET", NEW_SECRET),
+            ("OLD_WEBHOOK_SECRET", agents_sim::DEFAULT_WEBHOOK_SECRET),
+        ],
+    )
+    .spawn()
+    .unwrap();
     let mut reaper = Reaper {
-        child: Some(
-            serve(
-                dir.path(),
-                &sim.base_url(),
-                port,
-                &[
-                    ("OPENAI_WEBHOOK_SECRET", NEW_SECRET),
-                    ("OLD_WEBHOOK_SECRET", agents_sim::DEFAULT_WEBHOOK_SECRET),
-                ],
-            )
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-        ),
+        pids: vec![child.id()],
         env: None,
     };
     wait_port(port).await;
@@ -178,15 +126,7 @@ async fn during_a_rotation_deliveries_signed_with_the_current_or_the_previous_se
     );
 
     // SIGINT: serve stops its executor and exits 0.
-    let mut child = reaper.child.take().unwrap();
-    Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = interrupt(child).await;
     assert!(status.success(), "{status:?}");
     assert!(os_executors(Some(&env)).is_empty());
     sim.shutdown().await;
