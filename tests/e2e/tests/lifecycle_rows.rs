@@ -344,7 +344,12 @@ async fn row14_15_idle_schedules_a_lease_then_the_due_lease_stops_that_generatio
     .unwrap();
     let lease = h.record(&env).await.unwrap().unwrap().lease.unwrap();
     assert_eq!(lease.due_at - lease.requested_at, 3);
-    assert_eq!(h.live(&env).await.unwrap().len(), 1, "no stop yet");
+    // Before the lease is due the executor runs (on a loaded machine the 3 s may already
+    // have passed by this read: then the stop below is all there is to see).
+    let live = h.live(&env).await.unwrap().len();
+    if agents_sim::real_unix_secs() < lease.due_at {
+        assert_eq!(live, 1, "no stop before the lease is due");
+    }
     h.wait_until("the lease stop recorded", H::STEP_TIMEOUT, || async {
         Ok(h.live(&env).await?.is_empty()
             && h.record(&env)
