@@ -489,6 +489,8 @@ pub enum StopReason {
     NoWork,
     /// The executor missed its connect deadline with the replacement cap reached.
     ReplacementCap,
+    /// The session's `remote_url` is not (or no longer) on the allowlist.
+    RemoteUrlNotAllowed,
 }
 
 /// One exact compute to stop.
@@ -1501,16 +1503,33 @@ impl View<'_> {
     }
 
     /// The ceilings that apply before the usual rules, in order: a stale no-work timer;
-    /// the `remote_url` allowlist (when a connection is required); the maximum lifetime
-    /// and the no-work period (when none is).
+    /// the `remote_url` allowlist (a live compute for a refused URL stops; with none, a
+    /// required connection is refused); the maximum lifetime and the no-work period (when
+    /// no connection is required).
     fn ceilings(&self, session: &Session, current: Option<&ComputeInstance>) -> Option<Decision> {
         if let Trigger::NoWorkLeaseDue { lease } = &self.o.trigger
             && self.no_work_lease() != Some(lease)
         {
             return Some(Decision::ignore(Reason::LeaseNotCurrent));
         }
+        if let Some(refused) = self.remote_url_refused(session) {
+            // An executor that already runs for a refused `remote_url` (the allowlist was
+            // narrowed since it started) holds the executor key for a destination no
+            // longer allowed: it stops, whatever the session's state.
+            if let Some(c) = current.filter(|c| c.status.is_active()) {
+                return Some(self.ceiling_stop(
+                    c,
+                    Outcome::Stop,
+                    refused.reason,
+                    StopReason::RemoteUrlNotAllowed,
+                ));
+            }
+            if session.requires_connection_of(&self.o.environment_id) {
+                return Some(refused);
+            }
+        }
         if session.requires_connection_of(&self.o.environment_id) {
-            return self.remote_url_refused(session);
+            return None;
         }
         let c = current.filter(|c| c.status == ComputeStatus::Running)?;
         // An open reconciliation holds the compute with the files (issue 15): no-work is

@@ -493,14 +493,58 @@ fn default_allowlist_lets_an_https_api_openai_com_url_start() {
 }
 
 #[test]
-fn remote_url_refused_while_the_record_has_a_replacement_in_flight_replaces_nothing() {
+fn remote_url_refused_while_a_replacement_is_due_stops_the_executor_and_starts_nothing() {
     let mut o = unconnected(2, vec![]);
     o.session = sandbox_core::observed::SessionView::Found {
         session: Box::new(with_remote_url(requires_connection(), "https://evil.test/")),
     };
     let d = decide(&o);
+    assert_eq!(d.outcome, Outcome::Stop);
+    assert!(
+        !d.effects
+            .iter()
+            .any(|e| matches!(e, Effect::StartCompute(_))),
+        "{d:?}"
+    );
+    // Once it is stopped, the connection request is refused: no compute.
+    let mut o = o;
+    o.inventory = sandbox_core::observed::Inventory::Known { instances: vec![] };
+    if let Some(r) = o.record.as_mut() {
+        r.status = sandbox_core::record::RecordStatus::Stopped;
+    }
+    let d = decide(&o);
     assert_eq!(d.outcome, Outcome::Reconcile);
     assert!(!d.touches_resources());
+}
+
+/// The allowlist was narrowed after the executor started: it holds the executor key for a
+/// destination no longer allowed, so it stops at the next look, busy or not, and the
+/// record is marked stopped (the next connection request is refused, no compute).
+#[test]
+fn running_executor_whose_remote_url_the_narrowed_allowlist_refuses_is_stopped() {
+    for s in [idle(), waiting_on_function_call(), requires_connection()] {
+        let s = with_remote_url(s, "https://evil.test/connect");
+        let o = aged(Trigger::Sweep, s, HOUR);
+        let d = decide(&o);
+        assert_eq!(d.outcome, Outcome::Stop, "{d:?}");
+        assert!(
+            matches!(d.reason, Reason::RemoteUrlNotAllowed { .. }),
+            "{d:?}"
+        );
+        assert_eq!(
+            d.effects,
+            vec![
+                stop("task-1", 1, StopReason::RemoteUrlNotAllowed),
+                Effect::MarkStopped
+            ]
+        );
+    }
+    // A compute still starting stops too.
+    let s = with_remote_url(requires_connection(), "https://evil.test/connect");
+    let o = observe(Trigger::ConnectionRequested, s)
+        .with_record(active_record(1, "task-1"))
+        .with_instances(vec![instance("task-1", 1, Provisioning, None)]);
+    assert_eq!(decide(&o).outcome, Outcome::Stop);
 }
 
 #[test]
