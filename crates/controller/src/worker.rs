@@ -966,16 +966,30 @@ where
                 parent,
                 expires_at: None,
             });
+            // Open reconciliation evidence of this generation now points at its files.
+            sandbox_core::evidence::attach_snapshot(
+                &mut act.fresh.evidence,
+                generation,
+                snapshot_id,
+            );
             act.dirty = true;
             self.prune_snapshots(act).await;
         }
         Ok(saved)
     }
 
-    /// Deletes the snapshots beyond the last `snapshot_keep`; one whose delete fails stays
-    /// in the chain (retried after the next snapshot; the sweeper reports it).
+    /// Deletes the snapshots beyond the last `snapshot_keep`, except those open
+    /// reconciliation evidence names; one whose delete fails stays in the chain (retried
+    /// after the next snapshot; the sweeper reports it).
     async fn prune_snapshots(&self, act: &mut Act) {
-        for old in workspace::prune(&act.fresh.snapshots, self.config.policy.snapshot_keep) {
+        let prunable = workspace::prune(&act.fresh.snapshots, self.config.policy.snapshot_keep)
+            .into_iter()
+            // A snapshot open evidence names is kept until an owner resolves it.
+            .filter(|s| {
+                !sandbox_core::evidence::names_snapshot(&act.fresh.evidence, &s.snapshot_id)
+            })
+            .collect::<Vec<_>>();
+        for old in prunable {
             match self
                 .compute
                 .delete_stored(

@@ -349,9 +349,31 @@ pub fn evidence_for(
     })
 }
 
+/// A snapshot of generation `generation`'s files was taken (after its compute was read
+/// back stopped): every open entry observed on that generation without a snapshot now
+/// names it, so the owner finds the files there, and the entry no longer holds compute
+/// ([`Evidence::holds_files`]). Returns whether `list` changed.
+pub fn attach_snapshot(list: &mut [Evidence], generation: Generation, snapshot_id: &str) -> bool {
+    let mut changed = false;
+    for e in list.iter_mut().filter(|e| {
+        e.is_open() && e.workspace.generation == generation && e.workspace.snapshot.is_none()
+    }) {
+        e.workspace.snapshot = Some(snapshot_id.to_owned());
+        changed = true;
+    }
+    changed
+}
+
+/// Whether an open entry names `snapshot_id`: the owner still needs it, so retention
+/// does not delete it.
+pub fn names_snapshot(list: &[Evidence], snapshot_id: &str) -> bool {
+    list.iter()
+        .any(|e| e.is_open() && e.workspace.snapshot.as_deref() == Some(snapshot_id))
+}
+
 /// The workspace layer as observed: the record's generation and the compute it names when
-/// the record claims one runs ("live in task X"); the snapshot reference is left for the
-/// workspace work (issue 14).
+/// the record claims one runs ("live in task X"); the snapshot is named later, when that
+/// generation's files are saved ([`attach_snapshot`]).
 fn workspace_of(o: &Observed) -> WorkspaceLayer {
     let record = o.record.as_ref();
     WorkspaceLayer {

@@ -355,3 +355,52 @@ async fn the_first_job_after_the_connection_request_records_when_the_executor_co
     );
     assert_eq!(e.record().instance_connected_at, Some(connected_at));
 }
+
+/// A held compute stopped anyway (its maximum lifetime): the snapshot of its files is
+/// named in the open evidence, the entry no longer holds compute, and retention keeps
+/// that snapshot while the question is open, even past `snapshot_keep`.
+#[tokio::test]
+async fn a_held_generation_stopped_anyway_names_its_snapshot_and_retention_keeps_it() {
+    let e = Env::running().await;
+    e.world.sessions.push_turn(
+        &e.session,
+        turn("turn_9", "completed", 1_764_400_100),
+        vec![item("item_3", "command_execution", "failed")],
+    );
+    e.world
+        .sessions
+        .set_environment_status(&e.env, EnvironmentStatus::Disconnected);
+    assert_eq!(
+        e.deliver(Trigger::Idle, "wh_idle_1").await,
+        vec![Outcome::Reconcile]
+    );
+    assert!(e.record().holding_evidence().is_some());
+
+    // Past the maximum lifetime the held compute stops; its files are saved.
+    e.world
+        .clock
+        .advance_secs(e.c.config.policy.max_lifetime_secs + 1);
+    e.c.sweep().await.unwrap();
+    e.drain(true).await;
+    assert_eq!(e.live(), 0);
+    let r = e.record();
+    let snapshot = r.latest_snapshot().expect("saved").snapshot_id.clone();
+    assert_eq!(
+        r.evidence[0].workspace.snapshot.as_deref(),
+        Some(snapshot.as_str()),
+        "{r:?}"
+    );
+    assert!(r.evidence[0].is_open() && r.holding_evidence().is_none());
+
+    // Generation 2 runs and stops (keep 1): generation 1's snapshot stays for the owner.
+    e.world.sessions.require_connection(&e.session);
+    e.deliver(Trigger::ConnectionRequested, "wh_2").await;
+    e.world.sessions.connect(&e.env, SessionStatus::Idle);
+    e.deliver(Trigger::Idle, "wh_idle_2").await;
+    e.after(e.c.config.policy.shutdown_grace_secs + 1).await;
+    let r = e.record();
+    assert_eq!(r.status, RecordStatus::Stopped, "{r:?}");
+    let ids: Vec<&str> = r.snapshots.iter().map(|s| s.snapshot_id.as_str()).collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert_eq!(ids[0], snapshot, "the evidence's snapshot is kept");
+}
