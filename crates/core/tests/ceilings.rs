@@ -507,7 +507,6 @@ fn remote_url_refused_while_a_replacement_is_due_stops_the_executor_and_starts_n
         "{d:?}"
     );
     // Once it is stopped, the connection request is refused: no compute.
-    let mut o = o;
     o.inventory = sandbox_core::observed::Inventory::Known { instances: vec![] };
     if let Some(r) = o.record.as_mut() {
         r.status = sandbox_core::record::RecordStatus::Stopped;
