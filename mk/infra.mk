@@ -95,6 +95,7 @@ deploy-help:
 	@echo "Optional: STACK_NAME (default sandbox-lifecycle, <= 36 characters unless DEPLOYMENT_ID is set),"
 	@echo "  DEPLOYMENT_ID, ASSIGN_PUBLIC_IP (ENABLED/DISABLED), AGENT_IDS (comma-separated),"
 	@echo "  WORKSPACE_DIRECTORY, SHUTDOWN_GRACE_SECS, CONNECT_DEADLINE_SECS, SNAPSHOT_KEEP, CLOSE_WORKSPACE,"
+	@echo "  WORKSPACE_VOLUME_GIB (0 = off), WORKSPACE_VOLUME_TYPE,"
 	@echo "  AGENTS_API_BASE_URL,"
 	@echo "  WORKER_BATCH_SIZE, WORKER_MAXIMUM_CONCURRENCY, EXECUTOR_CPU_ARCHITECTURE (ARM64/X86_64),"
 	@echo "  EXECUTOR_CPU, EXECUTOR_MEMORY, LOG_RETENTION_DAYS, ALARM_TOPIC_ARN."
@@ -126,6 +127,8 @@ SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=
 	$(call sam-param,ShutdownGraceSecs,SHUTDOWN_GRACE_SECS) \
 	$(call sam-param,ConnectDeadlineSecs,CONNECT_DEADLINE_SECS) \
 	$(call sam-param,SnapshotKeep,SNAPSHOT_KEEP) $(call sam-param,CloseWorkspace,CLOSE_WORKSPACE) \
+	$(call sam-param,WorkspaceVolumeGiB,WORKSPACE_VOLUME_GIB) \
+	$(call sam-param,WorkspaceVolumeType,WORKSPACE_VOLUME_TYPE) \
 	$(call sam-param,AgentsApiBaseUrl,AGENTS_API_BASE_URL) \
 	$(call sam-param,WorkerBatchSize,WORKER_BATCH_SIZE) \
 	$(call sam-param,WorkerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
@@ -157,6 +160,8 @@ CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' 
 	$(call cdk-context,shutdownGraceSecs,SHUTDOWN_GRACE_SECS) \
 	$(call cdk-context,connectDeadlineSecs,CONNECT_DEADLINE_SECS) \
 	$(call cdk-context,snapshotKeep,SNAPSHOT_KEEP) $(call cdk-context,closeWorkspace,CLOSE_WORKSPACE) \
+	$(call cdk-context,workspaceVolumeGiB,WORKSPACE_VOLUME_GIB) \
+	$(call cdk-context,workspaceVolumeType,WORKSPACE_VOLUME_TYPE) \
 	$(call cdk-context,agentsApiBaseUrl,AGENTS_API_BASE_URL) \
 	$(call cdk-context,workerBatchSize,WORKER_BATCH_SIZE) \
 	$(call cdk-context,workerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
