@@ -37,7 +37,8 @@
 //!   is a transient error (the sweeper tries again next time).
 //! - **list_stored** (the sweep): `DescribeVolumes` and `DescribeSnapshots`
 //!   (`OwnerIds = self`), both filtered by `tag:sandbox:deployment`, every page (SDK
-//!   paginators). A volume in any state but `available` is `in_use`.
+//!   paginators). A volume `creating` or `in-use` is `in_use` (never deleted); one in
+//!   `error` holds nothing to save and may be deleted.
 //!
 //! Errors map like every other adapter ([`crate::sdk_error`]): throttling and 5xx are
 //! transient, validation permanent. Sources: Amazon EC2 API Reference (CreateSnapshot,
@@ -104,15 +105,17 @@ pub struct EbsConfig {
 }
 
 impl EbsConfig {
-    /// A configuration with the default type (`gp3`) and waits (30 s to detach, 20 s for
-    /// the snapshot: a worker job's budget, not the snapshot's duration).
+    /// A configuration with the default type (`gp3`) and waits (15 s to detach, 10 s for
+    /// the snapshot): they run inside a worker job after a stop's read-back (up to 60 s of
+    /// the worker's 120 s), so they are a job's budget, not a snapshot's duration; what
+    /// does not finish in time is retried (detach) or left to the sweeper (the volume).
     pub fn new(infrastructure_role_arn: impl Into<String>, size_gib: i32) -> Self {
         Self {
             infrastructure_role_arn: infrastructure_role_arn.into(),
             size_gib,
             volume_type: DEFAULT_VOLUME_TYPE.to_owned(),
-            detach_wait: Duration::from_secs(30),
-            snapshot_wait: Duration::from_secs(20),
+            detach_wait: Duration::from_secs(15),
+            snapshot_wait: Duration::from_secs(10),
         }
     }
 }
@@ -229,6 +232,11 @@ fn present(v: &Volume) -> bool {
     )
 }
 
+/// A volume that is (or is about to be) attached: `creating` or `in-use`.
+fn attached(v: &Volume) -> bool {
+    matches!(v.state(), Some(VolumeState::Creating | VolumeState::InUse))
+}
+
 impl Ebs {
     /// Every volume matching `filters`, every page.
     async fn volumes(
@@ -331,7 +339,13 @@ impl Ebs {
     ) -> Result<WorkspaceDisposition, PortError> {
         let op = "save";
         let filters = tag_filters(deployment, Some(environment_id), Some(generation));
-        let mut volumes = self.volumes(filters.clone(), op).await?;
+        // A volume in `error` holds nothing that can be saved; the sweeper deletes it.
+        let mut volumes: Vec<Volume> = self
+            .volumes(filters.clone(), op)
+            .await?
+            .into_iter()
+            .filter(|v| v.state() != Some(&VolumeState::Error))
+            .collect();
         let mut snapshots: Vec<Snapshot> = self
             .snapshots(filters, op)
             .await?
@@ -461,7 +475,7 @@ impl Ebs {
                 let Some(volume) = found.first() else {
                     return Ok(());
                 };
-                if volume.state() != Some(&VolumeState::Available) {
+                if attached(volume) {
                     return Err(PortError::transient(
                         DEP,
                         op,
@@ -511,7 +525,7 @@ impl Ebs {
             };
             out.push(StoredWorkspace {
                 kind: StoredKind::Volume,
-                in_use: v.state() != Some(&VolumeState::Available),
+                in_use: attached(&v),
                 id,
                 environment_id,
                 generation,
