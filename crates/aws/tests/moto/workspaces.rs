@@ -390,3 +390,69 @@ impl Clock for FixedClock {
         self.0
     }
 }
+
+/// Where moto is lenient the twin is strict: a managed volume ECS would refuse is
+/// refused — by `StrictEcs` before sending (an empty `roleArn`), and by
+/// tests/moto/server.py (a volume name the task definition does not configure at launch),
+/// as the ECS API reference documents (TaskManagedEBSVolumeConfiguration, Volume).
+#[tokio::test]
+async fn a_managed_volume_ecs_would_refuse_is_refused() {
+    use aws_sdk_ecs::types::{
+        AssignPublicIp, AwsVpcConfiguration, LaunchType, NetworkConfiguration,
+        TaskManagedEbsVolumeConfiguration, TaskVolumeConfiguration,
+    };
+    pin_ecs_tasks().await;
+    let (ecs, guard) = strict_ecs().await;
+    let cluster = format!("ws-{}", unique());
+    let family = format!("executor-{}", unique());
+    ecs_fixture(&ecs, &cluster, &family).await;
+    // moto's RunTask needs the security groups (a KeyError otherwise).
+    let (subnet, security_group) = default_network().await;
+    let run = |name: &str, role: &str| {
+        ecs.run_task()
+            .cluster(&cluster)
+            .task_definition(&family)
+            .launch_type(LaunchType::Fargate)
+            .network_configuration(
+                NetworkConfiguration::builder()
+                    .awsvpc_configuration(
+                        AwsVpcConfiguration::builder()
+                            .subnets(&subnet)
+                            .security_groups(&security_group)
+                            .assign_public_ip(AssignPublicIp::Enabled)
+                            .build()
+                            .unwrap(),
+                    )
+                    .build(),
+            )
+            .volume_configurations(
+                TaskVolumeConfiguration::builder()
+                    .name(name)
+                    .managed_ebs_volume(
+                        TaskManagedEbsVolumeConfiguration::builder()
+                            .role_arn(role)
+                            .size_in_gib(GIB)
+                            .build()
+                            .unwrap(),
+                    )
+                    .build()
+                    .unwrap(),
+            )
+    };
+    let empty_role = run(WORKSPACE_VOLUME_NAME, "").send().await;
+    assert!(empty_role.is_err(), "{empty_role:?}");
+    assert_eq!(guard.rejected().len(), 1, "refused before sending");
+    assert!(guard.rejected()[0].rule.contains("roleArn"));
+
+    let not_at_launch = run("scratch", ROLE).send().await;
+    let err = format!("{:?}", not_at_launch.unwrap_err());
+    assert!(err.contains("configuredAtLaunch"), "{err}");
+    let accepted = run(WORKSPACE_VOLUME_NAME, ROLE).send().await.unwrap();
+    assert_eq!(accepted.tasks().len(), 1);
+    ecs.stop_task()
+        .cluster(&cluster)
+        .task(accepted.tasks()[0].task_arn().unwrap())
+        .send()
+        .await
+        .unwrap();
+}
