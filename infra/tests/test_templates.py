@@ -34,10 +34,13 @@ METRICS_RS = REPO / "crates" / "controller" / "src" / "metrics.rs"
 ALLOWED_TYPE_DIFFERENCES: Counter = Counter()
 
 # Actions that must never have a bare "*" resource (item 4).
-SCOPED_PREFIXES = ("ecs:", "iam:", "dynamodb:", "sqs:", "secretsmanager:")
-# The one action granted on "*": it has no resource type in the Service Authorization
-# Reference (and grants no image access by itself).
-STAR_ONLY_ACTIONS = {"ecr:GetAuthorizationToken"}
+SCOPED_PREFIXES = ("ecs:", "iam:", "dynamodb:", "sqs:", "secretsmanager:", "ec2:")
+# The actions granted on "*": they have no resource type in the Service Authorization
+# Reference (ecr:GetAuthorizationToken grants no image access by itself; the two EC2
+# reads list the workspace volumes and snapshots, issue 14).
+STAR_ONLY_ACTIONS = {"ecr:GetAuthorizationToken", "ec2:DescribeVolumes", "ec2:DescribeSnapshots"}
+# EC2 actions that change something: each only on this deployment's tagged resources.
+EC2_WRITE_ACTIONS = {"ec2:CreateSnapshot", "ec2:CreateTags", "ec2:DeleteVolume", "ec2:DeleteSnapshot"}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -169,7 +172,7 @@ def test_scoped_actions_never_have_a_star_resource(any_cfn):
             actions = set(as_list(statement["Action"]))
             if star:
                 assert actions <= STAR_ONLY_ACTIONS, f"{role_id}: {sorted(actions)} on *"
-                assert not any(a.startswith(SCOPED_PREFIXES) for a in actions)
+                assert not any(a.startswith(SCOPED_PREFIXES) for a in actions - STAR_ONLY_ACTIONS)
             assert not any(a.endswith("*") for a in actions), f"{role_id}: wildcard action {actions}"
 
 
@@ -201,10 +204,17 @@ def test_controller_roles_are_scoped_to_the_executor(any_cfn, purpose_prefix):
     (tag,) = statements_with(any_cfn, role_id, "ecs:TagResource")
     assert tag["Condition"] == {"StringEquals": {"ecs:CreateAction": "RunTask"}}
 
-    (pass_role,) = statements_with(any_cfn, role_id, "iam:PassRole")
-    passed = {ref_target(r) for r in as_list(pass_role["Resource"])}
+    pass_task, pass_infra = sorted(
+        statements_with(any_cfn, role_id, "iam:PassRole"),
+        key=lambda s: flat(s["Condition"]),
+    )
+    passed = {ref_target(r) for r in as_list(pass_task["Resource"])}
     assert passed == {roles["executor execution role"], roles["executor task role"]}
-    assert pass_role["Condition"] == {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}
+    assert pass_task["Condition"] == {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}
+    # The ECS infrastructure role (EBS workspace volumes), to ECS only.
+    (infra_role,) = [ref_target(r) for r in as_list(pass_infra["Resource"])]
+    assert infra_role == infrastructure_role(any_cfn)
+    assert pass_infra["Condition"] == {"StringEquals": {"iam:PassedToService": "ecs.amazonaws.com"}}
 
     (table_id,) = resources(any_cfn, "AWS::DynamoDB::Table")
     for statement in role_statements(any_cfn, role_id):
@@ -216,6 +226,69 @@ def test_controller_roles_are_scoped_to_the_executor(any_cfn, purpose_prefix):
             queues = set(resources(any_cfn, "AWS::SQS::Queue"))
             for r in as_list(statement["Resource"]):
                 assert ref_target(r) in queues, r
+
+
+def infrastructure_role(cfn: dict) -> str:
+    """The ECS infrastructure role: the one role ecs.amazonaws.com assumes."""
+    (role_id,) = [
+        k
+        for k, r in resources(cfn, "AWS::IAM::Role").items()
+        if "ecs.amazonaws.com" in flat(r["Properties"]["AssumeRolePolicyDocument"])
+    ]
+    return role_id
+
+
+def test_the_infrastructure_role_has_only_the_managed_ebs_volume_policy(any_cfn):
+    role = any_cfn["Resources"][infrastructure_role(any_cfn)]["Properties"]
+    (managed,) = role["ManagedPolicyArns"]
+    assert "policy/service-role/AmazonECSInfrastructureRolePolicyForVolumes" in flat(managed)
+    assert not role.get("Policies")
+
+
+@pytest.mark.parametrize("purpose_prefix", ["sandbox-lifecycle worker", "sandbox-lifecycle sweeper"])
+def test_ec2_workspace_actions_are_conditioned_on_the_deployment_tag(any_cfn, purpose_prefix):
+    (role_id,) = [r for p, r in roles_by_purpose(any_cfn).items() if p.startswith(purpose_prefix)]
+    statements = role_statements(any_cfn, role_id)
+    granted = actions_of(statements)
+    assert EC2_WRITE_ACTIONS | {"ec2:DescribeVolumes", "ec2:DescribeSnapshots"} <= granted
+    assert {a for a in granted if a.startswith("ec2:")} <= EC2_WRITE_ACTIONS | STAR_ONLY_ACTIONS
+    for statement in statements:
+        actions = set(as_list(statement["Action"]))
+        if not actions & EC2_WRITE_ACTIONS:
+            continue
+        resources_ = flat(statement["Resource"])
+        assert ":volume/" in resources_ or ":snapshot/" in resources_, statement
+        condition = statement["Condition"]["StringEquals"]
+        if actions == {"ec2:CreateTags"}:
+            assert condition == {"ec2:CreateAction": "CreateSnapshot"}
+        else:
+            (key,) = condition
+            assert key in ("aws:ResourceTag/sandbox:deployment", "aws:RequestTag/sandbox:deployment"), statement
+
+
+def test_the_workspace_volume_is_off_by_default_and_mounted_when_on(sam_cfn, cdk_cfn):
+    for cfn in (sam_cfn, cdk_cfn):
+        for binary in ("worker", "sweeper"):
+            variables = function_by_binary(cfn, binary)["Environment"]["Variables"]
+            for var in ("ECS_INFRASTRUCTURE_ROLE_ARN", "WORKSPACE_VOLUME_GIB", "WORKSPACE_VOLUME_TYPE"):
+                assert var in variables, (binary, var)
+    # CDK with its defaults: off, so no volume and empty variables (blank = unset).
+    cdk_worker = function_by_binary(cdk_cfn, "worker")["Environment"]["Variables"]
+    assert cdk_worker["WORKSPACE_VOLUME_GIB"] == ""
+    assert cdk_worker["ECS_INFRASTRUCTURE_ROLE_ARN"] == ""
+    (cdk_td,) = resources(cdk_cfn, "AWS::ECS::TaskDefinition").values()
+    assert "Volumes" not in cdk_td["Properties"]
+    # SAM: everything hangs on one condition, WorkspaceVolumeGiB > 0.
+    assert str(sam_cfn["Parameters"]["WorkspaceVolumeGiB"]["Default"]) == "0"
+    (sam_td,) = resources(sam_cfn, "AWS::ECS::TaskDefinition").values()
+    volumes = sam_td["Properties"]["Volumes"]["Fn::If"]
+    assert volumes[0] == "HasWorkspaceVolumes"
+    assert volumes[1] == [{"Name": "workspace", "ConfiguredAtLaunch": True}]
+    mounts = sam_td["Properties"]["ContainerDefinitions"][0]["MountPoints"]["Fn::If"]
+    assert mounts[1] == [{"SourceVolume": "workspace", "ContainerPath": "/workspace", "ReadOnly": False}]
+    sam_worker = function_by_binary(sam_cfn, "worker")["Environment"]["Variables"]
+    assert sam_worker["ECS_INFRASTRUCTURE_ROLE_ARN"]["Fn::If"][0] == "HasWorkspaceVolumes"
+    assert sam_worker["WORKSPACE_VOLUME_GIB"]["Fn::If"][1] == {"Ref": "WorkspaceVolumeGiB"}
 
 
 def test_each_secret_is_readable_only_where_needed(any_cfn):

@@ -26,6 +26,19 @@ service and operation is moto's own:
   the RUNNING state"). moto sets neither; its tasks are RUNNING at once, so both are the
   RunTask time (the executor lifetime ceiling reads `startedAt`).
 
+- RunTask `volumeConfigurations` (ECS-managed Amazon EBS volumes, issue 14): moto ignores
+  them. Here a RunTask that names one is checked as ECS documents it — the name must be a
+  task definition volume with `configuredAtLaunch: true` ("To configure a volume at launch
+  time, use this task definition revision and specify a volumeConfigurations object",
+  ECS API reference, Volume), `managedEBSVolume.roleArn` is required, `sizeInGiB` is
+  required unless `snapshotId` is given and the snapshot must exist
+  (TaskManagedEBSVolumeConfiguration) — and ECS's work is done in moto's EC2 backend: one
+  volume per new task, from the snapshot when named, with the `tagSpecifications` tags of
+  resource type `volume`, attached (`in-use`) while the task runs. StopTask detaches it
+  (`available`), or deletes it when `terminationPolicy.deleteOnTermination` is not
+  `false` (the documented default deletes it). A task returned again for its client
+  token creates nothing.
+
 moto's other quirks are kept on purpose (shared/reference/moto.md): the ListTasks cluster
 filter and DescribeTasks task ids still match as substrings, so the adapter's own exact
 matching stays tested.
@@ -58,6 +71,7 @@ _run_task_lock = threading.Lock()
 _original_run_task = EC2ContainerServiceResponse.run_task
 _original_list_tasks = EC2ContainerServiceResponse.list_tasks
 _original_describe_tasks = EC2ContainerServiceResponse.describe_tasks
+_original_stop_task = EC2ContainerServiceResponse.stop_task
 
 
 class ConflictException(ECSException):
@@ -100,7 +114,144 @@ def _stamped(result: ActionResult) -> ActionResult:
     return result
 
 
+class _EcsManagedAttachment:
+    """Stands for the Fargate task a managed volume is attached to (moto's
+    VolumeAttachment wants an instance with an `id`)."""
+
+    def __init__(self, task_arn: str) -> None:
+        self.id = "ecs-task-" + task_arn.rsplit("/", 1)[-1]
+
+
+def _ec2(self: EC2ContainerServiceResponse) -> Any:
+    from moto.ec2.models import ec2_backends
+
+    return ec2_backends[self.current_account][self.region]
+
+
+def _task_volumes(backend: Any) -> dict[str, list[tuple[str, bool]]]:
+    """task ARN -> [(volume id, delete on termination)], kept on the ECS backend."""
+    volumes = backend.__dict__.get("_sandbox_task_volumes")
+    if volumes is None:
+        volumes = {}
+        backend.__dict__["_sandbox_task_volumes"] = volumes
+    return volumes
+
+
+def _check_volume_configurations(self: EC2ContainerServiceResponse, body: dict) -> list[dict]:
+    """The RunTask's managed EBS volume configurations, checked as ECS documents them."""
+    configurations = body.get("volumeConfigurations") or []
+    if not configurations:
+        return []
+    if len(configurations) > 1:
+        raise InvalidParameterException("Only one volume configured at launch is supported.")
+    definition = self.ecs_backend.describe_task_definition(body.get("taskDefinition"))
+    at_launch = {v.get("name") for v in (definition.volumes or []) if v.get("configuredAtLaunch")}
+    ec2 = _ec2(self)
+    for configuration in configurations:
+        name = configuration.get("name")
+        if name not in at_launch:
+            raise InvalidParameterException(
+                f"The volume {name!r} is not a volume of the task definition with "
+                "configuredAtLaunch set to true."
+            )
+        ebs = configuration.get("managedEBSVolume")
+        if not ebs:
+            raise InvalidParameterException("managedEBSVolume is required.")
+        if not ebs.get("roleArn"):
+            raise InvalidParameterException("managedEBSVolume.roleArn is required.")
+        snapshot_id = ebs.get("snapshotId")
+        if snapshot_id is None and not ebs.get("sizeInGiB"):
+            raise InvalidParameterException(
+                "managedEBSVolume.sizeInGiB is required when no snapshotId is given."
+            )
+        if snapshot_id is not None:
+            try:
+                snapshot = ec2.get_snapshot(snapshot_id)
+            except Exception:
+                raise InvalidParameterException(
+                    f"The snapshot {snapshot_id} does not exist."
+                ) from None
+            size = ebs.get("sizeInGiB")
+            if size is not None and int(size) < int(snapshot.volume.size):
+                raise InvalidParameterException(
+                    "managedEBSVolume.sizeInGiB must be at least the snapshot's size."
+                )
+        for spec in ebs.get("tagSpecifications") or []:
+            if spec.get("resourceType") != "volume":
+                raise InvalidParameterException("tagSpecifications[].resourceType must be volume.")
+    return configurations
+
+
+def _create_task_volumes(
+    self: EC2ContainerServiceResponse, configurations: list[dict], result: ActionResult
+) -> None:
+    """What ECS does for a new task with a managed EBS volume: create, tag, attach."""
+    from moto.ec2.models.elastic_block_store import VolumeAttachment
+
+    if not configurations:
+        return
+    ec2 = _ec2(self)
+    volumes = _task_volumes(self.ecs_backend)
+    for task in result.result["tasks"]:  # type: ignore[index]
+        if task.task_arn in volumes:
+            continue
+        created = []
+        for configuration in configurations:
+            ebs = configuration["managedEBSVolume"]
+            snapshot_id = ebs.get("snapshotId")
+            size = ebs.get("sizeInGiB")
+            if size is None:
+                size = ec2.get_snapshot(snapshot_id).volume.size
+            volume = ec2.create_volume(
+                size=int(size),
+                zone_name=f"{self.region}a",
+                snapshot_id=snapshot_id,
+                encrypted=bool(ebs.get("encrypted", True)),
+                volume_type=ebs.get("volumeType") or "gp3",
+            )
+            tags = {}
+            for spec in ebs.get("tagSpecifications") or []:
+                for tag in spec.get("tags") or []:
+                    tags[tag["key"]] = tag.get("value", "")
+            if tags:
+                ec2.create_tags([volume.id], tags)
+            volume.attachment = VolumeAttachment(
+                volume, _EcsManagedAttachment(task.task_arn), "/dev/xvdf", "attached"
+            )
+            keep = (ebs.get("terminationPolicy") or {}).get("deleteOnTermination") is False
+            created.append((volume.id, not keep))
+        volumes[task.task_arn] = created
+
+
+def stop_task(self: EC2ContainerServiceResponse) -> ActionResult:
+    result = _original_stop_task(self)
+    task = result.result.get("task") if isinstance(result.result, dict) else None  # type: ignore[union-attr]
+    arn = getattr(task, "task_arn", None)
+    # The entry stays (empty): a replay of the task's client token creates nothing.
+    known = _task_volumes(self.ecs_backend)
+    volumes = known.get(arn, []) if arn else []
+    if arn in known:
+        known[arn] = []
+    ec2 = _ec2(self)
+    for volume_id, delete in volumes:
+        volume = ec2.volumes.get(volume_id)
+        if volume is None:
+            continue
+        volume.attachment = None
+        if delete:
+            ec2.delete_volume(volume_id)
+    return result
+
+
 def run_task(self: EC2ContainerServiceResponse) -> ActionResult:
+    body = json.loads(self.body) if self.body else {}
+    configurations = _check_volume_configurations(self, body)
+    result = _run_task(self)
+    _create_task_volumes(self, configurations, result)
+    return result
+
+
+def _run_task(self: EC2ContainerServiceResponse) -> ActionResult:
     token = self._get_param("clientToken")
     if token is None:
         return _stamped(_original_run_task(self))
@@ -187,6 +338,7 @@ def describe_tasks(self: EC2ContainerServiceResponse) -> ActionResult:
 EC2ContainerServiceResponse.run_task = run_task  # type: ignore[method-assign]
 EC2ContainerServiceResponse.list_tasks = list_tasks  # type: ignore[method-assign]
 EC2ContainerServiceResponse.describe_tasks = describe_tasks  # type: ignore[method-assign]
+EC2ContainerServiceResponse.stop_task = stop_task  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     sys.exit(main())

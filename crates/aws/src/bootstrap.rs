@@ -245,10 +245,16 @@ fn xml_text(xml: &str, tag: &str) -> Option<String> {
     Some(xml[start..end].to_owned())
 }
 
+/// The task definition's workspace volume (`ebs_workspaces::WORKSPACE_VOLUME_NAME`).
+const WORKSPACE_VOLUME: &str = "workspace";
+
 /// Registers the FARGATE/awsvpc task definition `family` (256 CPU units, 512 MiB) with one
 /// essential container `container` running `codex exec-server` from [`EXECUTOR_IMAGE`],
 /// with container-level `memory` (moto's RunTask needs it) and `CODEX_API_KEY` from
-/// [`EXECUTOR_KEY_SECRET_ARN`]. Returns the task definition ARN.
+/// [`EXECUTOR_KEY_SECRET_ARN`], and the workspace volume as SAM and CDK declare it: a
+/// volume named `workspace` with `configuredAtLaunch: true` mounted at `/workspace`
+/// (created per task only when the `RunTask` names it in `volumeConfigurations`).
+/// Returns the task definition ARN.
 ///
 /// # Errors
 /// A [`PortError`] when the call fails.
@@ -271,6 +277,13 @@ pub async fn register_task_definition(
         .command("codex")
         .command("exec-server")
         .secrets(secret)
+        .mount_points(
+            aws_sdk_ecs::types::MountPoint::builder()
+                .source_volume(WORKSPACE_VOLUME)
+                .container_path("/workspace")
+                .read_only(false)
+                .build(),
+        )
         .build();
     let out = ecs
         .register_task_definition()
@@ -280,6 +293,12 @@ pub async fn register_task_definition(
         .cpu("256")
         .memory("512")
         .container_definitions(definition)
+        .volumes(
+            aws_sdk_ecs::types::Volume::builder()
+                .name(WORKSPACE_VOLUME)
+                .configured_at_launch(true)
+                .build(),
+        )
         .send()
         .await
         .map_err(|e| port_error(DEP, op, &e))?;

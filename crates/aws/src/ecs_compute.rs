@@ -115,6 +115,9 @@ pub struct EcsConfig {
 pub struct EcsCompute {
     client: Client,
     config: Arc<EcsConfig>,
+    /// EBS workspaces (feature `ec2`), when configured.
+    #[cfg(feature = "ec2")]
+    ebs: Option<Arc<crate::ebs_workspaces::Ebs>>,
 }
 
 fn invalid(operation: &'static str, message: impl Into<String>) -> PortError {
@@ -199,7 +202,35 @@ impl EcsCompute {
         Self {
             client,
             config: Arc::new(config),
+            #[cfg(feature = "ec2")]
+            ebs: None,
         }
+    }
+
+    /// Keeps workspaces on ECS-managed EBS volumes (feature `ec2`; see
+    /// [`crate::ebs_workspaces`]): every `RunTask` then carries a `volumeConfigurations`
+    /// entry for the task definition's `configuredAtLaunch` volume
+    /// ([`crate::ebs_workspaces::WORKSPACE_VOLUME_NAME`]), created from
+    /// `StartSpec.restore` when set, and the [`Workspaces`](sandbox_controller::ports::Workspaces)
+    /// port snapshots and deletes volumes through `ec2`. Makes no call.
+    #[cfg(feature = "ec2")]
+    #[must_use]
+    pub fn with_workspaces(
+        mut self,
+        ec2: aws_sdk_ec2::Client,
+        config: crate::ebs_workspaces::EbsConfig,
+    ) -> Self {
+        self.ebs = Some(Arc::new(crate::ebs_workspaces::Ebs {
+            client: ec2,
+            config,
+        }));
+        self
+    }
+
+    /// The EBS side, when configured.
+    #[cfg(feature = "ec2")]
+    pub(crate) fn ebs(&self) -> Option<&crate::ebs_workspaces::Ebs> {
+        self.ebs.as_deref()
     }
 
     /// The configuration.
@@ -352,7 +383,9 @@ impl EcsCompute {
     }
 }
 
-/// Workspace persistence on ECS: not yet (the defaults keep nothing, `none`).
+/// Without the `ec2` feature ECS keeps no workspace (the defaults keep nothing, `none`);
+/// with it, see [`crate::ebs_workspaces`].
+#[cfg(not(feature = "ec2"))]
 impl sandbox_controller::ports::Workspaces for EcsCompute {}
 
 impl Compute for EcsCompute {
@@ -405,10 +438,22 @@ impl Compute for EcsCompute {
                     .build(),
             )
             .build();
+        #[cfg(feature = "ec2")]
+        let volume = match self.ebs() {
+            Some(ebs) => Some(crate::ebs_workspaces::volume_configuration(
+                &ebs.config,
+                spec,
+                deployment,
+            )?),
+            None => None,
+        };
+        #[cfg(not(feature = "ec2"))]
+        let volume: Option<aws_sdk_ecs::types::TaskVolumeConfiguration> = None;
         check_deadline(DEP, op, SystemClock.now(), not_after)?;
         let out = self
             .client
             .run_task()
+            .set_volume_configurations(volume.map(|v| vec![v]))
             .cluster(&self.config.cluster)
             .task_definition(&self.config.task_definition)
             .launch_type(LaunchType::Fargate)

@@ -8,6 +8,8 @@
 //!   in the module docs; [`create_table`] creates it);
 //! - [`ecs_compute`] — [`EcsCompute`]: the [`Compute`](sandbox_controller::ports::Compute)
 //!   port on ECS Fargate tasks (a lost start is found again by its RunTask `clientToken`);
+//! - `ebs_workspaces` (feature `ec2`) — `EbsConfig`: workspaces on ECS-managed EBS
+//!   volumes, snapshotted after the task stopped (the `Workspaces` port of `EcsCompute`);
 //! - [`sqs_dead_letters`] — the dead-letter queues for the operator: find, peek, redrive;
 //! - [`secrets`] — [`read_secret`]: one Secrets Manager value behind a redacted type;
 //! - `bootstrap` (feature `bootstrap`) — creating the queues, the ECS cluster and task definition (and, on
@@ -22,7 +24,8 @@
 //!
 //! Features: `dynamodb` and `ecs` (default) bring the registry and the compute adapters;
 //! the queue and the secrets reader are always in (the webhook function needs only
-//! those: build it with `default-features = false`). `bootstrap` is test support.
+//! those: build it with `default-features = false`). `ec2` adds EBS workspaces (a heavy
+//! build: only the worker and sweeper Lambdas enable it). `bootstrap` is test support.
 //!
 //! Every adapter passes the shared contract suite in
 //! `sandbox_controller::contract` (feature `test-support`) against moto (`tests/moto/run.sh cargo nextest run -p
@@ -35,6 +38,8 @@
 pub mod bootstrap;
 #[cfg(feature = "dynamodb")]
 pub mod dynamo_registry;
+#[cfg(feature = "ec2")]
+pub mod ebs_workspaces;
 #[cfg(feature = "ecs")]
 pub mod ecs_compute;
 pub mod sdk_config;
@@ -48,6 +53,8 @@ pub mod strict_ecs;
 
 #[cfg(feature = "dynamodb")]
 pub use dynamo_registry::{DynamoRegistry, create_table};
+#[cfg(feature = "ec2")]
+pub use ebs_workspaces::EbsConfig;
 #[cfg(feature = "ecs")]
 pub use ecs_compute::{EcsCompute, EcsConfig};
 pub use sdk_config::load_sdk_config;

@@ -22,6 +22,9 @@
 //! | `CONNECT_DEADLINE_SECS` | worker, sweeper | no | seconds a started executor has to connect before it is replaced (default 180; ≥ 1) |
 //! | `SNAPSHOT_KEEP` | worker, sweeper | no | workspace snapshots kept per environment (default 1; ≥ 1) |
 //! | `CLOSE_WORKSPACE` | worker, sweeper | no | what a close does with the workspace: `delete` or `retain:<days ≥ 1>` (default `retain:7`) |
+//! | `ECS_INFRASTRUCTURE_ROLE_ARN` | worker, sweeper | no | ARN of the ECS infrastructure role for EBS volumes: set, every task gets a workspace volume that is snapshotted after it stops (issue 14; unset: no workspace is kept, `none`) |
+//! | `WORKSPACE_VOLUME_GIB` | worker, sweeper | with `ECS_INFRASTRUCTURE_ROLE_ARN` | size of each workspace volume, GiB (1–16,384) |
+//! | `WORKSPACE_VOLUME_TYPE` | worker, sweeper | no | EBS volume type of the workspace volume: `gp3` (default), `gp2`, `io1`, `io2`, `st1`, `sc1`, `standard` |
 //! | `AGENTS_API_BASE_URL` | worker, sweeper | no | Agents API root (default `https://api.openai.com/v1`) |
 //! | `OPENAI_API_KEY_SECRET_ARN` | worker, sweeper | yes | Secrets Manager ARN (or name) of the OpenAI API key |
 //! | `WEBHOOK_SECRET_ARN` | webhook | yes | Secrets Manager ARN (or name) of the webhook signing secret (`whsec_...`) |
@@ -106,6 +109,34 @@ pub struct EcsSettings {
     pub security_groups: Vec<String>,
     /// `ASSIGN_PUBLIC_IP`.
     pub assign_public_ip: bool,
+    /// EBS workspaces: set when `ECS_INFRASTRUCTURE_ROLE_ARN` is (issue 14).
+    pub workspace: Option<WorkspaceVolumeSettings>,
+}
+
+/// The workspace volume of every task (ECS-managed EBS), from `ECS_INFRASTRUCTURE_ROLE_ARN`,
+/// `WORKSPACE_VOLUME_GIB` and `WORKSPACE_VOLUME_TYPE`; all or nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkspaceVolumeSettings {
+    /// `ECS_INFRASTRUCTURE_ROLE_ARN`: the role ECS uses to create and attach the volume.
+    pub infrastructure_role_arn: String,
+    /// `WORKSPACE_VOLUME_GIB`, 1–16,384.
+    pub size_gib: i32,
+    /// `WORKSPACE_VOLUME_TYPE`, default `gp3`.
+    pub volume_type: String,
+}
+
+/// The EBS volume types ECS accepts for a managed volume (ECS API reference,
+/// TaskManagedEBSVolumeConfiguration `volumeType`).
+pub const WORKSPACE_VOLUME_TYPES: &[&str] = &["gp2", "gp3", "io1", "io2", "st1", "sc1", "standard"];
+
+#[cfg(feature = "ec2")]
+impl WorkspaceVolumeSettings {
+    /// The EBS adapter's configuration (default waits).
+    pub fn ebs_config(&self) -> crate::EbsConfig {
+        let mut config = crate::EbsConfig::new(&self.infrastructure_role_arn, self.size_gib);
+        config.volume_type = self.volume_type.clone();
+        config
+    }
 }
 
 #[cfg(feature = "ecs")]
@@ -119,6 +150,25 @@ impl EcsSettings {
             subnets: self.subnets.clone(),
             security_groups: self.security_groups.clone(),
             assign_public_ip: self.assign_public_ip,
+        }
+    }
+
+    /// The compute adapter on `sdk`: ECS, and EBS workspaces when configured.
+    ///
+    /// # Errors
+    /// [`SettingsError`] naming `ECS_INFRASTRUCTURE_ROLE_ARN` when workspaces are
+    /// configured but this build lacks the `ec2` feature.
+    pub fn compute(&self, sdk: &aws_config::SdkConfig) -> Result<crate::EcsCompute, SettingsError> {
+        let compute = crate::EcsCompute::new(aws_sdk_ecs::Client::new(sdk), self.ecs_config());
+        match &self.workspace {
+            None => Ok(compute),
+            #[cfg(feature = "ec2")]
+            Some(ws) => Ok(compute.with_workspaces(aws_sdk_ec2::Client::new(sdk), ws.ebs_config())),
+            #[cfg(not(feature = "ec2"))]
+            Some(_) => Err(SettingsError::Invalid {
+                var: "ECS_INFRASTRUCTURE_ROLE_ARN",
+                reason: "set, but this build has no EBS workspace support (sandbox-aws feature `ec2`)",
+            }),
         }
     }
 }
@@ -324,6 +374,7 @@ impl ControllerSettings {
             subnets,
             security_groups: vars.list("SECURITY_GROUPS")?,
             assign_public_ip: vars.flag("ASSIGN_PUBLIC_IP")?,
+            workspace: workspace_volume(&vars)?,
         };
         let deployment = DeploymentId::new(vars.required("DEPLOYMENT_ID")?).map_err(|_| {
             SettingsError::Invalid {
@@ -387,6 +438,57 @@ impl ControllerSettings {
             aws_endpoint_url: vars.optional("AWS_ENDPOINT_URL"),
         })
     }
+}
+
+/// The workspace volume settings (issue 14): all of `ECS_INFRASTRUCTURE_ROLE_ARN` and
+/// `WORKSPACE_VOLUME_GIB` (plus the optional `WORKSPACE_VOLUME_TYPE`), or none of them.
+/// A half configuration fails naming the missing variable, so a deployment never runs
+/// believing it keeps workspaces when it does not.
+fn workspace_volume<F: Fn(&str) -> Option<String>>(
+    vars: &Vars<F>,
+) -> Result<Option<WorkspaceVolumeSettings>, SettingsError> {
+    let role = vars.optional("ECS_INFRASTRUCTURE_ROLE_ARN");
+    let gib = vars.optional("WORKSPACE_VOLUME_GIB");
+    let volume_type = vars.optional("WORKSPACE_VOLUME_TYPE");
+    let Some(role) = role else {
+        if gib.is_some() || volume_type.is_some() {
+            return Err(SettingsError::Missing {
+                var: "ECS_INFRASTRUCTURE_ROLE_ARN",
+            });
+        }
+        return Ok(None);
+    };
+    if !role.starts_with("arn:") || !role.contains(":role/") {
+        return Err(SettingsError::Invalid {
+            var: "ECS_INFRASTRUCTURE_ROLE_ARN",
+            reason: "an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME)",
+        });
+    }
+    let Some(gib) = gib else {
+        return Err(SettingsError::Missing {
+            var: "WORKSPACE_VOLUME_GIB",
+        });
+    };
+    let size_gib = gib
+        .parse::<i32>()
+        .ok()
+        .filter(|g| (1..=16_384).contains(g))
+        .ok_or(SettingsError::Invalid {
+            var: "WORKSPACE_VOLUME_GIB",
+            reason: "whole GiB from 1 to 16384",
+        })?;
+    let volume_type = volume_type.unwrap_or_else(|| "gp3".to_owned());
+    if !WORKSPACE_VOLUME_TYPES.contains(&volume_type.as_str()) {
+        return Err(SettingsError::Invalid {
+            var: "WORKSPACE_VOLUME_TYPE",
+            reason: "one of gp3, gp2, io1, io2, st1, sc1, standard",
+        });
+    }
+    Ok(Some(WorkspaceVolumeSettings {
+        infrastructure_role_arn: role,
+        size_gib,
+        volume_type,
+    }))
 }
 
 /// The cost and safety ceilings (issue 13) into `policy`.

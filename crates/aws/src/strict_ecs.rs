@@ -25,6 +25,8 @@
 //!      tags, a tag key over 128 or a value over 256 characters ("Maximum number of tags
 //!      per resource - 50", "Maximum key length - 128 Unicode characters in UTF-8",
 //!      "Maximum value length - 256 Unicode characters in UTF-8", RunTask, `tags`);
+//!    - `RunTask` with a managed EBS volume configuration ECS refuses
+//!      ([`check_volume_configurations`]);
 //!    - `StopTask` with a `reason` over 255 characters ("Up to 255 characters are allowed
 //!      in this message", StopTask, `reason`).
 //! 2. **Records** every request that passed, as sent: the operation (from `X-Amz-Target`)
@@ -173,6 +175,7 @@ pub fn check_run_task(input: &RunTaskInput) -> Result<(), ForbiddenRequest> {
             ));
         }
     }
+    check_volume_configurations(input)?;
     let tags = input.tags();
     if tags.len() > MAX_TAGS {
         return Err(forbidden(
@@ -199,6 +202,53 @@ pub fn check_run_task(input: &RunTaskInput) -> Result<(), ForbiddenRequest> {
                     "tag values are at most {MAX_TAG_VALUE_CHARS} characters, got {} for {key}",
                     chars(value)
                 ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `RunTask` `volumeConfigurations` (ECS-managed EBS): at most one ("only one volume
+/// configured at launch is supported", ECS API reference, Volume); `managedEBSVolume`
+/// with a non-empty `roleArn` ("Required: Yes"), a `sizeInGiB` unless a `snapshotId` is
+/// given, and `tagSpecifications[].resourceType` `volume` (TaskManagedEBSVolumeConfiguration,
+/// EBSTagSpecification). moto ignores all of it.
+///
+/// # Errors
+/// [`ForbiddenRequest`] naming the first broken rule.
+pub fn check_volume_configurations(input: &RunTaskInput) -> Result<(), ForbiddenRequest> {
+    const OP: &str = "RunTask";
+    let all = input.volume_configurations();
+    if all.len() > 1 {
+        return Err(forbidden(
+            OP,
+            "only one volume configured at launch is supported",
+        ));
+    }
+    for v in all {
+        let Some(ebs) = v.managed_ebs_volume() else {
+            return Err(forbidden(
+                OP,
+                "volumeConfigurations[].managedEBSVolume is required",
+            ));
+        };
+        if ebs.role_arn().is_empty() {
+            return Err(forbidden(OP, "managedEBSVolume.roleArn is required"));
+        }
+        if ebs.size_in_gib().is_none() && ebs.snapshot_id().is_none() {
+            return Err(forbidden(
+                OP,
+                "managedEBSVolume.sizeInGiB is required without a snapshotId",
+            ));
+        }
+        if ebs
+            .tag_specifications()
+            .iter()
+            .any(|t| t.resource_type().as_str() != "volume")
+        {
+            return Err(forbidden(
+                OP,
+                "managedEBSVolume.tagSpecifications[].resourceType must be volume",
             ));
         }
     }

@@ -340,7 +340,8 @@ impl AwsOps {
         let timers = queue(&settings.timers_queue_url, false, &timers_dlq);
         let registry =
             DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&sdk), &settings.table_name);
-        let compute = EcsCompute::new(aws_sdk_ecs::Client::new(&sdk), settings.ecs.ecs_config());
+        // ECS, plus EBS workspaces when ECS_INFRASTRUCTURE_ROLE_ARN is set (as the worker).
+        let compute = settings.ecs.compute(&sdk)?;
         Ok(Self {
             secrets: aws_sdk_secretsmanager::Client::new(&sdk),
             settings,

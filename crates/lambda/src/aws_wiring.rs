@@ -112,7 +112,8 @@ mod controller_stack {
         let timers = sqs_queue(&sqs, &settings.timers_queue_url, false, None);
         let registry =
             DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&sdk), &settings.table_name);
-        let compute = EcsCompute::new(aws_sdk_ecs::Client::new(&sdk), settings.ecs.ecs_config());
+        // ECS, plus EBS workspaces when ECS_INFRASTRUCTURE_ROLE_ARN is set.
+        let compute: EcsCompute = settings.ecs.compute(&sdk)?;
         Ok(Controller::new(
             events,
             timers,

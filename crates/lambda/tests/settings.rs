@@ -339,3 +339,72 @@ fn webhook_reads_the_previous_secret_arn_and_the_tolerance() {
         assert!(!err.to_string().contains(value));
     }
 }
+
+const INFRA_ROLE: &str = "arn:aws:iam::123456789012:role/sandbox-ecs-infrastructure";
+
+#[test]
+fn workspace_volumes_are_off_unless_the_infrastructure_role_is_set() {
+    let s = controller(&controller_env()).unwrap();
+    assert_eq!(s.ecs.workspace, None, "unset: no workspace kept (`none`)");
+}
+
+#[test]
+fn workspace_volume_settings_are_read_with_their_default_type() {
+    let mut env = controller_env();
+    env.insert("ECS_INFRASTRUCTURE_ROLE_ARN", INFRA_ROLE.into());
+    env.insert("WORKSPACE_VOLUME_GIB", "30".into());
+    let ws = controller(&env).unwrap().ecs.workspace.unwrap();
+    assert_eq!(ws.infrastructure_role_arn, INFRA_ROLE);
+    assert_eq!(ws.size_gib, 30);
+    assert_eq!(ws.volume_type, "gp3");
+    env.insert("WORKSPACE_VOLUME_TYPE", "io2".into());
+    let ws = controller(&env).unwrap().ecs.workspace.unwrap();
+    assert_eq!(ws.volume_type, "io2");
+}
+
+#[test]
+fn half_configured_workspace_volumes_fail_naming_the_missing_variable() {
+    for (set, missing) in [
+        (
+            vec![("ECS_INFRASTRUCTURE_ROLE_ARN", INFRA_ROLE)],
+            "WORKSPACE_VOLUME_GIB",
+        ),
+        (
+            vec![("WORKSPACE_VOLUME_GIB", "30")],
+            "ECS_INFRASTRUCTURE_ROLE_ARN",
+        ),
+        (
+            vec![("WORKSPACE_VOLUME_TYPE", "gp3")],
+            "ECS_INFRASTRUCTURE_ROLE_ARN",
+        ),
+    ] {
+        let mut env = controller_env();
+        for (k, v) in &set {
+            env.insert(*k, (*v).into());
+        }
+        let err = controller(&env).unwrap_err();
+        assert_eq!(err, SettingsError::Missing { var: missing }, "{set:?}");
+    }
+}
+
+#[test]
+fn invalid_workspace_volume_settings_name_the_variable_and_never_repeat_the_value() {
+    for (var, value) in [
+        ("WORKSPACE_VOLUME_GIB", "0"),
+        ("WORKSPACE_VOLUME_GIB", "16385"),
+        ("WORKSPACE_VOLUME_GIB", "20GiB"),
+        ("WORKSPACE_VOLUME_TYPE", "ssd-fast"),
+        ("ECS_INFRASTRUCTURE_ROLE_ARN", "ecsInfrastructureRoleXYZ"),
+    ] {
+        let mut env = controller_env();
+        env.insert("ECS_INFRASTRUCTURE_ROLE_ARN", INFRA_ROLE.into());
+        env.insert("WORKSPACE_VOLUME_GIB", "30".into());
+        env.insert(var, value.into());
+        let err = controller(&env).unwrap_err();
+        assert!(
+            matches!(err, SettingsError::Invalid { var: v, .. } if v == var),
+            "{var}={value}: {err:?}"
+        );
+        assert!(!err.to_string().contains(value), "{err}");
+    }
+}

@@ -7,7 +7,7 @@
  * Optional: stackName (default sandbox-lifecycle), deploymentId, executorCpuArchitecture,
  * executorCpu, executorMemory, assignPublicIp (true/false), agentIds (comma-separated),
  * workspaceDirectory, shutdownGraceSecs, connectDeadlineSecs, snapshotKeep, closeWorkspace,
- * agentsApiBaseUrl,
+ * workspaceVolumeGiB, workspaceVolumeType, agentsApiBaseUrl,
  * maxLifetimeSecs, lifetimeHardCapSecs, noWorkSecs, maxReplacements, replacementWindowSecs,
  * remoteUrlAllowlist (comma-separated), webhookToleranceSecs, previousWebhookSecretArn,
  * workerBatchSize, workerMaximumConcurrency, logRetentionDays, alarmTopicArn, lambdaDir.
@@ -105,6 +105,8 @@ new SandboxLifecycle(stack, "Sandbox", {
   connectDeadlineSecs: integer("connectDeadlineSecs"),
   snapshotKeep: integer("snapshotKeep"),
   closeWorkspace: context("closeWorkspace"),
+  workspaceVolumeGiB: integer("workspaceVolumeGiB"),
+  workspaceVolumeType: context("workspaceVolumeType"),
   agentsApiBaseUrl: context("agentsApiBaseUrl"),
   maxLifetimeSecs: integer("maxLifetimeSecs"),
   lifetimeHardCapSecs: integer("lifetimeHardCapSecs"),

@@ -90,6 +90,14 @@ export interface SandboxLifecycleProps {
   readonly snapshotKeep?: number;
   /** `CLOSE_WORKSPACE`: `delete` or `retain:<days>`. @default "retain:7" */
   readonly closeWorkspace?: string;
+  /**
+   * `WORKSPACE_VOLUME_GIB`: size of each executor's workspace volume (ECS-managed EBS,
+   * snapshotted after the task stops, restored into the next generation), GiB, 0-16384.
+   * 0 = off: no workspace survives a task. @default 0
+   */
+  readonly workspaceVolumeGiB?: number;
+  /** `WORKSPACE_VOLUME_TYPE`: EBS volume type of the workspace volume. @default "gp3" */
+  readonly workspaceVolumeType?: string;
   /** `AGENTS_API_BASE_URL`. @default https://api.openai.com/v1 */
   readonly agentsApiBaseUrl?: string;
   /** `MAX_LIFETIME_SECS`: maximum executor lifetime, seconds (0 = off). @default 28800 */
@@ -244,6 +252,18 @@ export class SandboxLifecycle extends Construct {
     });
     // No policy at all: codex exec-server calls no AWS API.
     const taskRole = new iam.Role(this, "ExecutorTaskRole", { assumedBy: ecsTasks });
+    // The ECS infrastructure role (issue 14): ECS creates, attaches, tags and deletes the
+    // executor's workspace volume with it (RunTask volumeConfigurations roleArn), so the
+    // executor holds no AWS credential for its files (Amazon ECS Developer Guide, "Amazon
+    // ECS infrastructure IAM role").
+    const infrastructureRole = new iam.Role(this, "ExecutorInfrastructureRole", {
+      assumedBy: new iam.ServicePrincipal("ecs.amazonaws.com"),
+      managedPolicies: [
+        iam.ManagedPolicy.fromAwsManagedPolicyName("service-role/AmazonECSInfrastructureRolePolicyForVolumes"),
+      ],
+    });
+    const workspaceGiB = props.workspaceVolumeGiB ?? 0;
+    const workspaces = workspaceGiB > 0;
     const family = `${stack.stackName}-executor`;
     // REMOTE_URL and ENVIRONMENT_ID come per task from RunTask container overrides.
     this.taskDefinition = new ecs.CfnTaskDefinition(this, "ExecutorTaskDefinition", {
@@ -258,12 +278,17 @@ export class SandboxLifecycle extends Construct {
       },
       executionRoleArn: executionRole.roleArn,
       taskRoleArn: taskRole.roleArn,
+      // The workspace volume, configured per task at RunTask (crates/aws/src/ebs_workspaces.rs).
+      volumes: workspaces ? [{ name: "workspace", configuredAtLaunch: true }] : undefined,
       containerDefinitions: [
         {
           name: EXECUTOR_CONTAINER_NAME,
           image: props.executorImage,
           essential: true,
           workingDirectory: "/workspace",
+          mountPoints: workspaces
+            ? [{ sourceVolume: "workspace", containerPath: "/workspace", readOnly: false }]
+            : undefined,
           // Seconds between SIGTERM and SIGKILL (Fargate maximum 120).
           stopTimeout: 30,
           secrets: [{ name: "CODEX_API_KEY", valueFrom: props.executorKeySecretArn }],
@@ -285,6 +310,9 @@ export class SandboxLifecycle extends Construct {
     const taskArns = stack.formatArn({ service: "ecs", resource: "task", resourceName: `${clusterName}/*` });
     const onCluster = { ArnEquals: { "ecs:cluster": clusterArn } };
     const registryResources = [this.table.tableArn, `${this.table.tableArn}/index/by_session`];
+    const volumeArns = stack.formatArn({ service: "ec2", resource: "volume", resourceName: "*" });
+    // Snapshot ARNs have no account: arn:PARTITION:ec2:REGION::snapshot/ID.
+    const snapshotArns = stack.formatArn({ service: "ec2", account: "", resource: "snapshot", resourceName: "*" });
     const controllerStatements = (): iam.PolicyStatement[] => [
       new iam.PolicyStatement({
         sid: "ApiKey",
@@ -339,6 +367,52 @@ export class SandboxLifecycle extends Construct {
         actions: ["iam:PassRole"],
         resources: [executionRole.roleArn, taskRole.roleArn],
         conditions: { StringEquals: { "iam:PassedToService": "ecs-tasks.amazonaws.com" } },
+      }),
+      // Workspaces (issue 14, crates/aws/src/ebs_workspaces.rs): pass the ECS
+      // infrastructure role to ECS for the volume; snapshot, delete and tag only what
+      // carries this deployment's tag.
+      new iam.PolicyStatement({
+        sid: "PassInfrastructureRole",
+        actions: ["iam:PassRole"],
+        resources: [infrastructureRole.roleArn],
+        conditions: { StringEquals: { "iam:PassedToService": "ecs.amazonaws.com" } },
+      }),
+      new iam.PolicyStatement({
+        sid: "SnapshotWorkspaceVolume",
+        actions: ["ec2:CreateSnapshot"],
+        resources: [volumeArns],
+        conditions: { StringEquals: { "aws:ResourceTag/sandbox:deployment": deploymentId } },
+      }),
+      new iam.PolicyStatement({
+        sid: "CreateWorkspaceSnapshot",
+        actions: ["ec2:CreateSnapshot"],
+        resources: [snapshotArns],
+        conditions: { StringEquals: { "aws:RequestTag/sandbox:deployment": deploymentId } },
+      }),
+      new iam.PolicyStatement({
+        sid: "TagOnSnapshot",
+        actions: ["ec2:CreateTags"],
+        resources: [snapshotArns],
+        conditions: { StringEquals: { "ec2:CreateAction": "CreateSnapshot" } },
+      }),
+      new iam.PolicyStatement({
+        sid: "DeleteWorkspaceVolume",
+        actions: ["ec2:DeleteVolume"],
+        resources: [volumeArns],
+        conditions: { StringEquals: { "aws:ResourceTag/sandbox:deployment": deploymentId } },
+      }),
+      new iam.PolicyStatement({
+        sid: "DeleteWorkspaceSnapshot",
+        actions: ["ec2:DeleteSnapshot"],
+        resources: [snapshotArns],
+        conditions: { StringEquals: { "aws:ResourceTag/sandbox:deployment": deploymentId } },
+      }),
+      // DescribeVolumes and DescribeSnapshots have no resource type (Service Authorization
+      // Reference): "*" is the only valid resource; read-only.
+      new iam.PolicyStatement({
+        sid: "WorkspaceInventory",
+        actions: ["ec2:DescribeVolumes", "ec2:DescribeSnapshots"],
+        resources: ["*"],
       }),
     ];
     const logStatement = (group: logs.LogGroup) =>
@@ -454,6 +528,10 @@ export class SandboxLifecycle extends Construct {
       REMOTE_URL_ALLOWLIST: (props.remoteUrlAllowlist ?? ["api.openai.com"]).join(","),
       SNAPSHOT_KEEP: String(props.snapshotKeep ?? 1),
       CLOSE_WORKSPACE: props.closeWorkspace ?? "retain:7",
+      // Empty = off (the settings treat a blank variable as unset).
+      ECS_INFRASTRUCTURE_ROLE_ARN: workspaces ? infrastructureRole.roleArn : "",
+      WORKSPACE_VOLUME_GIB: workspaces ? String(workspaceGiB) : "",
+      WORKSPACE_VOLUME_TYPE: workspaces ? (props.workspaceVolumeType ?? "gp3") : "",
       AGENTS_API_BASE_URL: props.agentsApiBaseUrl ?? "https://api.openai.com/v1",
       OPENAI_API_KEY_SECRET_ARN: props.openAIApiKeySecretArn,
     };
@@ -722,6 +800,11 @@ function validate(props: SandboxLifecycleProps): void {
   }
   if (!Number.isInteger(props.snapshotKeep ?? 1) || (props.snapshotKeep ?? 1) < 1) problems.push("snapshotKeep must be an integer of at least 1");
   if (!/^(delete|retain:[1-9][0-9]*)$/.test(props.closeWorkspace ?? "retain:7")) problems.push("closeWorkspace must be delete or retain:<days >= 1>");
+  const gib = props.workspaceVolumeGiB ?? 0;
+  if (!Number.isInteger(gib) || gib < 0 || gib > 16384) problems.push("workspaceVolumeGiB must be a whole number 0-16384 (0 = off)");
+  if (!["gp3", "gp2", "io1", "io2", "st1", "sc1", "standard"].includes(props.workspaceVolumeType ?? "gp3")) {
+    problems.push("workspaceVolumeType must be one of gp3, gp2, io1, io2, st1, sc1, standard");
+  }
   if (props.agentIds?.some((a) => a.trim() === "" || a.includes(","))) {
     problems.push("agentIds must be non-empty ids without commas");
   }

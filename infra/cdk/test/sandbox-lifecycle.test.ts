@@ -179,13 +179,19 @@ describe("SandboxLifecycle", () => {
     );
   });
 
-  it("never grants ECS, IAM, DynamoDB, SQS or Secrets Manager actions on *", () => {
+  it("never grants ECS, IAM, DynamoDB, SQS, Secrets Manager or EC2 write actions on *", () => {
+    // The actions without a resource type (Service Authorization Reference): the registry
+    // token, and the two reads of the workspace inventory (issue 14).
+    const starOnly = [["ecr:GetAuthorizationToken"], ["ec2:DescribeVolumes", "ec2:DescribeSnapshots"]];
     for (const [role, statements] of roleStatements(template)) {
       for (const s of statements) {
         const actions = asList(s.Action);
         assert.ok(!actions.some((a) => a.endsWith("*")), `${role}: wildcard action`);
         if (asList(s.Resource as unknown).includes("*")) {
-          assert.deepEqual(actions, ["ecr:GetAuthorizationToken"], `${role}: ${actions} on *`);
+          assert.ok(
+            starOnly.some((allowed) => JSON.stringify(allowed) === JSON.stringify(actions)),
+            `${role}: ${actions} on *`,
+          );
         }
       }
     }
@@ -197,7 +203,9 @@ describe("SandboxLifecycle", () => {
     const run = statements.find((s) => asList(s.Action).includes("ecs:RunTask"))!;
     assert.match(JSON.stringify(run.Resource), /task-definition\/sandbox-test-executor:\*/);
     assert.ok(run.Condition?.ArnEquals);
-    const pass = statements.find((s) => asList(s.Action).includes("iam:PassRole"))!;
+    const pass = statements.find(
+      (s) => asList(s.Action).includes("iam:PassRole") && JSON.stringify(s.Condition).includes("ecs-tasks"),
+    )!;
     assert.deepEqual(pass.Condition, { StringEquals: { "iam:PassedToService": "ecs-tasks.amazonaws.com" } });
     const [taskDef] = Object.values(template.findResources("AWS::ECS::TaskDefinition"));
     assert.deepEqual(
@@ -292,6 +300,27 @@ describe("SandboxLifecycle", () => {
     assert.throws(() => synth({ maxLifetimeSecs: 7200, lifetimeHardCapSecs: 3600 }), /lifetimeHardCapSecs/);
     assert.throws(() => synth({ previousWebhookSecretArn: "whsec_abc" }), /previousWebhookSecretArn/);
     assert.throws(() => synth({ remoteUrlAllowlist: ["user@evil.example"] }), /remoteUrlAllowlist/);
+  });
+
+  it("keeps workspaces on EBS when workspaceVolumeGiB is set, and not by default", () => {
+    const off = functionNamed(template, "worker").Environment.Variables;
+    assert.equal(off.WORKSPACE_VOLUME_GIB, "");
+    assert.equal(off.ECS_INFRASTRUCTURE_ROLE_ARN, "");
+    const t = synth({ workspaceVolumeGiB: 30, workspaceVolumeType: "gp2" });
+    const env = functionNamed(t, "worker").Environment.Variables;
+    assert.equal(env.WORKSPACE_VOLUME_GIB, "30");
+    assert.equal(env.WORKSPACE_VOLUME_TYPE, "gp2");
+    const [infraId] = Object.entries(t.findResources("AWS::IAM::Role")).find(([, r]) =>
+      JSON.stringify(r.Properties.AssumeRolePolicyDocument).includes('"ecs.amazonaws.com"'),
+    )!;
+    assert.deepEqual(env.ECS_INFRASTRUCTURE_ROLE_ARN, { "Fn::GetAtt": [infraId, "Arn"] });
+    const [taskDef] = Object.values(t.findResources("AWS::ECS::TaskDefinition"));
+    assert.deepEqual(taskDef.Properties.Volumes, [{ Name: "workspace", ConfiguredAtLaunch: true }]);
+    assert.deepEqual(taskDef.Properties.ContainerDefinitions[0].MountPoints, [
+      { SourceVolume: "workspace", ContainerPath: "/workspace", ReadOnly: false },
+    ]);
+    assert.throws(() => synth({ workspaceVolumeGiB: 16385 }), /workspaceVolumeGiB/);
+    assert.throws(() => synth({ workspaceVolumeType: "ssd" }), /workspaceVolumeType/);
   });
 
   it("defaults DEPLOYMENT_ID to the stack name", () => {

@@ -240,7 +240,7 @@ async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_rec
     assert_eq!(live.len(), 1, "exactly one task: {live:?}");
 
     // Close through the worker: two receipts (and the close's workspace receipt: `none`,
-    // the ECS adapter keeps no workspace yet), the terminal record.
+    // this harness configures no EBS workspace volume), the terminal record.
     let out = ctl(
         &[
             "close",

@@ -9,3 +9,4 @@ mod registry;
 mod sdk_config;
 mod secrets;
 mod support;
+mod workspaces;

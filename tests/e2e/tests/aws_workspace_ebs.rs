@@ -1,0 +1,175 @@
+//! Issue 14 on the AWS adapters, through the worker: the recorded task of generation 1
+//! stops behind the controller's back (lifecycle row 11, recorded compute gone), the next
+//! connection request makes the worker snapshot generation 1's EBS volume (after the
+//! `STOPPED` read-back), record the snapshot, delete the volume, and start generation 2
+//! with `RunTask` `volumeConfigurations[].managedEBSVolume.snapshotId` = that snapshot.
+//!
+//! SQS, DynamoDB, ECS and EC2 are moto's; ECS-managed volumes are created by
+//! tests/moto/server.py as ECS documents it (moto's ECS ignores `volumeConfigurations`);
+//! the Agents API is the simulator. No executor runs (moto runs no containers), so the
+//! files themselves are not checked here — the embedded E2E (workspace_local.rs) does.
+//!
+//! Run with `tests/moto/run.sh cargo nextest run -p sandbox-e2e -E 'test(aws)'`.
+
+use agents_sim::SimConfig;
+use sandbox_agents_api::{AgentsClient, ClientConfig};
+use sandbox_aws::ebs_workspaces::{EbsConfig, ec2_client};
+use sandbox_controller::ports::{
+    Clock, Compute, NO_DEADLINE, Registry as _, StoredKind, SystemClock, Workspaces,
+};
+use sandbox_controller::{Controller, Job};
+use sandbox_core::compute::ComputeStatus;
+use sandbox_core::decision::Outcome;
+use sandbox_core::ids::{DeploymentId, EnvironmentId};
+use sandbox_core::observed::Trigger;
+use sandbox_e2e::aws_stack::{AwsOptions, AwsResources, harness_config, unique};
+use std::sync::Arc;
+use std::time::Duration;
+
+const ROLE: &str = "arn:aws:iam::123456789012:role/sandbox-ecs-infrastructure";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_worker_snapshots_the_stopped_generation_and_restores_it_into_the_next() {
+    let resources = AwsResources::create().await.unwrap();
+    let mut ebs = EbsConfig::new(ROLE, 8);
+    ebs.detach_wait = Duration::from_secs(1);
+    ebs.snapshot_wait = Duration::from_secs(1);
+    let compute = resources
+        .compute()
+        .with_workspaces(ec2_client(&resources.sdk), ebs);
+
+    let sim = agents_sim::spawn(SimConfig::default().with_time_scale(0.0))
+        .await
+        .unwrap();
+    let client = sim.client();
+    let session = client
+        .create_session(agents_sim::SessionEnvironment::self_hosted())
+        .await
+        .unwrap();
+    client
+        .submit_message(session.id.as_str(), "go")
+        .await
+        .unwrap();
+    let env: EnvironmentId = session.self_hosted().unwrap().id.clone();
+    let mut api = ClientConfig::new(agents_sim::DEFAULT_API_KEY);
+    api.base_url = sim.base_url();
+    let deployment = DeploymentId::new(format!("ws-{}", unique())).unwrap();
+    let config = harness_config(deployment.clone(), &AwsOptions::default());
+    let c = Controller::new(
+        resources.events(),
+        resources.timers(),
+        resources.registry(),
+        compute.clone(),
+        AgentsClient::new(api).unwrap(),
+        Arc::new(SystemClock) as Arc<dyn Clock>,
+        config,
+    );
+    let job = || Job {
+        handoffs: 0,
+        swept: None,
+        trigger: Trigger::ConnectionRequested,
+        session_id: session.id.clone(),
+        environment_id: Some(env.clone()),
+        webhook_id: None,
+        enqueued_at: SystemClock.now(),
+    };
+    let record = || async {
+        c.registry
+            .get(&env.effect_key())
+            .await
+            .unwrap()
+            .expect("record")
+    };
+
+    // Generation 1 starts with a fresh workspace volume.
+    let p = c.process(&job()).await.unwrap();
+    assert_eq!(p.outcome(), Some(Outcome::Start), "{p:?}");
+    let r1 = record().await;
+    let first = r1.instance.clone().expect("generation 1 recorded");
+    let runs = resources.ecs_guard.calls_of("RunTask");
+    assert_eq!(runs.len(), 1);
+    let volume = &runs[0]["volumeConfigurations"][0]["managedEBSVolume"];
+    assert!(
+        volume["snapshotId"].is_null(),
+        "nothing to restore yet: {volume}"
+    );
+    assert_eq!(volume["terminationPolicy"]["deleteOnTermination"], false);
+    let stored = compute.list_stored(&deployment).await.unwrap();
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(stored[0].kind, StoredKind::Volume);
+    assert!(stored[0].in_use);
+
+    // The task stops behind the controller's back (row 11).
+    compute
+        .stop(
+            &first.instance_id,
+            "behind the controller's back",
+            NO_DEADLINE,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        compute
+            .describe(&first.instance_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        ComputeStatus::Stopped
+    );
+
+    // The next connection request: snapshot generation 1, then start generation 2 from it.
+    let p = c.process(&job()).await.unwrap();
+    assert_eq!(p.outcome(), Some(Outcome::Start), "{p:?}");
+    let r2 = record().await;
+    assert!(r2.generation > r1.generation, "a new generation");
+    let snapshot = r2
+        .latest_snapshot()
+        .expect("generation 1's snapshot is recorded")
+        .clone();
+    assert!(snapshot.snapshot_id.starts_with("snap-"), "{snapshot:?}");
+    assert_eq!(snapshot.generation, r1.generation);
+    assert_eq!(
+        r2.restored_from.as_deref(),
+        Some(snapshot.snapshot_id.as_str())
+    );
+    let runs = resources.ecs_guard.calls_of("RunTask");
+    assert_eq!(runs.len(), 2);
+    assert_eq!(
+        runs[1]["volumeConfigurations"][0]["managedEBSVolume"]["snapshotId"],
+        snapshot.snapshot_id.as_str(),
+        "generation 2's volume is created from generation 1's snapshot"
+    );
+    let stored = compute.list_stored(&deployment).await.unwrap();
+    let volumes: Vec<_> = stored
+        .iter()
+        .filter(|s| s.kind == StoredKind::Volume)
+        .collect();
+    assert_eq!(
+        volumes.len(),
+        1,
+        "generation 1's volume is deleted: {stored:?}"
+    );
+    assert_eq!(volumes[0].generation, r2.generation);
+    assert!(
+        stored
+            .iter()
+            .any(|s| s.kind == StoredKind::Snapshot && s.id == snapshot.snapshot_id)
+    );
+    assert_eq!(resources.ecs_guard.rejected(), vec![]);
+
+    // Clean up what this test started.
+    let second = r2.instance.clone().expect("generation 2 recorded");
+    compute
+        .stop(&second.instance_id, "test over", NO_DEADLINE)
+        .await
+        .unwrap();
+    compute
+        .discard_workspace(&deployment, &env, r2.generation)
+        .await
+        .unwrap();
+    compute
+        .delete_stored(&deployment, StoredKind::Snapshot, &snapshot.snapshot_id)
+        .await
+        .unwrap();
+}
