@@ -1,5 +1,5 @@
-"""moto_server, with Amazon ECS made to behave as its API reference documents where moto
-5.2.5 is more lenient. tests/moto/run.sh starts this instead of `.venv/bin/moto_server`
+"""moto_server, with Amazon ECS and DynamoDB made to behave as their API references document
+where moto 5.2.5 is more lenient. tests/moto/run.sh starts this instead of `.venv/bin/moto_server`
 (same arguments: `-H 127.0.0.1 -p PORT`).
 
 What changes, all in moto's ECS JSON handlers (moto/ecs/responses.py); every other
@@ -26,6 +26,20 @@ service and operation is moto's own:
   the RUNNING state"). moto sets neither; its tasks are RUNNING at once, so both are the
   RunTask time (the executor lifetime ceiling reads `startedAt`).
 
+And one change to DynamoDB: every DynamoDB request is handled under one lock (moto's
+`DynamoHandler.call_action`). DynamoDB makes each item write atomic and serializes
+transactions ("TransactWriteItems is a synchronous write operation that groups up to 100
+action requests ... The actions are completed atomically so that either all of them
+succeed, or all of them fail"; Developer Guide, "Isolation levels for DynamoDB
+transactions": serializable between TransactWriteItems and other writes). moto_server
+handles requests on threads, and moto's `transact_write_items` backs up the whole table
+(a deep copy) before it starts and, when any condition fails, puts that copy back —
+undoing every write other threads made to the table meanwhile. Seen under 32 workers: a
+cancelled executor-slot transaction (issue 13 item 3) restored a counter from before
+other workers' increments, so 15 slot holders stood against a counter of 12 and a 13th
+task started past a cap of 12; and the "500 under 32 workers" the concurrency test
+mentions.
+
 moto's other quirks are kept on purpose (shared/reference/moto.md): the ListTasks cluster
 filter and DescribeTasks task ids still match as substrings, so the adapter's own exact
 matching stays tested.
@@ -42,6 +56,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from moto.core.responses import ActionResult
+from moto.dynamodb.responses import DynamoHandler
 from moto.ecs.exceptions import ECSException, InvalidParameterException
 from moto.ecs.responses import EC2ContainerServiceResponse
 from moto.server import main
@@ -184,6 +199,18 @@ def describe_tasks(self: EC2ContainerServiceResponse) -> ActionResult:
     return result
 
 
+# One DynamoDB request at a time per server (see the module docs): moto's transactions
+# restore a whole-table copy on failure, which is only safe with no concurrent writer.
+_dynamodb_lock = threading.Lock()
+_original_dynamodb_call_action = DynamoHandler.call_action
+
+
+def dynamodb_call_action(self: DynamoHandler) -> Any:
+    with _dynamodb_lock:
+        return _original_dynamodb_call_action(self)
+
+
+DynamoHandler.call_action = dynamodb_call_action  # type: ignore[method-assign]
 EC2ContainerServiceResponse.run_task = run_task  # type: ignore[method-assign]
 EC2ContainerServiceResponse.list_tasks = list_tasks  # type: ignore[method-assign]
 EC2ContainerServiceResponse.describe_tasks = describe_tasks  # type: ignore[method-assign]
