@@ -1019,6 +1019,25 @@ async fn ceiling_at_the_executor_cap_a_second_start_waits_until_the_first_execut
         1,
         "A keeps its executor"
     );
+    // The operator sees the wait: `sandboxctl status` shows B's last decision deferred.
+    let doc = h.sandboxctl(&["status", "--json"]).await.json();
+    let shown = doc["environments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["environment_id"] == env_b.as_str())
+        .unwrap_or_else(|| panic!("B in the status: {doc:#}"))
+        .clone();
+    let last = &shown["last_decision"];
+    assert_eq!(last["outcome"], "wait", "{shown:#}");
+    assert!(
+        last["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("capacity_limit"),
+        "{shown:#}"
+    );
+    assert_eq!(last["deferred"], true, "{shown:#}");
     // A goes idle, its lease stops it, the slot frees and B's next look starts B.
     h.wait_until(
         "B connected once A stopped",
