@@ -69,7 +69,7 @@ pub fn classify(port: &str, op: &str) -> Access {
         ),
         "registry" => matches!(
             op,
-            "get" | "find_by_session" | "list" | "seen_delivery" | "receipts"
+            "get" | "find_by_session" | "list" | "seen_delivery" | "receipts" | "slots"
         ),
         "compute" => matches!(op, "describe" | "describe_many" | "find" | "list"),
         "queue" => matches!(op, "receive" | "dead_letter_count"),

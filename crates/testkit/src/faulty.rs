@@ -50,7 +50,8 @@ pub enum Fault {
     /// `compute.describe` answered `MISSING`: `None`.
     Missing,
     /// A conditional write failed: `registry.put` conflicts, `registry.lock` is refused,
-    /// `registry.release` is refused (lock lost or record changed).
+    /// `registry.release` is refused (lock lost or record changed), `registry.acquire_slot`
+    /// and `registry.release_slot` find the lock lost.
     Conflict,
 }
 
@@ -60,7 +61,13 @@ impl Fault {
             Self::Throttled | Self::Timeout | Self::ServerError | Self::LostResponse => true,
             Self::FailedStart(_) => port == "compute" && op == "start",
             Self::Missing => port == "compute" && op == "describe",
-            Self::Conflict => port == "registry" && matches!(op, "put" | "lock" | "release"),
+            Self::Conflict => {
+                port == "registry"
+                    && matches!(
+                        op,
+                        "put" | "lock" | "release" | "acquire_slot" | "release_slot"
+                    )
+            }
         }
     }
 }
