@@ -26,8 +26,9 @@ service and operation is moto's own:
   the RUNNING state"). moto sets neither; its tasks are RUNNING at once, so both are the
   RunTask time (the executor lifetime ceiling reads `startedAt`).
 
-And one change to DynamoDB: every DynamoDB request is handled under one lock (moto's
-`DynamoHandler.call_action`). DynamoDB makes each item write atomic and serializes
+And one change to DynamoDB: every DynamoDB *write* request (PutItem, UpdateItem,
+DeleteItem, BatchWriteItem, TransactWriteItems) is handled under one lock (moto's
+`DynamoHandler.call_action`); reads run as before. DynamoDB makes each item write atomic and serializes
 transactions ("TransactWriteItems is a synchronous write operation that groups up to 100
 action requests ... The actions are completed atomically so that either all of them
 succeed, or all of them fail"; Developer Guide, "Isolation levels for DynamoDB
@@ -199,15 +200,22 @@ def describe_tasks(self: EC2ContainerServiceResponse) -> ActionResult:
     return result
 
 
-# One DynamoDB request at a time per server (see the module docs): moto's transactions
+# One DynamoDB write at a time per server (see the module docs): moto's transactions
 # restore a whole-table copy on failure, which is only safe with no concurrent writer.
-_dynamodb_lock = threading.Lock()
+# Reads (GetItem, Query, Scan, ...) are not held up behind writes.
+_dynamodb_write_lock = threading.Lock()
+_DYNAMODB_WRITES = frozenset(
+    {"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}
+)
 _original_dynamodb_call_action = DynamoHandler.call_action
 
 
 def dynamodb_call_action(self: DynamoHandler) -> Any:
-    with _dynamodb_lock:
-        return _original_dynamodb_call_action(self)
+    target = self.headers.get("X-Amz-Target") or self.headers.get("x-amz-target") or ""
+    if target.rsplit(".", 1)[-1] in _DYNAMODB_WRITES:
+        with _dynamodb_write_lock:
+            return _original_dynamodb_call_action(self)
+    return _original_dynamodb_call_action(self)
 
 
 DynamoHandler.call_action = dynamodb_call_action  # type: ignore[method-assign]

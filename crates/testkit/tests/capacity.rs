@@ -340,3 +340,28 @@ async fn a_capped_start_costs_one_slot_call_whatever_the_deployment_size() {
     );
     assert_eq!(sequences[0], sequences[1], "flat in the deployment's size");
 }
+
+/// `sandboxctl sweep --dry-run` and `explain` show a start at the cap as the worker would
+/// take it: a `capacity_limit` wait, nothing taken.
+#[tokio::test]
+async fn a_dry_run_shows_a_start_at_the_cap_as_a_wait() {
+    let world = World::new();
+    let c = capped(&world, "w1", 1);
+    let (sa, ea) = requiring(&world, 1);
+    let (sb, eb) = requiring(&world, 2);
+    outcome(&c, &job(&world, Trigger::ConnectionRequested, &sa, &ea)).await;
+    let d = c
+        .decide_only(&job(&world, Trigger::Sweep, &sb, &eb), &eb)
+        .await
+        .unwrap();
+    assert_eq!(d.outcome.to_string(), "wait");
+    assert!(d.reason.to_string().starts_with("capacity_limit"), "{d:?}");
+    assert_eq!(world.registry.slots_in_use(), 1, "a dry run takes nothing");
+    // Below the cap it shows the start.
+    let c2 = capped(&world, "w2", 2);
+    let d = c2
+        .decide_only(&job(&world, Trigger::Sweep, &sb, &eb), &eb)
+        .await
+        .unwrap();
+    assert_eq!(d.outcome.to_string(), "start");
+}
