@@ -98,7 +98,7 @@ deploy-help:
 	@echo "  WORKSPACE_VOLUME_GIB (0 = off), WORKSPACE_VOLUME_TYPE,"
 	@echo "  AGENTS_API_BASE_URL, MAX_LIFETIME_SECS, LIFETIME_HARD_CAP_SECS, NO_WORK_SECS, MAX_REPLACEMENTS,"
 	@echo "  REPLACEMENT_WINDOW_SECS, REMOTE_URL_ALLOWLIST (comma-separated), WEBHOOK_TOLERANCE_SECS,"
-	@echo "  WEBHOOK_PREVIOUS_SECRET_ARN,"
+	@echo "  WEBHOOK_PREVIOUS_SECRET_ARN, MAX_EXECUTORS (concurrency cap, 0 = off),"
 	@echo "  WORKER_BATCH_SIZE, WORKER_MAXIMUM_CONCURRENCY, EXECUTOR_CPU_ARCHITECTURE (ARM64/X86_64),"
 	@echo "  EXECUTOR_CPU, EXECUTOR_MEMORY, LOG_RETENTION_DAYS, ALARM_TOPIC_ARN."
 	@echo "See README.md, section Deploy."
@@ -139,6 +139,7 @@ SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=
 	$(call sam-param,RemoteUrlAllowlist,REMOTE_URL_ALLOWLIST) \
 	$(call sam-param,WebhookToleranceSecs,WEBHOOK_TOLERANCE_SECS) \
 	$(call sam-param,PreviousWebhookSecretArn,WEBHOOK_PREVIOUS_SECRET_ARN) \
+	$(call sam-param,MaxExecutors,MAX_EXECUTORS) \
 	$(call sam-param,WorkerBatchSize,WORKER_BATCH_SIZE) \
 	$(call sam-param,WorkerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
 	$(call sam-param,ExecutorCpuArchitecture,EXECUTOR_CPU_ARCHITECTURE) \
@@ -179,6 +180,7 @@ CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' 
 	$(call cdk-context,remoteUrlAllowlist,REMOTE_URL_ALLOWLIST) \
 	$(call cdk-context,webhookToleranceSecs,WEBHOOK_TOLERANCE_SECS) \
 	$(call cdk-context,previousWebhookSecretArn,WEBHOOK_PREVIOUS_SECRET_ARN) \
+	$(call cdk-context,maxExecutors,MAX_EXECUTORS) \
 	$(call cdk-context,workerBatchSize,WORKER_BATCH_SIZE) \
 	$(call cdk-context,workerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
 	$(call cdk-context,executorCpuArchitecture,EXECUTOR_CPU_ARCHITECTURE) \

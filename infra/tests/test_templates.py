@@ -291,6 +291,38 @@ def test_the_workspace_volume_is_off_by_default_and_mounted_when_on(sam_cfn, cdk
     assert sam_worker["WORKSPACE_VOLUME_GIB"]["Fn::If"][1] == {"Ref": "WorkspaceVolumeGiB"}
 
 
+# Every DynamoDB action the registry adapter sends (crates/aws/src/dynamo_registry.rs).
+# TransactWriteItems has no action of its own: it is authorized per item action
+# (ConditionCheckItem for the fence, PutItem, UpdateItem, DeleteItem; DynamoDB Developer
+# Guide, "Using IAM with DynamoDB transactions").
+REGISTRY_ACTIONS = {
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:DeleteItem",
+    "dynamodb:ConditionCheckItem",
+    "dynamodb:Query",
+    "dynamodb:Scan",
+}
+
+
+def test_worker_and_sweeper_may_send_every_registry_call(any_cfn):
+    roles = roles_by_purpose(any_cfn)
+    checked = 0
+    for purpose, role_id in roles.items():
+        if not purpose.split(" (")[0].endswith(("worker", "sweeper")):
+            continue
+        granted = {
+            a
+            for statement in role_statements(any_cfn, role_id)
+            for a in as_list(statement["Action"])
+            if a.startswith("dynamodb:")
+        }
+        assert REGISTRY_ACTIONS <= granted, f"{purpose}: missing {sorted(REGISTRY_ACTIONS - granted)}"
+        checked += 1
+    assert checked >= 1, roles
+
+
 def test_each_secret_is_readable_only_where_needed(any_cfn):
     roles = roles_by_purpose(any_cfn)
     readers: dict[str, set[str]] = {}
@@ -351,6 +383,7 @@ def test_settings_parser_sees_the_known_variables():
         "MAX_REPLACEMENTS",
         "REPLACEMENT_WINDOW_SECS",
         "REMOTE_URL_ALLOWLIST",
+        "MAX_EXECUTORS",
     } <= wanted["controller"]["optional"]
     assert {"WEBHOOK_PREVIOUS_SECRET_ARN", "WEBHOOK_TOLERANCE_SECS"} <= wanted["webhook"]["optional"]
 
@@ -363,6 +396,7 @@ def test_ceiling_parameters_reach_both_controller_functions_in_sam_and_cdk(sam_c
         "MAX_REPLACEMENTS": "MaxReplacements",
         "REPLACEMENT_WINDOW_SECS": "ReplacementWindowSecs",
         "REMOTE_URL_ALLOWLIST": "RemoteUrlAllowlist",
+        "MAX_EXECUTORS": "MaxExecutors",
     }
     defaults = {
         "MAX_LIFETIME_SECS": "28800",
@@ -371,6 +405,7 @@ def test_ceiling_parameters_reach_both_controller_functions_in_sam_and_cdk(sam_c
         "MAX_REPLACEMENTS": "3",
         "REPLACEMENT_WINDOW_SECS": "3600",
         "REMOTE_URL_ALLOWLIST": "api.openai.com",
+        "MAX_EXECUTORS": "0",
     }
     for binary in ("worker", "sweeper"):
         sam = function_by_binary(sam_cfn, binary)["Environment"]["Variables"]

@@ -20,6 +20,8 @@
 //! | delivery ledger | `webhook#{webhook-id}` | `ledger` | `expires_at` |
 //! | audit entry | effect key | `audit#{epoch ms, 15 digits}#{seq, 6 digits}#{16 hex}` | `entry` (S: [`AuditEntry`] JSON), `at` |
 //! | receipt | effect key | `receipt#{epoch ms, 15 digits}#{seq, 6 digits}#{16 hex}` | `receipt` (S: [`Receipt`] JSON), `at` |
+//! | executor slot holder | effect key | `slot` | `environment_id` (S), `acquired_at` |
+//! | executor slot counter | `capacity#executors` | `counter` | `in_use` |
 //!
 //! Only record items carry `session_id`, so the `by_session` index is sparse: it holds
 //! the records and nothing else. The lock lives on the record item, so taking it reads the
@@ -29,6 +31,17 @@
 //!
 //! # Rules
 //!
+//! - The executor cap per deployment (issue 13 item 3): a slot is taken with one
+//!   `TransactWriteItems` of a `ConditionCheck` of the fence on the record item, a `Put` of
+//!   the environment's holder with `attribute_not_exists(pk)` and an `Update`
+//!   `ADD in_use :one` on the counter with `attribute_not_exists(in_use) OR in_use < :cap`;
+//!   given back with the fence, a `Delete` of the holder with `attribute_exists(pk)` and
+//!   `ADD in_use :minus_one` with `in_use > :zero`. All or nothing: the counter always
+//!   equals the number of holders, and concurrent workers cannot take more than `cap`.
+//!   The `CancellationReasons` (request order) say which condition failed: the fence (lock
+//!   lost), the holder (already held / not held) or the counter (full). A
+//!   `TransactionConflict` (another transaction on the counter at the same moment) is
+//!   retried (4 attempts in all, 20, 40 and 60 ms apart), then reported as a transient error.
 //! - Every write is conditional. Lock: `UpdateItem` with
 //!   `attribute_not_exists(lock_until) OR lock_until < :now` (absent or expired; held at
 //!   `now == lock_until`) and `ReturnValues=ALL_OLD`: the old item is the record, and an
@@ -64,14 +77,15 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement,
-    KeyType, Projection, ProjectionType, Put, ReturnValue, ScalarAttributeType, TableStatus,
-    TimeToLiveSpecification, TransactWriteItem, Update,
+    AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, Delete, GlobalSecondaryIndex,
+    KeySchemaElement, KeyType, Projection, ProjectionType, Put, ReturnValue, ScalarAttributeType,
+    TableStatus, TimeToLiveSpecification, TransactWriteItem, Update,
 };
 use sandbox_controller::ports::{
-    AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, StoredRecord, Write,
+    AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, Slot, SlotHolder,
+    SlotRelease, Slots, StoredRecord, Write,
 };
-use sandbox_core::ids::{EffectKey, SessionId};
+use sandbox_core::ids::{EffectKey, EnvironmentId, SessionId};
 use sandbox_core::record::Record;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -93,6 +107,12 @@ pub const TTL_ATTR: &str = "expires_at";
 
 const SK_RECORD: &str = "record";
 const SK_LEDGER: &str = "ledger";
+const SK_SLOT: &str = "slot";
+/// The partition key of the deployment's executor slot counter.
+const SLOTS_PK: &str = "capacity#executors";
+const SK_COUNTER: &str = "counter";
+/// Attempts of a slot transaction cancelled by a `TransactionConflict`.
+const SLOT_ATTEMPTS: u32 = 4;
 const AUDIT_PREFIX: &str = "audit#";
 const RECEIPT_PREFIX: &str = "receipt#";
 /// How long [`create_table`] waits for the table to become `ACTIVE`.
@@ -301,6 +321,32 @@ where
     E: aws_sdk_dynamodb::error::ProvideErrorMetadata,
 {
     crate::sdk_error::code(err) == Some("ConditionalCheckFailedException")
+}
+
+/// Which items of a cancelled `TransactWriteItems` failed, from its `CancellationReasons`
+/// (request order): `(condition failed per item, any TransactionConflict)`. `None` when the
+/// error is not a cancellation.
+fn cancellation(
+    err: &SdkError<TransactWriteItemsError>,
+    items: usize,
+) -> Option<(Vec<bool>, bool)> {
+    let Some(TransactWriteItemsError::TransactionCanceledException(c)) = err.as_service_error()
+    else {
+        return None;
+    };
+    let reasons = c.cancellation_reasons();
+    let failed = (0..items)
+        .map(|i| {
+            reasons
+                .get(i)
+                .and_then(|r| r.code())
+                .is_some_and(|code| code == "ConditionalCheckFailed")
+        })
+        .collect();
+    let conflict = reasons
+        .iter()
+        .any(|r| r.code().is_some_and(|code| code == "TransactionConflict"));
+    Some((failed, conflict))
 }
 
 /// Creates the registry table `table` with the schema in the module docs (for tests and
@@ -533,6 +579,61 @@ impl DynamoRegistry {
             Ok(_) => Ok(true),
             Err(e) if is_condition_failed(&e) => Ok(false),
             Err(e) => Err(port_error(DEP, op, &e)),
+        }
+    }
+
+    /// The fence as a `ConditionCheck` on the record item (the lock's owner, unexpired at
+    /// `now`), for transactions that write other items under the lock.
+    fn fence_check(
+        &self,
+        fence: &Fence,
+        now: u64,
+        op: &'static str,
+    ) -> Result<ConditionCheck, PortError> {
+        ConditionCheck::builder()
+            .table_name(self.table.as_ref())
+            .key(PK, s(fence.key.as_str()))
+            .key(SK, s(SK_RECORD))
+            .condition_expression("#lock_owner = :lock_owner AND #lock_until >= :now")
+            .expression_attribute_names("#lock_owner", "lock_owner")
+            .expression_attribute_names("#lock_until", "lock_until")
+            .expression_attribute_values(":lock_owner", s(fence.owner.as_str()))
+            .expression_attribute_values(":now", n(now))
+            .build()
+            .map_err(|e| {
+                PortError::permanent(DEP, op, format!("fence check could not be built: {e}"))
+            })
+    }
+
+    /// Runs one slot transaction: `None` when it was written, `Some(failed)` with the
+    /// condition-failed flag of each item when it was cancelled on a condition. A
+    /// `TransactionConflict` is retried ([`SLOT_ATTEMPTS`] attempts, 20, 40 and 60 ms apart).
+    async fn slot_transaction(
+        &self,
+        items: Vec<TransactWriteItem>,
+        op: &'static str,
+    ) -> Result<Option<Vec<bool>>, PortError> {
+        let count = items.len();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let res = self
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items.clone()))
+                .send()
+                .await;
+            let err = match res {
+                Ok(_) => return Ok(None),
+                Err(e) => e,
+            };
+            match cancellation(&err, count) {
+                Some((failed, _)) if failed.iter().any(|f| *f) => return Ok(Some(failed)),
+                Some((_, true)) if attempt < SLOT_ATTEMPTS => {
+                    tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
+                }
+                _ => return Err(port_error(DEP, op, &err)),
+            }
         }
     }
 
@@ -841,6 +942,164 @@ impl Registry for DynamoRegistry {
                     .map_err(|e| corrupt(op, format!("receipt could not be decoded: {e}")))
             })
             .collect()
+    }
+
+    async fn acquire_slot(&self, fence: &Fence, now: u64, cap: u32) -> Result<Slot, PortError> {
+        let op = "acquire_slot";
+        let env = fence.key.environment_id().ok_or_else(|| {
+            PortError::permanent(
+                DEP,
+                op,
+                "the fence's key is not an environment's effect key",
+            )
+        })?;
+        let build = |what: &str, e: aws_sdk_dynamodb::error::BuildError| {
+            PortError::permanent(DEP, op, format!("{what} could not be built: {e}"))
+        };
+        let holder = Put::builder()
+            .table_name(self.table.as_ref())
+            .item(PK, s(fence.key.as_str()))
+            .item(SK, s(SK_SLOT))
+            .item("environment_id", s(env.as_str()))
+            .item("acquired_at", n(now))
+            .condition_expression("attribute_not_exists(#pk)")
+            .expression_attribute_names("#pk", PK)
+            .build()
+            .map_err(|e| build("holder put", e))?;
+        let counter = Update::builder()
+            .table_name(self.table.as_ref())
+            .key(PK, s(SLOTS_PK))
+            .key(SK, s(SK_COUNTER))
+            .update_expression("ADD #in_use :one")
+            .condition_expression("attribute_not_exists(#in_use) OR #in_use < :cap")
+            .expression_attribute_names("#in_use", "in_use")
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":cap", n(u64::from(cap)))
+            .build()
+            .map_err(|e| build("counter update", e))?;
+        let items = vec![
+            TransactWriteItem::builder()
+                .condition_check(self.fence_check(fence, now, op)?)
+                .build(),
+            TransactWriteItem::builder().put(holder).build(),
+            TransactWriteItem::builder().update(counter).build(),
+        ];
+        let Some(failed) = self.slot_transaction(items, op).await? else {
+            return Ok(Slot::Acquired);
+        };
+        Ok(match failed.as_slice() {
+            [true, ..] => Slot::LockLost,
+            [_, true, ..] => Slot::Held,
+            [_, _, true] => Slot::Full,
+            _ => {
+                return Err(PortError::transient(
+                    DEP,
+                    op,
+                    "transaction cancelled without a failed condition",
+                ));
+            }
+        })
+    }
+
+    async fn release_slot(&self, fence: &Fence, now: u64) -> Result<SlotRelease, PortError> {
+        let op = "release_slot";
+        let build = |what: &str, e: aws_sdk_dynamodb::error::BuildError| {
+            PortError::permanent(DEP, op, format!("{what} could not be built: {e}"))
+        };
+        let holder = Delete::builder()
+            .table_name(self.table.as_ref())
+            .key(PK, s(fence.key.as_str()))
+            .key(SK, s(SK_SLOT))
+            .condition_expression("attribute_exists(#pk)")
+            .expression_attribute_names("#pk", PK)
+            .build()
+            .map_err(|e| build("holder delete", e))?;
+        let counter = Update::builder()
+            .table_name(self.table.as_ref())
+            .key(PK, s(SLOTS_PK))
+            .key(SK, s(SK_COUNTER))
+            .update_expression("ADD #in_use :minus_one")
+            .condition_expression("#in_use > :zero")
+            .expression_attribute_names("#in_use", "in_use")
+            .expression_attribute_values(":minus_one", AttributeValue::N("-1".into()))
+            .expression_attribute_values(":zero", n(0))
+            .build()
+            .map_err(|e| build("counter update", e))?;
+        let check = self.fence_check(fence, now, op)?;
+        let items = vec![
+            TransactWriteItem::builder()
+                .condition_check(check.clone())
+                .build(),
+            TransactWriteItem::builder().delete(holder.clone()).build(),
+            TransactWriteItem::builder().update(counter).build(),
+        ];
+        let failed = match self.slot_transaction(items, op).await? {
+            None => return Ok(SlotRelease::Released),
+            Some(failed) => failed,
+        };
+        match failed.as_slice() {
+            [true, ..] => Ok(SlotRelease::LockLost),
+            [_, true, ..] => Ok(SlotRelease::NotHeld),
+            [_, _, true] => {
+                // The counter is already 0 although a holder exists (changed outside the
+                // controller): delete the holder alone, never count below zero.
+                tracing::warn!(effect_key = %fence.key, "executor slot counter at 0 with a holder: releasing the holder alone");
+                let items = vec![
+                    TransactWriteItem::builder().condition_check(check).build(),
+                    TransactWriteItem::builder().delete(holder).build(),
+                ];
+                Ok(match self.slot_transaction(items, op).await?.as_deref() {
+                    None => SlotRelease::Released,
+                    Some([true, ..]) => SlotRelease::LockLost,
+                    Some(_) => SlotRelease::NotHeld,
+                })
+            }
+            _ => Err(PortError::transient(
+                DEP,
+                op,
+                "transaction cancelled without a failed condition",
+            )),
+        }
+    }
+
+    async fn slots(&self) -> Result<Slots, PortError> {
+        let op = "slots";
+        let counter = self
+            .client
+            .get_item()
+            .table_name(self.table.as_ref())
+            .key(PK, s(SLOTS_PK))
+            .key(SK, s(SK_COUNTER))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| port_error(DEP, op, &e))?;
+        let in_use = match counter.item() {
+            Some(item) if item.contains_key("in_use") => get_n(item, "in_use", op)?,
+            _ => 0,
+        };
+        let mut pages = self
+            .client
+            .scan()
+            .table_name(self.table.as_ref())
+            .consistent_read(true)
+            .filter_expression("#sk = :slot")
+            .expression_attribute_names("#sk", SK)
+            .expression_attribute_values(":slot", s(SK_SLOT))
+            .into_paginator()
+            .send();
+        let mut holders = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| port_error(DEP, op, &e))?;
+            for item in page.items() {
+                holders.push(SlotHolder {
+                    environment_id: EnvironmentId::new(get_s(item, "environment_id", op)?),
+                    acquired_at: get_n(item, "acquired_at", op)?,
+                });
+            }
+        }
+        holders.sort_by(|a, b| a.environment_id.cmp(&b.environment_id));
+        Ok(Slots { in_use, holders })
     }
 }
 

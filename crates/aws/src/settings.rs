@@ -35,6 +35,7 @@
 //! | `NO_WORK_SECS` | worker, sweeper | no | idle without work: no turn and no connection request for this long stops the executor, seconds (default 3,600; 0 = off) |
 //! | `MAX_REPLACEMENTS` | worker, sweeper | no | replacements for a missed connect deadline allowed within the window (default 3; 0 = no cap) |
 //! | `REPLACEMENT_WINDOW_SECS` | worker, sweeper | no | the replacement cap's window, seconds (default 3,600; ≥ 1) |
+//! | `MAX_EXECUTORS` | worker, sweeper | no | concurrency cap: executors running at once in the deployment; a start beyond it waits (`capacity_limit`) (default 0 = off) |
 //! | `REMOTE_URL_ALLOWLIST` | worker, sweeper | no | comma-separated hosts a session's `remote_url` may name (`host`, `*.domain`, `scheme://host`; default `api.openai.com`, `wss` or `https` only) |
 //! | `AWS_ENDPOINT_URL` | all | no | one endpoint for every AWS service: tests only (moto) |
 //!
@@ -528,6 +529,13 @@ fn ceilings<F: Fn(&str) -> Option<String>>(
         defaults.replacement_window_secs,
         true,
     )?;
+    policy.max_executors = match vars.optional("MAX_EXECUTORS") {
+        None => defaults.max_executors,
+        Some(raw) => raw.parse::<u32>().map_err(|_| SettingsError::Invalid {
+            var: "MAX_EXECUTORS",
+            reason: "a count of executors below 4294967296 (0 = no cap)",
+        })?,
+    };
     let allowlist = vars.list("REMOTE_URL_ALLOWLIST")?;
     if !allowlist.is_empty() {
         sandbox_core::remote_url::validate_allowlist(&allowlist).map_err(|_| {

@@ -110,6 +110,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = Policy::default().replacement_window_secs,
           value_parser = clap::value_parser!(u64).range(1..))]
     replacement_window_secs: u64,
+    /// Concurrency cap: executors running at once (0 = off). A start beyond it waits
+    /// (`capacity_limit`) until a slot frees; the Agents API waits up to 300 s for the
+    /// executor's connection.
+    #[arg(long, default_value_t = Policy::default().max_executors)]
+    max_executors: u32,
     /// Hosts a session's `remote_url` may name (repeatable: `host`, `*.domain`, or
     /// `scheme://host` to allow a scheme other than https). Default: api.openai.com.
     #[arg(long = "remote-url-allow")]
@@ -145,6 +150,7 @@ fn ceilings(args: &ServeArgs, policy: &mut Policy) -> anyhow::Result<()> {
     policy.no_work_secs = args.no_work_secs;
     policy.max_replacements = args.max_replacements;
     policy.replacement_window_secs = args.replacement_window_secs;
+    policy.max_executors = args.max_executors;
     if !args.remote_url_allow.is_empty() {
         sandbox_core::remote_url::validate_allowlist(&args.remote_url_allow)
             .map_err(|problem| anyhow::anyhow!("--remote-url-allow: {problem}"))?;

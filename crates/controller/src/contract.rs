@@ -27,7 +27,7 @@
 use crate::job::Job;
 use crate::ports::{
     AuditEntry, Clock, Compute, Fence, Locked, NO_DEADLINE, Outgoing, Queue, Receipt, ReceiptKind,
-    Received, Registry, Release, Sent, Started, SystemClock, Write,
+    Received, Registry, Release, Sent, Slot, SlotRelease, Started, SystemClock, Write,
 };
 use sandbox_core::compute::{ComputeInstance, ComputeStatus, InstanceRef};
 use sandbox_core::decision::StartSpec;
@@ -1706,4 +1706,245 @@ pub async fn workspace_contract<C: Compute, P: WorkspaceProbe>(
         stored_of(&stored, &env, StoredKind::Snapshot).is_empty(),
         "workspace contract [{rule}]: the deleted snapshot is not listed: {stored:?}"
     );
+}
+
+/// Issue 13 item 3, the executor cap per deployment: the registry's slots. Needs a
+/// registry *of its own* (no slot held and no other user of slots: the counter is
+/// deployment-wide); `cap` of 3 is used.
+///
+/// Checks: a slot is taken under the lock (`Acquired`), a second take by the same
+/// environment is `Held` and changes nothing; the counter and the holders agree; at the
+/// cap a new environment gets `Full` and nothing changes; a release is `Released` once,
+/// then `NotHeld`, and frees a slot for the next environment; an acquire or release with a
+/// lost or expired lock is `LockLost` and changes nothing; and 24 environments acquiring
+/// concurrently (each under its own lock) end with exactly `cap` holders and a counter of
+/// `cap` — never more, whatever the interleaving.
+pub async fn registry_slots_contract<R: Registry + Clone>(r: &R) {
+    const CAP: u32 = 3;
+    let run = unique();
+    let now = SystemClock.now();
+    let slots = |rule: &'static str| async move {
+        r.slots()
+            .await
+            .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)))
+    };
+    let start = slots("slots-start").await;
+    assert_eq!(
+        (start.in_use, start.holders.len()),
+        (0, 0),
+        "registry slots contract: needs a registry with no slot held"
+    );
+    let envs: Vec<EnvironmentId> = (0..5)
+        .map(|i| EnvironmentId::new(format!("env_slot_{run}_{i}")))
+        .collect();
+    let mut fences = Vec::new();
+    for env in &envs {
+        let f = fence(&env.effect_key(), &format!("owner-s-{run}-{env}"));
+        assert!(
+            take(r, &f.key, &f.owner, now + 600, now).await.is_some(),
+            "registry slots contract [slot-lock]: a fresh key's lock is free"
+        );
+        fences.push(f);
+    }
+    let acquire = |f: &Fence, at: u64, rule: &'static str| {
+        let f = f.clone();
+        async move {
+            r.acquire_slot(&f, at, CAP)
+                .await
+                .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)))
+        }
+    };
+    let rule = "slot-acquire";
+    assert_eq!(
+        acquire(&fences[0], now, rule).await,
+        Slot::Acquired,
+        "registry slots contract [{rule}]: a free slot is taken"
+    );
+    let rule = "slot-acquire-idempotent";
+    assert_eq!(
+        acquire(&fences[0], now, rule).await,
+        Slot::Held,
+        "registry slots contract [{rule}]: an environment holding a slot takes no second one"
+    );
+    let s = slots(rule).await;
+    assert_eq!(
+        s.in_use, 1,
+        "registry slots contract [{rule}]: the counter counts the environment once"
+    );
+    assert_eq!(
+        s.holders
+            .iter()
+            .map(|h| &h.environment_id)
+            .collect::<Vec<_>>(),
+        vec![&envs[0]],
+        "registry slots contract [{rule}]: the holder names the environment"
+    );
+    assert_eq!(
+        s.holders[0].acquired_at, now,
+        "registry slots contract [{rule}]: the holder says when"
+    );
+    assert_eq!(
+        acquire(&fences[1], now, "slot-acquire").await,
+        Slot::Acquired
+    );
+    assert_eq!(
+        acquire(&fences[2], now, "slot-acquire").await,
+        Slot::Acquired
+    );
+    let rule = "slot-full";
+    assert_eq!(
+        acquire(&fences[3], now, rule).await,
+        Slot::Full,
+        "registry slots contract [{rule}]: at the cap no slot is taken"
+    );
+    let s = slots(rule).await;
+    assert_eq!(
+        (s.in_use, s.holders.len()),
+        (3, 3),
+        "registry slots contract [{rule}]: a full acquire changes nothing"
+    );
+    // Fencing: a stranger, and the owner after its lock expired, change nothing.
+    let rule = "slot-fenced";
+    let stranger = fence(&fences[3].key, "someone-else");
+    assert_eq!(
+        acquire(&stranger, now, rule).await,
+        Slot::LockLost,
+        "registry slots contract [{rule}]: no slot without the lock"
+    );
+    let released = |f: &Fence, at: u64, rule: &'static str| {
+        let f = f.clone();
+        async move {
+            r.release_slot(&f, at)
+                .await
+                .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)))
+        }
+    };
+    assert_eq!(
+        released(&fence(&fences[0].key, "someone-else"), now, rule).await,
+        SlotRelease::LockLost,
+        "registry slots contract [{rule}]: no release without the lock"
+    );
+    assert_eq!(
+        released(&fences[0], now + 601, rule).await,
+        SlotRelease::LockLost,
+        "registry slots contract [{rule}]: no release after the lock expired"
+    );
+    assert_eq!(
+        slots(rule).await.in_use,
+        3,
+        "registry slots contract [{rule}]: refused calls change nothing"
+    );
+    // Release frees exactly one slot, once.
+    let rule = "slot-release";
+    assert_eq!(
+        released(&fences[0], now, rule).await,
+        SlotRelease::Released,
+        "registry slots contract [{rule}]: a held slot is given back"
+    );
+    assert_eq!(
+        released(&fences[0], now, rule).await,
+        SlotRelease::NotHeld,
+        "registry slots contract [{rule}]: a second release changes nothing"
+    );
+    assert_eq!(
+        released(&fences[4], now, rule).await,
+        SlotRelease::NotHeld,
+        "registry slots contract [{rule}]: an environment without a slot releases nothing"
+    );
+    let s = slots(rule).await;
+    assert_eq!(
+        (s.in_use, s.holders.len()),
+        (2, 2),
+        "registry slots contract [{rule}]: counter and holders lowered together"
+    );
+    assert_eq!(
+        acquire(&fences[3], now, rule).await,
+        Slot::Acquired,
+        "registry slots contract [{rule}]: a freed slot is taken by the next environment"
+    );
+    for f in &fences[1..4] {
+        assert_eq!(
+            released(f, now, "slot-cleanup").await,
+            SlotRelease::Released
+        );
+    }
+    assert_eq!(slots("slot-cleanup").await.in_use, 0);
+
+    // Concurrent acquires: never more than the cap.
+    let rule = "slot-concurrent";
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let r = r.clone();
+        let env = EnvironmentId::new(format!("env_slotc_{run}_{i}"));
+        let f = fence(&env.effect_key(), &format!("owner-c-{run}-{i}"));
+        tasks.push(async move {
+            let locked = r
+                .lock(&f.key, &f.owner, now + 600, now)
+                .await
+                .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+            assert!(
+                locked.is_some(),
+                "registry slots contract [{rule}]: fresh lock"
+            );
+            let got = r
+                .acquire_slot(&f, now, CAP)
+                .await
+                .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+            (f, got)
+        });
+    }
+    let results = futures_join_all(tasks).await;
+    let acquired: Vec<&Fence> = results
+        .iter()
+        .filter(|(_, s)| *s == Slot::Acquired)
+        .map(|(f, _)| f)
+        .collect();
+    assert_eq!(
+        acquired.len(),
+        CAP as usize,
+        "registry slots contract [{rule}]: exactly the cap's slots were taken by 24 concurrent environments: {:?}",
+        results.iter().map(|(_, s)| *s).collect::<Vec<_>>()
+    );
+    assert!(
+        results
+            .iter()
+            .all(|(_, s)| matches!(s, Slot::Acquired | Slot::Full)),
+        "registry slots contract [{rule}]: the others were told the cap is reached"
+    );
+    let s = slots(rule).await;
+    assert_eq!(
+        (s.in_use, s.holders.len()),
+        (u64::from(CAP), CAP as usize),
+        "registry slots contract [{rule}]: the counter equals the holders"
+    );
+    for f in acquired {
+        assert_eq!(
+            released(f, now, "slot-cleanup").await,
+            SlotRelease::Released
+        );
+    }
+    assert_eq!(slots("slot-cleanup").await.in_use, 0);
+}
+
+/// Runs futures concurrently on the current task (no spawn, so any backend works).
+async fn futures_join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut pinned: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
+    std::future::poll_fn(move |cx| {
+        let mut pending = false;
+        for (i, f) in pinned.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(out.iter_mut().map(|o| o.take().expect("ready")).collect())
+        }
+    })
+    .await
 }

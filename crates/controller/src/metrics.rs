@@ -27,6 +27,8 @@
 //! | `webhook_accepted` | count | | a delivery queued |
 //! | `webhook_ignored` | count | | a verified delivery that is not compute's business |
 //! | `webhook_rejected` | count | `reason` (`too_large`, `headers`, `signature`, `malformed`, `queue_unavailable`) | a delivery answered 4xx/503 |
+//! | `capacity_waits` | count | | a start that found the deployment's executor cap reached and waits (issue 13 item 3, reason `capacity_limit`) |
+//! | `executor_slots` | count (one value per sweep) | | executor slots in use (the cap's counter), read by every sweep while the cap is on |
 //! | `held_environments` | count (one value per sweep) | | environments with open reconciliation evidence (issue 15: held for an owner), counted by every sweep in the registry's list (a value, not a gauge: the EMF recorder writes a gauge on every flush, and an invocation that recorded nothing writes nothing) |
 //!
 //! | `start_to_connected_seconds` | seconds | | from the accepted start (`RunTask`) to the first observation of its executor connected ([`sandbox_core::record::Record::instance_connected_at`]: an upper bound, read when the connection request is no longer required) |
@@ -79,6 +81,10 @@ pub mod names {
     /// `replacement_cap` (a stop or a held start at the cap), `remote_url_not_allowed`
     /// (no compute for the session).
     pub const CEILINGS: &str = "ceilings";
+    /// Starts that waited at the executor cap (issue 13 item 3).
+    pub const CAPACITY_WAITS: &str = "capacity_waits";
+    /// Executor slots in use, one value per sweep (issue 13 item 3).
+    pub const EXECUTOR_SLOTS: &str = "executor_slots";
 }
 
 /// Registers units and descriptions with the installed recorder (EMF needs the units).
@@ -104,9 +110,18 @@ pub fn describe() {
         ),
         (WEBHOOK_REJECTED, "webhook deliveries rejected, by reason"),
         (CEILINGS, "cost and safety ceilings that acted, by reason"),
+        (
+            CAPACITY_WAITS,
+            "starts that waited at the deployment's executor cap",
+        ),
     ] {
         describe_counter!(name, Unit::Count, what);
     }
+    describe_histogram!(
+        EXECUTOR_SLOTS,
+        Unit::Count,
+        "executor slots in use, per sweep"
+    );
     describe_histogram!(
         HELD_ENVIRONMENTS,
         Unit::Count,
@@ -138,6 +153,12 @@ pub fn decision_applied(
     metrics::counter!(names::DECISIONS, "outcome" => decision.outcome.as_str()).increment(1);
     if let Some(reason) = ceiling_of(decision) {
         metrics::counter!(names::CEILINGS, "reason" => reason).increment(1);
+    }
+    if matches!(
+        decision.reason,
+        sandbox_core::decision::Reason::CapacityLimit { .. }
+    ) {
+        metrics::counter!(names::CAPACITY_WAITS).increment(1);
     }
     let instances = match &observed.inventory {
         Inventory::Known { instances } => instances.as_slice(),
@@ -197,6 +218,11 @@ pub fn ceiling_of(decision: &Decision) -> Option<&'static str> {
 /// after the record began naming it (the accepted start).
 pub fn executor_connected(secs: u64) {
     metrics::histogram!(names::START_TO_CONNECTED).record(secs as f64);
+}
+
+/// The executor slots in use, read by a sweep (issue 13 item 3).
+pub fn executor_slots(in_use: u64) {
+    metrics::histogram!(names::EXECUTOR_SLOTS).record(in_use as f64);
 }
 
 /// A start answered without an instance.

@@ -303,6 +303,52 @@ pub struct Release<'a> {
     pub clean: bool,
 }
 
+/// What [`Registry::acquire_slot`] did (issue 13 item 3, the executor cap per
+/// deployment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// A slot was taken: the environment's holder written and the deployment's counter
+    /// raised by one, in one atomic step.
+    Acquired,
+    /// The environment holds a slot already (its holder exists): nothing changed. A
+    /// replacement or a restart after a failed start reuses the environment's slot.
+    Held,
+    /// Every slot is taken (the counter is at the cap): nothing changed; start nothing.
+    Full,
+    /// The fence failed (the lock is lost or expired): nothing changed.
+    LockLost,
+}
+
+/// What [`Registry::release_slot`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotRelease {
+    /// The environment's holder was deleted and the counter lowered by one, atomically.
+    Released,
+    /// The environment held no slot: nothing changed (a release is idempotent).
+    NotHeld,
+    /// The fence failed (the lock is lost or expired): nothing changed.
+    LockLost,
+}
+
+/// One environment holding an executor slot (the sweeper's inventory of slots).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotHolder {
+    /// The environment (its effect key is the holder's key).
+    pub environment_id: EnvironmentId,
+    /// When the slot was taken, Unix seconds.
+    pub acquired_at: u64,
+}
+
+/// The deployment's executor slots as stored: the counter the cap is checked against and
+/// the holders it counts (equal unless something outside the controller changed them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Slots {
+    /// The counter (slots in use).
+    pub in_use: u64,
+    /// Every holder, by environment.
+    pub holders: Vec<SlotHolder>,
+}
+
 /// The registry: records under effect keys, locks, the delivery ledger, audit and receipts.
 ///
 /// Every record change is a conditional write on the record's `version` *and* on the lock
@@ -380,6 +426,32 @@ pub trait Registry: Send + Sync + 'static {
         &self,
         key: &EffectKey,
     ) -> impl Future<Output = Result<Vec<Receipt>, PortError>> + Send;
+    /// Takes an executor slot for the environment of `fence.key` under the deployment's
+    /// cap `cap` (≥ 1; issue 13 item 3), all or nothing, if `fence.owner` holds the lock
+    /// at `now`: writes the environment's holder (absent before) and raises the
+    /// deployment's counter by one (below `cap` before). Never counts live compute first:
+    /// the conditional write is what makes concurrent workers unable to exceed the cap.
+    /// One remote call (DynamoDB: one `TransactWriteItems` of a `ConditionCheck` on the
+    /// lock, a `Put` of the holder with `attribute_not_exists`, an `Update` `ADD` on the
+    /// counter with `in_use < :cap`; SQLite: one transaction).
+    fn acquire_slot(
+        &self,
+        fence: &Fence,
+        now: u64,
+        cap: u32,
+    ) -> impl Future<Output = Result<Slot, PortError>> + Send;
+    /// Gives back the environment's executor slot, all or nothing, if `fence.owner` holds
+    /// the lock at `now`: deletes the holder (present before) and lowers the counter by one
+    /// (never below zero). Called only once the environment has no compute: a stop read
+    /// back `STOPPED`, a failed start, a close. One remote call.
+    fn release_slot(
+        &self,
+        fence: &Fence,
+        now: u64,
+    ) -> impl Future<Output = Result<SlotRelease, PortError>> + Send;
+    /// The counter and every holder (the sweeper's inventory; linear in the holders,
+    /// read consistently).
+    fn slots(&self) -> impl Future<Output = Result<Slots, PortError>> + Send;
 }
 
 /// What a start produced.

@@ -24,6 +24,14 @@
 //! the environment id picks the sweep), not on every run; closed ones never again unless
 //! a live compute of theirs shows up.
 //!
+//! With the executor cap on ([`sandbox_core::observed::Policy::max_executors`]) the sweep
+//! also reads the slots once ([`Registry::slots`], linear in the holders) and repairs what
+//! a crash left: an environment holding a slot without live compute gets its sweep job
+//! (settled or not), whose decision gives the slot back under the lock; a holder with no
+//! record at all, older than the lock's lease, is given back under its environment's lock
+//! once [`Compute::find`] shows nothing live ([`Controller::release_orphan_slots`]). A
+//! counter that disagrees with the holders (changed outside the controller) is logged.
+//!
 //! [`Controller::sweep`] processes the jobs in place (local mode's `sweep now`, tests);
 //! [`Controller::sweep_fan_out`] sends them to the timers queue, spread over time, so no
 //! single invocation's duration grows with the deployment (the sweeper Lambda).
@@ -67,6 +75,10 @@ pub struct SweepPlan {
     pub settled_skipped: usize,
     /// The records the plan read (the workspace sweep reuses them).
     pub records: Vec<Record>,
+    /// Environments holding an executor slot with no record and no live compute, for
+    /// longer than the lock's lease (issue 13 item 3: a worker crashed between taking the
+    /// slot and recording anything); [`Controller::release_orphan_slots`] gives them back.
+    pub orphan_slots: Vec<EnvironmentId>,
 }
 
 /// Whether the record needs nothing unless its session changes: stopped, or active with
@@ -191,8 +203,117 @@ where
                 }
             }
         }
+        if self.config.policy.max_executors > 0 {
+            self.plan_slot_repairs(&mut plan, &records, &has_live, &job, now)
+                .await?;
+        }
         plan.records = records;
         Ok(plan)
+    }
+
+    /// Issue 13 item 3: the slots' share of a sweep plan (see the module docs).
+    async fn plan_slot_repairs(
+        &self,
+        plan: &mut SweepPlan,
+        records: &[Record],
+        has_live: &(dyn Fn(&EnvironmentId) -> bool + Sync),
+        job: &(dyn Fn(&EnvironmentId, SessionId, Option<&Record>) -> Job + Sync),
+        now: u64,
+    ) -> Result<(), PortError> {
+        let slots = self.registry.slots().await?;
+        crate::metrics::executor_slots(slots.in_use);
+        if slots.in_use != slots.holders.len() as u64 {
+            tracing::warn!(
+                in_use = slots.in_use,
+                holders = slots.holders.len(),
+                "executor slot counter disagrees with its holders (changed outside the controller?)"
+            );
+        }
+        let planned: HashSet<EnvironmentId> = plan
+            .jobs
+            .iter()
+            .filter_map(|j| j.environment_id.clone())
+            .collect();
+        let by_env: BTreeMap<&EnvironmentId, &Record> =
+            records.iter().map(|r| (&r.environment_id, r)).collect();
+        for h in &slots.holders {
+            let env = &h.environment_id;
+            if planned.contains(env) || has_live(env) {
+                continue;
+            }
+            match by_env.get(env) {
+                Some(r) => plan.jobs.push(job(env, r.session_id.clone(), Some(r))),
+                None if now > h.acquired_at.saturating_add(self.config.lock_ttl_secs) => {
+                    plan.orphan_slots.push(env.clone());
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives back the slots of [`SweepPlan::orphan_slots`], each under its environment's
+    /// lock, only when the lock reads no record and [`Compute::find`] shows nothing live
+    /// for the environment (one lock, one find, one slot release, one lock release each).
+    /// Returns how many were given back; failures are logged (the next sweep retries).
+    pub async fn release_orphan_slots(&self, plan: &SweepPlan) -> usize {
+        let mut given_back = 0;
+        for env in &plan.orphan_slots {
+            let now = self.clock.now();
+            let fence = crate::ports::Fence {
+                key: env.effect_key(),
+                owner: format!("{}#sweep-slot-{now}", self.config.worker_id),
+            };
+            let locked = match self
+                .registry
+                .lock(
+                    &fence.key,
+                    &fence.owner,
+                    now + self.config.lock_ttl_secs,
+                    now,
+                )
+                .await
+            {
+                Ok(Some(locked)) => locked,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(environment_id = %env, error = %e, "orphan slot: lock failed");
+                    continue;
+                }
+            };
+            let free = locked.record.is_none()
+                && matches!(
+                    self.compute.find(&self.config.deployment, env).await,
+                    Ok(found) if !found.iter().any(|i| i.status.is_live())
+                );
+            if free {
+                match self.registry.release_slot(&fence, self.clock.now()).await {
+                    Ok(crate::ports::SlotRelease::Released) => {
+                        tracing::info!(environment_id = %env, "orphan executor slot given back");
+                        given_back += 1;
+                    }
+                    Ok(other) => {
+                        tracing::debug!(environment_id = %env, result = ?other, "orphan slot not released")
+                    }
+                    Err(e) => {
+                        tracing::warn!(environment_id = %env, error = %e, "orphan slot release failed")
+                    }
+                }
+            }
+            let release = crate::ports::Release {
+                // An unclean predecessor stays visible to the next holder.
+                clean: !locked.recovered,
+                ..crate::ports::Release::default()
+            };
+            if let Err(e) = self
+                .registry
+                .release(&fence, self.clock.now(), release)
+                .await
+            {
+                tracing::warn!(environment_id = %env, error = %e, "orphan slot: lock release failed (it expires)");
+            }
+        }
+        given_back
     }
 
     /// Runs one sweep in place: plans it, then processes every job through the worker path.
@@ -207,6 +328,7 @@ where
             ..SweepReport::default()
         };
         report.workspaces_deleted = self.sweep_workspaces(&plan.records).await;
+        self.release_orphan_slots(&plan).await;
         for job in &plan.jobs {
             match self.process(job).await {
                 Ok(p) => {
@@ -241,6 +363,7 @@ where
             ..SweepReport::default()
         };
         report.workspaces_deleted = self.sweep_workspaces(&plan.records).await;
+        self.release_orphan_slots(&plan).await;
         let rate = u64::from(self.config.sweep_jobs_per_sec.max(1));
         for (i, job) in plan.jobs.into_iter().enumerate() {
             let delay = u32::try_from((i as u64 / rate).min(900)).unwrap_or(900);

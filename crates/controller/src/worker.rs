@@ -36,7 +36,7 @@ use crate::crash_point::crash_point;
 use crate::job::Job;
 use crate::ports::{
     AuditEntry, Clock, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, ReceiptKind,
-    Registry, Release, Started, StoredKind, Write,
+    Registry, Release, Slot, SlotRelease, Started, StoredKind, Write,
 };
 use sandbox_agents_api::{ApiError, PageParams, SessionsApi};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
@@ -348,6 +348,9 @@ where
             turn_not_found: gathered.turn_not_found,
         };
         let decision = decide(&observed);
+        // Issue 13 item 3: a start takes an executor slot first (one conditional write);
+        // at the cap the start becomes a `capacity_limit` wait.
+        let (decision, slot) = self.take_slot(decision, &observed, &fence).await;
         tracing::info!(
             session_id = %job.session_id, environment_id = %env, outcome = %decision.outcome,
             reason = %decision.reason, effects = decision.effects.len(), "decided"
@@ -371,6 +374,8 @@ where
             error: None,
             deferred_error: None,
             retry_after: None,
+            slot,
+            start_failed: false,
         };
         self.keep_mapping(
             job,
@@ -380,6 +385,7 @@ where
             &mut act,
         );
         self.apply(&decision, &mut act, now).await;
+        self.give_back_slot(job, &observed, &mut act).await;
         crate::metrics::decision_applied(job, &observed, &decision, &act.applied, self.clock.now());
         let mut error = act.error.clone().or(act.deferred_error.clone());
 
@@ -454,6 +460,131 @@ where
             disposition,
             note: None,
         })
+    }
+
+    /// Issue 13 item 3, the concurrency cap per deployment
+    /// ([`sandbox_core::observed::Policy::max_executors`]): a decision that starts a compute
+    /// first takes an executor slot for the environment with one conditional write
+    /// ([`Registry::acquire_slot`]; the environment's own slot is reused, so a replacement
+    /// or a restart never waits). At the cap the decision becomes
+    /// [`sandbox_core::decision::at_capacity`]'s `wait` (reason `capacity_limit`, looked
+    /// at again with backoff through the timers queue, metric `capacity_waits`); when the
+    /// slot cannot be checked the start effect fails instead (retried, nothing started).
+    async fn take_slot(
+        &self,
+        decision: Decision,
+        observed: &Observed,
+        fence: &Fence,
+    ) -> (Decision, SlotTaken) {
+        let cap = self.config.policy.max_executors;
+        if cap == 0 || !sandbox_core::decision::starts_compute(&decision) {
+            return (decision, SlotTaken::NotNeeded);
+        }
+        match self
+            .registry
+            .acquire_slot(fence, self.clock.now(), cap)
+            .await
+        {
+            Ok(Slot::Acquired) => (decision, SlotTaken::Taken(true)),
+            Ok(Slot::Held) => (decision, SlotTaken::Taken(false)),
+            Ok(Slot::Full) => {
+                let waiting = sandbox_core::decision::at_capacity(&decision, observed);
+                tracing::info!(
+                    environment_id = %observed.environment_id, cap,
+                    reason = %waiting.reason,
+                    retry_after_secs = waiting.recheck_after_secs.unwrap_or_default(),
+                    "executor cap reached: the start waits for a slot"
+                );
+                (waiting, SlotTaken::Full)
+            }
+            Ok(Slot::LockLost) => (
+                decision,
+                SlotTaken::Refused("executor slot not taken: lock lost".into()),
+            ),
+            Err(e) => {
+                tracing::warn!(environment_id = %observed.environment_id, error = %e, "executor slot unavailable: nothing started");
+                (
+                    decision,
+                    SlotTaken::Refused(format!("executor slot not taken: {e}")),
+                )
+            }
+        }
+    }
+
+    /// Gives the environment's executor slot back once it has no compute, under the lock
+    /// before the release (issue 13 item 3): asked only when the cap is on and this
+    /// decision could have ended the environment's compute or its claim to one — it took a
+    /// slot, stopped a compute (read back `STOPPED`), marked the record stopped or closed,
+    /// had a start fail — or on a sweep (which repairs slots left by crashes). The slot is
+    /// kept while a compute may live: one started now, an active one not stopped now, the
+    /// record's current compute unless it was read or made `STOPPED`, and any start whose
+    /// outcome is unknown. A failed release is logged; the sweep retries it.
+    async fn give_back_slot(&self, job: &Job, observed: &Observed, act: &mut Act) {
+        if self.config.policy.max_executors == 0 || act.slot == SlotTaken::Full {
+            return;
+        }
+        let touched = act.slot == SlotTaken::Taken(true)
+            || act.start_failed
+            || job.trigger == Trigger::Sweep
+            || act.applied.iter().any(|e| {
+                matches!(
+                    e,
+                    Effect::StopCompute(_)
+                        | Effect::MarkStopped
+                        | Effect::MarkClosed
+                        | Effect::RecordStartFailure(_)
+                )
+            });
+        if !touched || !act.clean {
+            return;
+        }
+        let stopped_now: Vec<&InstanceId> = act
+            .applied
+            .iter()
+            .filter_map(|e| match e {
+                Effect::StopCompute(s) => Some(&s.target.instance_id),
+                _ => None,
+            })
+            .collect();
+        if act
+            .applied
+            .iter()
+            .any(|e| matches!(e, Effect::StartCompute(_)))
+        {
+            return;
+        }
+        let Inventory::Known { instances } = &observed.inventory else {
+            return;
+        };
+        let live = instances
+            .iter()
+            .any(|i| i.status.is_live() && !stopped_now.contains(&&i.instance_id));
+        let recorded_live = act.fresh.claims_compute()
+            && act.fresh.current().is_some_and(|c| {
+                !stopped_now.contains(&&c.instance_id)
+                    && !instances
+                        .iter()
+                        .any(|i| i.instance_id == c.instance_id && !i.status.is_live())
+            });
+        if live || recorded_live {
+            return;
+        }
+        match self
+            .registry
+            .release_slot(&act.fence, self.clock.now())
+            .await
+        {
+            Ok(SlotRelease::Released) => {
+                tracing::info!(environment_id = %observed.environment_id, "executor slot given back");
+            }
+            Ok(SlotRelease::NotHeld) => {}
+            Ok(SlotRelease::LockLost) => {
+                tracing::warn!(environment_id = %observed.environment_id, "executor slot not given back: lock lost (the sweep retries)");
+            }
+            Err(e) => {
+                tracing::warn!(environment_id = %observed.environment_id, error = %e, "executor slot not given back (the sweep retries)");
+            }
+        }
     }
 
     /// The environment status and the turn evidence, fetched only when they can change the
@@ -780,6 +911,11 @@ where
         act: &mut Act,
         now: u64,
     ) -> Result<(), String> {
+        if let SlotTaken::Refused(why) = &act.slot {
+            // The slot could not be checked (registry error, lost lock): never start
+            // beyond what the cap allows; the message is retried.
+            return Err(why.clone());
+        }
         self.save_unsaved_workspace(act, spec.generation).await?;
         self.flush(act).await?;
         // The snapshot to restore: the decision's, or the newer one a stop earlier in this
@@ -823,6 +959,7 @@ where
                 act.dirty = true;
                 // Ack and recheck after the backoff: the next decision waits it out.
                 act.retry_after = Some(self.config.policy.start_backoff_secs(attempts));
+                act.start_failed = true;
                 Err(format!("start failed: {reason}"))
             }
             Err(e) => {
@@ -1293,6 +1430,23 @@ struct Act {
     deferred_error: Option<String>,
     /// Retry the message after this many seconds instead of the default.
     retry_after: Option<u64>,
+    /// The executor slot this decision took or found (issue 13 item 3).
+    slot: SlotTaken,
+    /// The provider answered a start without an instance.
+    start_failed: bool,
+}
+
+/// What [`Controller::take_slot`] found before the effects (issue 13 item 3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum SlotTaken {
+    /// No slot needed: the cap is off, or the decision starts nothing.
+    NotNeeded,
+    /// Taken by this decision (`true`) or held by the environment already (`false`).
+    Taken(bool),
+    /// At the cap: the decision became a `capacity_limit` wait.
+    Full,
+    /// Not checked (registry error, lock lost): the start effect fails, nothing starts.
+    Refused(String),
 }
 
 impl Act {

@@ -305,6 +305,14 @@ pub enum Reason {
         /// What is wrong (scheme and host only, never the URL).
         refusal: crate::remote_url::RemoteUrlRefusal,
     },
+    /// The deployment's executor cap ([`crate::observed::Policy::max_executors`]) is
+    /// reached: the start waits for a slot and is looked at again ([`at_capacity`]).
+    CapacityLimit {
+        /// The cap.
+        cap: u32,
+        /// Seconds the connection request has waited so far.
+        waited_secs: u64,
+    },
 }
 
 impl fmt::Display for Reason {
@@ -431,6 +439,10 @@ impl fmt::Display for Reason {
             Self::RemoteUrlNotAllowed { refusal } => {
                 write!(f, "remote_url_not_allowed: {refusal}")
             }
+            Self::CapacityLimit { cap, waited_secs } => write!(
+                f,
+                "capacity_limit: {cap} executor(s) running, the deployment's cap; the start waits for a slot (waited {waited_secs} s)"
+            ),
         }
     }
 }
@@ -1721,4 +1733,66 @@ impl View<'_> {
         d.recheck_after_secs = recheck;
         Some(d)
     }
+}
+
+// --- Concurrency cap per deployment (issue 13 item 3). ---
+//
+// The cap is enforced where the start happens, not by counting: the worker takes an
+// executor slot with one conditional write just before it applies a start
+// (`Registry::acquire_slot` in sandbox-controller), and a start that finds no free slot
+// becomes the decision below. Kept pure and here so the rule is visible and tested with the
+// others (crates/core/tests/capacity.rs).
+
+/// Whether applying `decision` starts a compute (and so needs an executor slot when
+/// [`crate::observed::Policy::max_executors`] is set).
+pub fn starts_compute(decision: &Decision) -> bool {
+    decision
+        .effects
+        .iter()
+        .any(|e| matches!(e, Effect::StartCompute(_)))
+}
+
+/// The decision when `decision` would start a compute but the deployment's executor cap
+/// is reached (issue 13 item 3): `wait`, reason `capacity_limit`, no compute started or
+/// stopped. What else the decision noted is kept — a cancelled shutdown lease, the first
+/// observation of the connection request (the wait counts from it), a failed start read
+/// back — but not a replacement's stop or its count: an executor that cannot be replaced
+/// now is left as it is. Looked at again after [`Policy::capacity_retry_secs`] of the time
+/// the connection request has waited.
+///
+/// A decision that starts nothing is returned unchanged.
+///
+/// [`Policy::capacity_retry_secs`]: crate::observed::Policy::capacity_retry_secs
+pub fn at_capacity(decision: &Decision, o: &Observed) -> Decision {
+    if !starts_compute(decision) {
+        return decision.clone();
+    }
+    let requested_at = o
+        .record
+        .as_ref()
+        .and_then(|r| r.connection_requested_at)
+        .unwrap_or(o.now);
+    let waited_secs = o.now.saturating_sub(requested_at);
+    let effects = decision
+        .effects
+        .iter()
+        .filter(|e| {
+            !matches!(
+                e,
+                Effect::StartCompute(_)
+                    | Effect::StopCompute(_)
+                    | Effect::DeleteSession { .. }
+                    | Effect::RecordReplacements { .. }
+            )
+        })
+        .cloned();
+    Decision::new(
+        Outcome::Wait,
+        Reason::CapacityLimit {
+            cap: o.policy.max_executors,
+            waited_secs,
+        },
+    )
+    .with(effects)
+    .recheck(o.policy.capacity_retry_secs(waited_secs))
 }

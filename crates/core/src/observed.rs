@@ -276,6 +276,14 @@ pub struct Policy {
     /// days (default `retain:7`), after which the sweeper deletes them.
     #[serde(default)]
     pub close_workspace: crate::workspace::CloseWorkspace,
+    /// Concurrency cap per deployment (issue 13 item 3): at most this many environments
+    /// hold an executor at once (default 0 = off). A start beyond it waits
+    /// ([`crate::decision::Reason::CapacityLimit`]) and is retried with
+    /// [`Policy::capacity_retry_secs`] until a slot frees. Enforced by the registry with a
+    /// conditional write (a deployment-wide counter and one holder per environment,
+    /// changed in one transaction), never by counting before the start.
+    #[serde(default)]
+    pub max_executors: u32,
 }
 
 fn default_snapshot_keep() -> u32 {
@@ -302,6 +310,7 @@ impl Default for Policy {
             remote_url_allowlist: vec![DEFAULT_REMOTE_URL_HOST.to_owned()],
             snapshot_keep: 1,
             close_workspace: crate::workspace::CloseWorkspace::default(),
+            max_executors: 0,
         }
     }
 }
@@ -309,7 +318,23 @@ impl Default for Policy {
 /// The default `remote_url` allowlist entry.
 pub const DEFAULT_REMOTE_URL_HOST: &str = "api.openai.com";
 
+/// Longest delay between two looks of a start waiting for an executor slot, seconds
+/// ([`Policy::capacity_retry_secs`]): a slot freed at the cap is taken within this, well
+/// inside the Agents API's 300 s wait for the executor's connection (agents-api.md).
+pub const CAPACITY_RETRY_MAX_SECS: u64 = 30;
+
 impl Policy {
+    /// Delay before the next look of a start that found the executor cap reached
+    /// ([`Policy::max_executors`]), seconds: [`Policy::recheck_secs`] at first, then a
+    /// quarter of the time the connection request has waited (`waited_secs`), at most
+    /// [`CAPACITY_RETRY_MAX_SECS`] — a backoff that keeps waiting environments from
+    /// polling the registry in lockstep while never sleeping through most of the API's
+    /// 300 s connection wait. Always ≥ 1.
+    pub fn capacity_retry_secs(&self, waited_secs: u64) -> u64 {
+        let first = self.recheck_secs.clamp(1, CAPACITY_RETRY_MAX_SECS);
+        (waited_secs / 4).clamp(first, CAPACITY_RETRY_MAX_SECS)
+    }
+
     /// Delay before start attempt `attempts + 1`, in seconds: base × 2^(attempts-1), capped.
     pub fn start_backoff_secs(&self, attempts: u32) -> u64 {
         let exp = attempts.saturating_sub(1).min(32);

@@ -235,6 +235,7 @@ fn ceilings_default_when_unset() {
         (28_800, 32_400, 3_600, 3, 3_600)
     );
     assert_eq!(p.remote_url_allowlist, ["api.openai.com"]);
+    assert_eq!(p.max_executors, 0, "the concurrency cap is off by default");
 }
 
 #[test]
@@ -247,10 +248,12 @@ fn ceilings_are_read_from_their_variables() {
         ("MAX_REPLACEMENTS", "5"),
         ("REPLACEMENT_WINDOW_SECS", "600"),
         ("REMOTE_URL_ALLOWLIST", "api.openai.com, *.corp.example"),
+        ("MAX_EXECUTORS", "50"),
     ] {
         env.insert(k, v.into());
     }
     let p = controller(&env).unwrap().controller.policy;
+    assert_eq!(p.max_executors, 50);
     assert_eq!(p.max_lifetime_secs, 3_600);
     assert_eq!(p.lifetime_hard_cap_secs, 0);
     assert_eq!(p.no_work_secs, 0);
@@ -265,6 +268,8 @@ fn invalid_ceilings_name_the_variable_and_never_repeat_the_value() {
         ("MAX_LIFETIME_SECS", "8h"),
         ("NO_WORK_SECS", "-5"),
         ("MAX_REPLACEMENTS", "99999999999"),
+        ("MAX_EXECUTORS", "99999999999"),
+        ("MAX_EXECUTORS", "ten"),
         ("REPLACEMENT_WINDOW_SECS", "0"),
         ("REMOTE_URL_ALLOWLIST", "user@evil.example"),
         ("REMOTE_URL_ALLOWLIST", "a.*.example"),

@@ -16,13 +16,18 @@
 //!   `expires_at <= now` reads as absent (DynamoDB TTL deletes late, so the same rule).
 //! - `registry_audit`: append-only, ordered by an autoincrement id.
 //! - `registry_receipts`: per effect key, ordered by an autoincrement id.
+//! - `registry_slot_holders` (effect key, `acquired_at`) and `registry_slot_counter` (one
+//!   row, `in_use`): the executor cap per deployment (issue 13 item 3). An acquire or a
+//!   release is one `IMMEDIATE` transaction that checks the fence, then the holder and the
+//!   counter (`in_use < cap`), and changes both or neither.
 
 use crate::db::{Db, DbError, from_sql_int, now_ms, to_sql_int};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use sandbox_controller::ports::{
-    AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, StoredRecord, Write,
+    AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, Slot, SlotHolder,
+    SlotRelease, Slots, StoredRecord, Write,
 };
-use sandbox_core::ids::{EffectKey, SessionId};
+use sandbox_core::ids::{EffectKey, EnvironmentId, SessionId};
 use sandbox_core::record::Record;
 use std::path::Path;
 
@@ -64,7 +69,39 @@ CREATE TABLE IF NOT EXISTS registry_receipts (
     receipt TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS registry_receipts_key ON registry_receipts (effect_key, id);
+CREATE TABLE IF NOT EXISTS registry_slot_holders (
+    effect_key TEXT PRIMARY KEY,
+    environment_id TEXT NOT NULL,
+    acquired_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS registry_slot_counter (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    in_use INTEGER NOT NULL CHECK (in_use >= 0)
+);
 ";
+
+/// The executor slots' counter (0 when the row was never written).
+fn slots_in_use(conn: &Connection) -> Result<u64, DbError> {
+    let n: Option<i64> = conn
+        .query_row(
+            "SELECT in_use FROM registry_slot_counter WHERE id = 1",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(n.map_or(0, from_sql_int))
+}
+
+fn holds_slot(conn: &Connection, key: &str) -> Result<bool, DbError> {
+    Ok(conn
+        .query_row(
+            "SELECT 1 FROM registry_slot_holders WHERE effect_key = ?1",
+            params![key],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some())
+}
 
 /// The registry on SQLite. Cheap to clone (clones share one connection); several handles
 /// or processes may share the database file.
@@ -527,5 +564,92 @@ impl Registry for SqliteRegistry {
             Some(key),
         )
         .await
+    }
+
+    async fn acquire_slot(&self, fence: &Fence, now: u64, cap: u32) -> Result<Slot, PortError> {
+        let fence = fence.clone();
+        self.db
+            .call(DEP, "acquire_slot", move |conn| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                if !holds(&tx, &fence, now)? {
+                    return Ok(Slot::LockLost);
+                }
+                if holds_slot(&tx, fence.key.as_str())? {
+                    return Ok(Slot::Held);
+                }
+                if slots_in_use(&tx)? >= u64::from(cap) {
+                    return Ok(Slot::Full);
+                }
+                let Some(env) = fence.key.environment_id() else {
+                    return Err(DbError::Invalid(format!(
+                        "not an environment's effect key: {}",
+                        fence.key
+                    )));
+                };
+                tx.execute(
+                    "INSERT INTO registry_slot_holders (effect_key, environment_id, acquired_at)
+                     VALUES (?1, ?2, ?3)",
+                    params![fence.key.as_str(), env.as_str(), to_sql_int(now)],
+                )?;
+                tx.execute(
+                    "INSERT INTO registry_slot_counter (id, in_use) VALUES (1, 1)
+                     ON CONFLICT (id) DO UPDATE SET in_use = in_use + 1",
+                    [],
+                )?;
+                tx.commit()?;
+                Ok(Slot::Acquired)
+            })
+            .await
+    }
+
+    async fn release_slot(&self, fence: &Fence, now: u64) -> Result<SlotRelease, PortError> {
+        let fence = fence.clone();
+        self.db
+            .call(DEP, "release_slot", move |conn| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                if !holds(&tx, &fence, now)? {
+                    return Ok(SlotRelease::LockLost);
+                }
+                let deleted = tx.execute(
+                    "DELETE FROM registry_slot_holders WHERE effect_key = ?1",
+                    params![fence.key.as_str()],
+                )?;
+                if deleted == 0 {
+                    return Ok(SlotRelease::NotHeld);
+                }
+                tx.execute(
+                    "UPDATE registry_slot_counter SET in_use = in_use - 1 WHERE id = 1 AND in_use > 0",
+                    [],
+                )?;
+                tx.commit()?;
+                Ok(SlotRelease::Released)
+            })
+            .await
+    }
+
+    async fn slots(&self) -> Result<Slots, PortError> {
+        self.db
+            .call(DEP, "slots", move |conn| {
+                let tx = conn.transaction()?;
+                let in_use = slots_in_use(&tx)?;
+                let mut stmt = tx.prepare_cached(
+                    "SELECT environment_id, acquired_at FROM registry_slot_holders ORDER BY effect_key",
+                )?;
+                let rows = stmt.query_map([], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+                })?;
+                let mut holders = Vec::new();
+                for row in rows {
+                    let (env, at) = row?;
+                    holders.push(SlotHolder {
+                        environment_id: EnvironmentId::new(env),
+                        acquired_at: from_sql_int(at),
+                    });
+                }
+                drop(stmt);
+                tx.commit()?;
+                Ok(Slots { in_use, holders })
+            })
+            .await
     }
 }

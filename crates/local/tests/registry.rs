@@ -1,6 +1,6 @@
 //! SqliteRegistry: the shared registry contract plus local specifics.
 
-use sandbox_controller::contract::registry_contract;
+use sandbox_controller::contract::{registry_contract, registry_slots_contract};
 use sandbox_controller::ports::{AuditEntry, Fence, Registry, Release, Write};
 use sandbox_core::ids::{EnvironmentId, SessionId};
 use sandbox_core::record::Record;
@@ -11,6 +11,48 @@ async fn sqlite_registry_passes_the_contract() {
     let dir = tempfile::tempdir().unwrap();
     let r = SqliteRegistry::open(dir.path().join("state.db")).unwrap();
     registry_contract(&r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_registry_passes_the_slots_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = SqliteRegistry::open(dir.path().join("state.db")).unwrap();
+    registry_slots_contract(&r).await;
+}
+
+/// Two handles (two connections, as two `serve` processes would have) racing for the last
+/// slots: never more holders than the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_handles_racing_for_slots_never_exceed_the_cap() {
+    use sandbox_controller::ports::Slot;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let a = SqliteRegistry::open(&path).unwrap();
+    let b = SqliteRegistry::open(&path).unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let r = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.push(tokio::spawn(async move {
+            let fence = Fence {
+                key: EnvironmentId::new(format!("env_cap_{i}")).effect_key(),
+                owner: format!("w{i}"),
+            };
+            assert!(
+                r.lock(&fence.key, &fence.owner, 200, 100)
+                    .await
+                    .unwrap()
+                    .is_some()
+            );
+            r.acquire_slot(&fence, 100, 5).await.unwrap()
+        }));
+    }
+    let mut acquired = 0;
+    for t in tasks {
+        acquired += usize::from(t.await.unwrap() == Slot::Acquired);
+    }
+    assert_eq!(acquired, 5);
+    let slots = b.slots().await.unwrap();
+    assert_eq!((slots.in_use, slots.holders.len()), (5, 5));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,8 @@
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
     AuditEntry, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, Received, Registry,
-    Release, Sent, Started, StoredKind, StoredWorkspace, Workspaces, Write,
+    Release, Sent, Slot, SlotRelease, Slots, Started, StoredKind, StoredWorkspace, Workspaces,
+    Write,
 };
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
@@ -68,7 +69,7 @@ pub fn classify(port: &str, op: &str) -> Access {
         ),
         "registry" => matches!(
             op,
-            "get" | "find_by_session" | "list" | "seen_delivery" | "receipts"
+            "get" | "find_by_session" | "list" | "seen_delivery" | "receipts" | "slots"
         ),
         "compute" => matches!(op, "describe" | "describe_many" | "find" | "list"),
         "queue" => matches!(op, "receive" | "dead_letter_count"),
@@ -325,6 +326,18 @@ impl<R: Registry> Registry for Counting<R> {
     async fn receipts(&self, key: &EffectKey) -> Result<Vec<Receipt>, PortError> {
         self.log.record("registry", "receipts");
         self.inner.receipts(key).await
+    }
+    async fn acquire_slot(&self, fence: &Fence, now: u64, cap: u32) -> Result<Slot, PortError> {
+        self.log.record("registry", "acquire_slot");
+        self.inner.acquire_slot(fence, now, cap).await
+    }
+    async fn release_slot(&self, fence: &Fence, now: u64) -> Result<SlotRelease, PortError> {
+        self.log.record("registry", "release_slot");
+        self.inner.release_slot(fence, now).await
+    }
+    async fn slots(&self) -> Result<Slots, PortError> {
+        self.log.record("registry", "slots");
+        self.inner.slots().await
     }
 }
 

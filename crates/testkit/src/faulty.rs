@@ -20,7 +20,8 @@
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
     AuditEntry, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, Received, Registry,
-    Release, Sent, Started, StoredKind, StoredWorkspace, Workspaces, Write,
+    Release, Sent, Slot, SlotRelease, Slots, Started, StoredKind, StoredWorkspace, Workspaces,
+    Write,
 };
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
@@ -49,7 +50,8 @@ pub enum Fault {
     /// `compute.describe` answered `MISSING`: `None`.
     Missing,
     /// A conditional write failed: `registry.put` conflicts, `registry.lock` is refused,
-    /// `registry.release` is refused (lock lost or record changed).
+    /// `registry.release` is refused (lock lost or record changed), `registry.acquire_slot`
+    /// and `registry.release_slot` find the lock lost.
     Conflict,
 }
 
@@ -59,7 +61,13 @@ impl Fault {
             Self::Throttled | Self::Timeout | Self::ServerError | Self::LostResponse => true,
             Self::FailedStart(_) => port == "compute" && op == "start",
             Self::Missing => port == "compute" && op == "describe",
-            Self::Conflict => port == "registry" && matches!(op, "put" | "lock" | "release"),
+            Self::Conflict => {
+                port == "registry"
+                    && matches!(
+                        op,
+                        "put" | "lock" | "release" | "acquire_slot" | "release_slot"
+                    )
+            }
         }
     }
 }
@@ -434,6 +442,31 @@ impl<R: Registry> Registry for Faulty<R> {
     }
     async fn receipts(&self, key: &EffectKey) -> Result<Vec<Receipt>, PortError> {
         guarded!(self, "registry", "receipts", self.inner.receipts(key))
+    }
+    async fn acquire_slot(&self, fence: &Fence, now: u64, cap: u32) -> Result<Slot, PortError> {
+        if self.plan.check_peek_conflict("acquire_slot") {
+            return Ok(Slot::LockLost);
+        }
+        guarded!(
+            self,
+            "registry",
+            "acquire_slot",
+            self.inner.acquire_slot(fence, now, cap)
+        )
+    }
+    async fn release_slot(&self, fence: &Fence, now: u64) -> Result<SlotRelease, PortError> {
+        if self.plan.check_peek_conflict("release_slot") {
+            return Ok(SlotRelease::LockLost);
+        }
+        guarded!(
+            self,
+            "registry",
+            "release_slot",
+            self.inner.release_slot(fence, now)
+        )
+    }
+    async fn slots(&self) -> Result<Slots, PortError> {
+        guarded!(self, "registry", "slots", self.inner.slots())
     }
 }
 

@@ -12,7 +12,7 @@
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
     AuditEntry, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, Received, Registry,
-    Release, Sent, Started, StoredKind, StoredWorkspace, Workspaces, Write,
+    Release, Sent, SlotRelease, Slots, Started, StoredKind, StoredWorkspace, Workspaces, Write,
 };
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
@@ -155,6 +155,23 @@ impl<R: Registry> Registry for Interleaved<R> {
     async fn receipts(&self, key: &EffectKey) -> Result<Vec<Receipt>, PortError> {
         yield_once().await;
         self.inner.receipts(key).await
+    }
+    async fn acquire_slot(
+        &self,
+        fence: &Fence,
+        now: u64,
+        cap: u32,
+    ) -> Result<sandbox_controller::ports::Slot, PortError> {
+        yield_once().await;
+        self.inner.acquire_slot(fence, now, cap).await
+    }
+    async fn release_slot(&self, fence: &Fence, now: u64) -> Result<SlotRelease, PortError> {
+        yield_once().await;
+        self.inner.release_slot(fence, now).await
+    }
+    async fn slots(&self) -> Result<Slots, PortError> {
+        yield_once().await;
+        self.inner.slots().await
     }
 }
 

@@ -3,7 +3,8 @@
 //! `sandbox-aws` uses them).
 
 use sandbox_controller::ports::{
-    AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, Write,
+    AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, Slot, SlotHolder,
+    SlotRelease, Slots, Write,
 };
 use sandbox_core::ids::{EffectKey, SessionId};
 use sandbox_core::record::Record;
@@ -27,6 +28,10 @@ struct State {
     ledger: BTreeMap<String, u64>,
     audit: Vec<AuditEntry>,
     receipts: Vec<Receipt>,
+    /// Executor slots (issue 13 item 3): holders by effect key (acquired at) and the
+    /// deployment's counter, changed together under the state's mutex (one transaction).
+    slot_holders: BTreeMap<EffectKey, u64>,
+    slots_in_use: u64,
 }
 
 impl State {
@@ -103,6 +108,17 @@ impl TwinRegistry {
     /// Every receipt, oldest first.
     pub fn all_receipts(&self) -> Vec<Receipt> {
         self.state().receipts.clone()
+    }
+
+    /// The executor slots' counter (inspection).
+    pub fn slots_in_use(&self) -> u64 {
+        self.state().slots_in_use
+    }
+
+    /// Sets the executor slots' counter behind the controller's back (a drift to repair,
+    /// for tests).
+    pub fn set_slots_in_use(&self, in_use: u64) {
+        self.state().slots_in_use = in_use;
     }
 }
 
@@ -232,5 +248,53 @@ impl Registry for TwinRegistry {
             .filter(|r| &r.effect_key == key)
             .cloned()
             .collect())
+    }
+    async fn acquire_slot(&self, fence: &Fence, now: u64, cap: u32) -> Result<Slot, PortError> {
+        let mut s = self.state();
+        if !s.holds(fence, now) {
+            return Ok(Slot::LockLost);
+        }
+        if s.slot_holders.contains_key(&fence.key) {
+            return Ok(Slot::Held);
+        }
+        if s.slots_in_use >= u64::from(cap) {
+            return Ok(Slot::Full);
+        }
+        s.slot_holders.insert(fence.key.clone(), now);
+        s.slots_in_use += 1;
+        Ok(Slot::Acquired)
+    }
+
+    async fn release_slot(&self, fence: &Fence, now: u64) -> Result<SlotRelease, PortError> {
+        let mut s = self.state();
+        if !s.holds(fence, now) {
+            return Ok(SlotRelease::LockLost);
+        }
+        if s.slot_holders.remove(&fence.key).is_none() {
+            return Ok(SlotRelease::NotHeld);
+        }
+        s.slots_in_use = s.slots_in_use.saturating_sub(1);
+        Ok(SlotRelease::Released)
+    }
+
+    async fn slots(&self) -> Result<Slots, PortError> {
+        let s = self.state();
+        Ok(Slots {
+            in_use: s.slots_in_use,
+            holders: s
+                .slot_holders
+                .iter()
+                .filter_map(|(k, at)| {
+                    Some(SlotHolder {
+                        environment_id: k.environment_id()?,
+                        acquired_at: *at,
+                    })
+                })
+                .map(|h| SlotHolder {
+                    environment_id: h.environment_id,
+                    acquired_at: h.acquired_at,
+                })
+                .collect(),
+        })
     }
 }

@@ -3,7 +3,7 @@
 
 use sandbox_controller::contract::{
     WorkspaceProbe, compute_contract, compute_idempotency_contract, queue_delay_contract,
-    queue_fifo_contract, registry_contract, workspace_contract,
+    queue_fifo_contract, registry_contract, registry_slots_contract, workspace_contract,
 };
 use sandbox_core::ids::DeploymentId;
 use sandbox_core::ids::{EnvironmentId, Generation};
@@ -23,6 +23,11 @@ async fn standard_queue_twin_passes_the_delay_contract() {
 #[tokio::test]
 async fn registry_twin_passes_the_contract() {
     registry_contract(&TwinRegistry::new()).await;
+}
+
+#[tokio::test]
+async fn registry_twin_passes_the_slots_contract() {
+    registry_slots_contract(&TwinRegistry::new()).await;
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@
  * executorCpu, executorMemory, assignPublicIp (true/false), agentIds (comma-separated),
  * workspaceDirectory, shutdownGraceSecs, connectDeadlineSecs, snapshotKeep, closeWorkspace,
  * workspaceVolumeGiB, workspaceVolumeType, agentsApiBaseUrl,
- * maxLifetimeSecs, lifetimeHardCapSecs, noWorkSecs, maxReplacements, replacementWindowSecs,
+ * maxLifetimeSecs, lifetimeHardCapSecs, noWorkSecs, maxReplacements, replacementWindowSecs, maxExecutors,
  * remoteUrlAllowlist (comma-separated), webhookToleranceSecs, previousWebhookSecretArn,
  * workerBatchSize, workerMaximumConcurrency, logRetentionDays, alarmTopicArn, lambdaDir.
  *
@@ -113,6 +113,7 @@ new SandboxLifecycle(stack, "Sandbox", {
   noWorkSecs: integer("noWorkSecs"),
   maxReplacements: integer("maxReplacements"),
   replacementWindowSecs: integer("replacementWindowSecs"),
+  maxExecutors: integer("maxExecutors"),
   remoteUrlAllowlist: list("remoteUrlAllowlist"),
   webhookToleranceSecs: integer("webhookToleranceSecs"),
   previousWebhookSecretArn: context("previousWebhookSecretArn"),

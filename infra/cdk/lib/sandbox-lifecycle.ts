@@ -110,6 +110,11 @@ export interface SandboxLifecycleProps {
   readonly maxReplacements?: number;
   /** `REPLACEMENT_WINDOW_SECS`, seconds (>= 1). @default 3600 */
   readonly replacementWindowSecs?: number;
+  /**
+   * `MAX_EXECUTORS`: concurrency cap, executors running at once in this deployment; a start
+   * beyond it waits (`capacity_limit`) until one stops (0 = off). @default 0
+   */
+  readonly maxExecutors?: number;
   /** `REMOTE_URL_ALLOWLIST`: hosts a remote_url may name. @default ["api.openai.com"] */
   readonly remoteUrlAllowlist?: string[];
   /** `WEBHOOK_TOLERANCE_SECS`, seconds (>= 1). @default 300 */
@@ -331,7 +336,17 @@ export class SandboxLifecycle extends Construct {
       }),
       new iam.PolicyStatement({
         sid: "Registry",
-        actions: ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:Query", "dynamodb:Scan"],
+        // UpdateItem: lock, record, release; ConditionCheckItem: the fence inside
+        // TransactWriteItems (authorized per item action).
+        actions: [
+          "dynamodb:GetItem",
+          "dynamodb:PutItem",
+          "dynamodb:UpdateItem",
+          "dynamodb:DeleteItem",
+          "dynamodb:ConditionCheckItem",
+          "dynamodb:Query",
+          "dynamodb:Scan",
+        ],
         resources: registryResources,
       }),
       new iam.PolicyStatement({
@@ -525,6 +540,7 @@ export class SandboxLifecycle extends Construct {
       NO_WORK_SECS: String(props.noWorkSecs ?? 3600),
       MAX_REPLACEMENTS: String(props.maxReplacements ?? 3),
       REPLACEMENT_WINDOW_SECS: String(props.replacementWindowSecs ?? 3600),
+      MAX_EXECUTORS: String(props.maxExecutors ?? 0),
       REMOTE_URL_ALLOWLIST: (props.remoteUrlAllowlist ?? ["api.openai.com"]).join(","),
       SNAPSHOT_KEEP: String(props.snapshotKeep ?? 1),
       CLOSE_WORKSPACE: props.closeWorkspace ?? "retain:7",
@@ -688,7 +704,9 @@ export class SandboxLifecycle extends Construct {
             "Starts, failed starts, orphans released, hand-offs, stuck jobs, ceilings by reason",
             [
               ...CEILING_REASONS.map((reason) => lifecycle("ceilings", { reason })),
-              ...["starts", "start_failures", "orphans_released", "handoffs", "stuck_jobs"].map((n) => lifecycle(n)),
+              ...["starts", "start_failures", "orphans_released", "handoffs", "stuck_jobs", "capacity_waits"].map((n) =>
+                lifecycle(n),
+              ),
             ],
           ),
         ],
@@ -712,6 +730,7 @@ export class SandboxLifecycle extends Construct {
             labelled(lifecycle("environments_swept"), "environments swept"),
             labelled(lifecycle("sweep_deferred"), "deferred"),
             labelled(lifecycle("held_environments", {}, "Maximum"), "held for an owner"),
+            labelled(lifecycle("executor_slots", {}, "Maximum"), "executor slots in use"),
           ]),
           graph("Webhook deliveries", [
             lifecycle("webhook_accepted"),
@@ -781,6 +800,7 @@ function validate(props: SandboxLifecycleProps): void {
     ["lifetimeHardCapSecs", props.lifetimeHardCapSecs],
     ["noWorkSecs", props.noWorkSecs],
     ["maxReplacements", props.maxReplacements],
+    ["maxExecutors", props.maxExecutors],
   ] as const) {
     if (value !== undefined && (!Number.isInteger(value) || value < 0)) problems.push(`${name} must be a whole number >= 0`);
   }

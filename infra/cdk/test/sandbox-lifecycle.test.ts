@@ -323,6 +323,15 @@ describe("SandboxLifecycle", () => {
     assert.throws(() => synth({ workspaceVolumeType: "ssd" }), /workspaceVolumeType/);
   });
 
+  it("wires the concurrency cap, off by default (issue 13 item 3)", () => {
+    for (const fn of ["worker", "sweeper"]) {
+      assert.equal(functionNamed(template, fn).Environment.Variables.MAX_EXECUTORS, "0");
+      assert.equal(functionNamed(synth({ maxExecutors: 25 }), fn).Environment.Variables.MAX_EXECUTORS, "25");
+    }
+    assert.throws(() => synth({ maxExecutors: -1 }), /maxExecutors/);
+    assert.throws(() => synth({ maxExecutors: 2.5 }), /maxExecutors/);
+  });
+
   it("defaults DEPLOYMENT_ID to the stack name", () => {
     assert.equal(functionNamed(template, "worker").Environment.Variables.DEPLOYMENT_ID, "sandbox-test");
   });

@@ -43,6 +43,7 @@ macro_rules! rows_on {
             ceiling_remote_url_not_on_the_allowlist_starts_no_executor_and_is_reconciled,
             ceiling_session_waiting_on_a_function_call_with_no_work_stops_its_executor_as_no_work,
             ceiling_executors_that_never_connect_are_replaced_up_to_the_cap_then_reconciled,
+            ceiling_at_the_executor_cap_a_second_start_waits_until_the_first_executor_stops,
         );
     };
     (@tests $backend:ident: $harness:ty; $($row:ident),+ $(,)?) => {
@@ -985,5 +986,110 @@ async fn ceiling_executors_that_never_connect_are_replaced_up_to_the_cap_then_re
     assert_eq!(instances_of(&h, &env).await.len(), 3);
     assert_eq!(connect_count(&h, &env).await, 0);
     assert_executor_processes::<H>(&env, 0);
+    h.shutdown().await.unwrap();
+}
+
+async fn ceiling_at_the_executor_cap_a_second_start_waits_until_the_first_executor_stops<
+    H: LifecycleHarness,
+>() {
+    // A cap of one executor per deployment. The simulator's own connection wait is a day,
+    // so session B keeps asking while it waits for the slot A holds.
+    let h = H::start(Options {
+        sim_connect_deadline_secs: 86_400.0,
+        turn_secs: 240.0,
+        ceilings: |p| {
+            p.max_executors = 1;
+            p.no_work_secs = 0;
+            p.max_lifetime_secs = 0;
+        },
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let (_a, env_a) = running_session(&h).await;
+    let b = h
+        .client()
+        .create_session(agents_sim::SessionEnvironment::self_hosted())
+        .await
+        .unwrap();
+    let env_b = env_of(&b);
+    // A's turn (4 real s) and its grace keep A's executor while B asks.
+    h.client()
+        .submit_message(b.id.as_str(), "go")
+        .await
+        .unwrap();
+    // Never more than one live executor, sampled until B's executor connects.
+    let live_both =
+        || async { anyhow::Ok(h.live(&env_a).await?.len() + h.live(&env_b).await?.len()) };
+    h.wait_until("B waits at the cap", H::STEP_TIMEOUT, || async {
+        assert!(live_both().await? <= 1, "more executors than the cap");
+        Ok(h.audit(&env_b)
+            .await?
+            .iter()
+            .any(|a| a.outcome == "wait" && a.reason.starts_with("capacity_limit: 1 executor")))
+    })
+    .await
+    .unwrap();
+    assert!(
+        h.live(&env_b).await.unwrap().is_empty(),
+        "B started beyond the cap"
+    );
+    assert_eq!(
+        h.live(&env_a).await.unwrap().len(),
+        1,
+        "A keeps its executor"
+    );
+    // The operator sees the wait: `sandboxctl status` shows B's last decision deferred.
+    let doc = h.sandboxctl(&["status", "--json"]).await.json();
+    let shown = doc["environments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["environment_id"] == env_b.as_str())
+        .unwrap_or_else(|| panic!("B in the status: {doc:#}"))
+        .clone();
+    let last = &shown["last_decision"];
+    assert_eq!(last["outcome"], "wait", "{shown:#}");
+    assert!(
+        last["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("capacity_limit"),
+        "{shown:#}"
+    );
+    assert_eq!(last["deferred"], true, "{shown:#}");
+    // A goes idle, its lease stops it, the slot frees and B's next look starts B.
+    h.wait_until(
+        "B connected once A stopped",
+        Duration::from_secs(90),
+        || async {
+            assert!(live_both().await? <= 1, "more executors than the cap");
+            h.connected(&env_b).await
+        },
+    )
+    .await
+    .unwrap();
+    assert!(h.live(&env_a).await.unwrap().is_empty());
+    assert_eq!(stop_reasons(&h, &env_a).await, vec!["lease_expired"]);
+    let audit_b = h.audit(&env_b).await.unwrap();
+    let waited = audit_b
+        .iter()
+        .position(|a| a.outcome == "wait" && a.reason.starts_with("capacity_limit"))
+        .unwrap();
+    let started = audit_b
+        .iter()
+        .position(|a| a.outcome == "start")
+        .unwrap_or_else(|| panic!("B started: {audit_b:?}"));
+    assert!(waited < started);
+    assert!(
+        audit_b[waited]
+            .applied
+            .iter()
+            .all(|e| e["effect"] != "start_compute"),
+        "a wait at the cap starts nothing"
+    );
+    // B's turn runs on its executor.
+    wait_idle(&h, &b).await;
+    assert_executor_processes::<H>(&env_b, 1);
     h.shutdown().await.unwrap();
 }

@@ -7,7 +7,7 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, BillingMode, KeyType, ProjectionType, TimeToLiveStatus,
 };
 use sandbox_aws::{DynamoRegistry, create_table};
-use sandbox_controller::contract::registry_contract;
+use sandbox_controller::contract::{registry_contract, registry_slots_contract};
 use sandbox_controller::ports::{
     AuditEntry, Fence, Receipt, ReceiptKind, Registry, Release, Write,
 };
@@ -43,6 +43,60 @@ async fn raw_item(
 async fn dynamo_registry_passes_the_contract() {
     let (r, _, _) = registry().await;
     registry_contract(&r).await;
+}
+
+#[tokio::test]
+async fn dynamo_registry_passes_the_slots_contract() {
+    let (r, _, _) = registry().await;
+    registry_slots_contract(&r).await;
+}
+
+/// The slot items have the documented shape: the holder under the effect key with
+/// sort key `slot`, the counter under `capacity#executors` / `counter`.
+#[tokio::test]
+async fn executor_slots_are_the_documented_items() {
+    use sandbox_controller::ports::{Slot, SlotRelease};
+    let (r, ddb, table) = registry().await;
+    let env = EnvironmentId::new(format!("env_{}", unique()));
+    let fence = Fence {
+        key: env.effect_key(),
+        owner: "w-slot".to_owned(),
+    };
+    let t = now();
+    assert!(
+        r.lock(&fence.key, &fence.owner, t + 60, t)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(r.acquire_slot(&fence, t, 1).await.unwrap(), Slot::Acquired);
+    let holder = raw_item(&ddb, &table, fence.key.as_str(), "slot")
+        .await
+        .unwrap();
+    assert_eq!(
+        holder["environment_id"],
+        AttributeValue::S(env.as_str().to_owned())
+    );
+    assert_eq!(holder["acquired_at"], AttributeValue::N(t.to_string()));
+    let counter = raw_item(&ddb, &table, "capacity#executors", "counter")
+        .await
+        .unwrap();
+    assert_eq!(counter["in_use"], AttributeValue::N("1".into()));
+    // The slot items are not records: list() does not return them.
+    assert!(r.list().await.unwrap().is_empty());
+    assert_eq!(
+        r.release_slot(&fence, t).await.unwrap(),
+        SlotRelease::Released
+    );
+    assert!(
+        raw_item(&ddb, &table, fence.key.as_str(), "slot")
+            .await
+            .is_none()
+    );
+    let counter = raw_item(&ddb, &table, "capacity#executors", "counter")
+        .await
+        .unwrap();
+    assert_eq!(counter["in_use"], AttributeValue::N("0".into()));
 }
 
 /// The table has exactly the schema the module docs (and the SAM/CDK templates) declare.

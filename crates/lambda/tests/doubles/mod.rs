@@ -3,7 +3,8 @@
 
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
-    AuditEntry, Compute, Fence, Locked, PortError, Receipt, Registry, Release, Started, Write,
+    AuditEntry, Compute, Fence, Locked, PortError, Receipt, Registry, Release, Slot, SlotHolder,
+    SlotRelease, Slots, Started, Write,
 };
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
@@ -32,6 +33,8 @@ pub struct MemoryRegistry {
     pub busy: Arc<AtomicBool>,
     /// Every call fails (a registry outage).
     pub down: Arc<AtomicBool>,
+    /// Executor slot holders (issue 13 item 3), by effect key.
+    pub slots: Arc<Mutex<Vec<EffectKey>>>,
 }
 
 impl MemoryRegistry {
@@ -133,6 +136,46 @@ impl Registry for MemoryRegistry {
     async fn receipts(&self, _: &EffectKey) -> Result<Vec<Receipt>, PortError> {
         self.up()?;
         Ok(vec![])
+    }
+    /// One worker per test: the slot is free unless the cap is reached.
+    async fn acquire_slot(&self, fence: &Fence, _: u64, cap: u32) -> Result<Slot, PortError> {
+        self.up()?;
+        let mut slots = self.slots.lock().unwrap();
+        if slots.contains(&fence.key) {
+            return Ok(Slot::Held);
+        }
+        if slots.len() >= cap as usize {
+            return Ok(Slot::Full);
+        }
+        slots.push(fence.key.clone());
+        Ok(Slot::Acquired)
+    }
+    async fn release_slot(&self, fence: &Fence, _: u64) -> Result<SlotRelease, PortError> {
+        self.up()?;
+        let mut slots = self.slots.lock().unwrap();
+        let before = slots.len();
+        slots.retain(|k| k != &fence.key);
+        Ok(if slots.len() < before {
+            SlotRelease::Released
+        } else {
+            SlotRelease::NotHeld
+        })
+    }
+    async fn slots(&self) -> Result<Slots, PortError> {
+        self.up()?;
+        let slots = self.slots.lock().unwrap();
+        Ok(Slots {
+            in_use: slots.len() as u64,
+            holders: slots
+                .iter()
+                .filter_map(|k| {
+                    Some(SlotHolder {
+                        environment_id: k.environment_id()?,
+                        acquired_at: 0,
+                    })
+                })
+                .collect(),
+        })
     }
 }
 
