@@ -97,6 +97,37 @@ pub fn moto_endpoint() -> String {
     }
 }
 
+/// A simulator whose clock stands still (time scale 0: no deadline passes on its own) with
+/// one self-hosted session that got input, so it requires its environment's connection;
+/// plus an Agents API client configuration for the simulator. For tests that drive one
+/// controller by hand (no webhooks are delivered).
+///
+/// # Panics
+/// When the simulator cannot start or refuses the session.
+pub async fn frozen_sim_with_a_waiting_session() -> (
+    SimHandle,
+    sandbox_core::session::Session,
+    EnvironmentId,
+    ClientConfig,
+) {
+    let sim = agents_sim::spawn(SimConfig::default().with_time_scale(0.0))
+        .await
+        .unwrap();
+    let client = sim.client();
+    let session = client
+        .create_session(agents_sim::SessionEnvironment::self_hosted())
+        .await
+        .unwrap();
+    client
+        .submit_message(session.id.as_str(), "go")
+        .await
+        .unwrap();
+    let env = session.self_hosted().unwrap().id.clone();
+    let mut api = ClientConfig::new(agents_sim::DEFAULT_API_KEY);
+    api.base_url = sim.base_url();
+    (sim, session, env, api)
+}
+
 /// A short unique token for resource names: wall-clock nanoseconds, process id, counter.
 pub fn unique() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);

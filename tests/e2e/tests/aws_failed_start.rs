@@ -11,17 +11,18 @@
 //!
 //! Run with `tests/moto/run.sh cargo nextest run -p sandbox-e2e -E 'test(aws)'`.
 
-use agents_sim::SimConfig;
-use sandbox_agents_api::{AgentsClient, ClientConfig};
+use sandbox_agents_api::AgentsClient;
 use sandbox_aws::EcsCompute;
 use sandbox_aws::bootstrap::EcsStub;
 use sandbox_controller::ports::{Clock, Registry as _};
 use sandbox_controller::{Controller, Disposition, Job};
 use sandbox_core::decision::Outcome;
-use sandbox_core::ids::{DeploymentId, EnvironmentId};
+use sandbox_core::ids::DeploymentId;
 use sandbox_core::observed::Trigger;
 use sandbox_core::record::Record;
-use sandbox_e2e::aws_stack::{AwsOptions, AwsResources, harness_config, unique};
+use sandbox_e2e::aws_stack::{
+    AwsOptions, AwsResources, frozen_sim_with_a_waiting_session, harness_config, unique,
+};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,21 +63,7 @@ async fn aws_failed_start_is_recorded_backs_off_doubles_and_gives_up_without_loo
     .await;
     let compute = EcsCompute::new(stub.client().await, resources.ecs.clone());
 
-    let sim = agents_sim::spawn(SimConfig::default().with_time_scale(0.0))
-        .await
-        .unwrap();
-    let client = sim.client();
-    let session = client
-        .create_session(agents_sim::SessionEnvironment::self_hosted())
-        .await
-        .unwrap();
-    client
-        .submit_message(session.id.as_str(), "go")
-        .await
-        .unwrap();
-    let env: EnvironmentId = session.self_hosted().unwrap().id.clone();
-    let mut api = ClientConfig::new(agents_sim::DEFAULT_API_KEY);
-    api.base_url = sim.base_url();
+    let (sim, session, env, api) = frozen_sim_with_a_waiting_session().await;
 
     let clock = Arc::new(ManualClock(AtomicU64::new(1_800_000_000)));
     let mut config = harness_config(

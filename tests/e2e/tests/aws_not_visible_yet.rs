@@ -19,8 +19,8 @@
 //!
 //! Run with `tests/moto/run.sh cargo nextest run -p sandbox-e2e -E 'test(aws)'`.
 
-use agents_sim::{SimConfig, SimHandle};
-use sandbox_agents_api::{AgentsClient, ClientConfig};
+use agents_sim::SimHandle;
+use sandbox_agents_api::AgentsClient;
 use sandbox_aws::strict_ecs::StrictEcs;
 use sandbox_controller::ports::{Clock, Compute as _, NO_DEADLINE, Registry as _, SystemClock};
 use sandbox_controller::{Controller, Job, Processed};
@@ -28,7 +28,10 @@ use sandbox_core::compute::ComputeStatus;
 use sandbox_core::decision::{Outcome, Reason};
 use sandbox_core::ids::{DeploymentId, EnvironmentId, InstanceId, SessionId};
 use sandbox_core::observed::Trigger;
-use sandbox_e2e::aws_stack::{AwsController, AwsOptions, AwsResources, harness_config, unique};
+use sandbox_e2e::aws_stack::{
+    AwsController, AwsOptions, AwsResources, frozen_sim_with_a_waiting_session, harness_config,
+    unique,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,18 +54,7 @@ impl Lagging {
         let resources = AwsResources::create().await.unwrap();
         let guard = resources.ecs_guard.clone();
         guard.hide_new_tasks_for(LAG);
-        let sim = agents_sim::spawn(SimConfig::default().with_time_scale(0.0))
-            .await
-            .unwrap();
-        let client = sim.client();
-        let s = client
-            .create_session(agents_sim::SessionEnvironment::self_hosted())
-            .await
-            .unwrap();
-        client.submit_message(s.id.as_str(), "go").await.unwrap();
-        let env = s.self_hosted().unwrap().id.clone();
-        let mut api = ClientConfig::new(agents_sim::DEFAULT_API_KEY);
-        api.base_url = sim.base_url();
+        let (sim, s, env, api) = frozen_sim_with_a_waiting_session().await;
         let config = harness_config(
             DeploymentId::new(format!("nv-{}", unique())).unwrap(),
             &AwsOptions::default(),

@@ -11,8 +11,7 @@
 //!
 //! Run with `tests/moto/run.sh cargo nextest run -p sandbox-e2e -E 'test(aws)'`.
 
-use agents_sim::SimConfig;
-use sandbox_agents_api::{AgentsClient, ClientConfig};
+use sandbox_agents_api::AgentsClient;
 use sandbox_aws::ebs_workspaces::{EbsConfig, ec2_client};
 use sandbox_controller::ports::{
     Clock, Compute, NO_DEADLINE, Registry as _, StoredKind, SystemClock, Workspaces,
@@ -20,9 +19,11 @@ use sandbox_controller::ports::{
 use sandbox_controller::{Controller, Job};
 use sandbox_core::compute::ComputeStatus;
 use sandbox_core::decision::Outcome;
-use sandbox_core::ids::{DeploymentId, EnvironmentId};
+use sandbox_core::ids::DeploymentId;
 use sandbox_core::observed::Trigger;
-use sandbox_e2e::aws_stack::{AwsOptions, AwsResources, harness_config, unique};
+use sandbox_e2e::aws_stack::{
+    AwsOptions, AwsResources, frozen_sim_with_a_waiting_session, harness_config, unique,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,21 +39,7 @@ async fn aws_worker_snapshots_the_stopped_generation_and_restores_it_into_the_ne
         .compute()
         .with_workspaces(ec2_client(&resources.sdk), ebs);
 
-    let sim = agents_sim::spawn(SimConfig::default().with_time_scale(0.0))
-        .await
-        .unwrap();
-    let client = sim.client();
-    let session = client
-        .create_session(agents_sim::SessionEnvironment::self_hosted())
-        .await
-        .unwrap();
-    client
-        .submit_message(session.id.as_str(), "go")
-        .await
-        .unwrap();
-    let env: EnvironmentId = session.self_hosted().unwrap().id.clone();
-    let mut api = ClientConfig::new(agents_sim::DEFAULT_API_KEY);
-    api.base_url = sim.base_url();
+    let (_sim, session, env, api) = frozen_sim_with_a_waiting_session().await;
     let deployment = DeploymentId::new(format!("ws-{}", unique())).unwrap();
     let config = harness_config(deployment.clone(), &AwsOptions::default());
     let c = Controller::new(
