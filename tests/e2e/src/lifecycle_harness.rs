@@ -8,6 +8,7 @@
 
 use crate::Options;
 use agents_sim::{SimClient, SimHandle};
+use anyhow::Context as _;
 use sandbox_agents_api::AgentsClient;
 use sandbox_controller::Controller;
 use sandbox_controller::ports::{Compute, Queue, Receipt, Registry};
@@ -147,6 +148,39 @@ pub trait LifecycleHarness: Sized {
             .await?
             .environment(env)
             .is_some_and(|e| e.connected))
+    }
+
+    /// Whether a stop of `env` is done and recorded: the provider shows no live compute
+    /// and the record says stopped.
+    ///
+    /// # Errors
+    /// The provider's or the registry's error.
+    async fn stopped_and_recorded(&self, env: &str) -> anyhow::Result<bool> {
+        Ok(self.live(env).await?.is_empty()
+            && self
+                .record(env)
+                .await?
+                .is_some_and(|r| r.status == sandbox_core::record::RecordStatus::Stopped))
+    }
+
+    /// Creates a self-hosted session and submits input to it, so it requires its
+    /// environment's connection; returns the session and its environment id.
+    ///
+    /// # Errors
+    /// The simulator client's error.
+    async fn session_with_input(&self) -> anyhow::Result<(sandbox_core::session::Session, String)> {
+        let s = self
+            .client()
+            .create_session(agents_sim::SessionEnvironment::self_hosted())
+            .await?;
+        let env = s
+            .self_hosted()
+            .context("a self-hosted session has an environment")?
+            .id
+            .as_str()
+            .to_owned();
+        self.client().submit_message(s.id.as_str(), "go").await?;
+        Ok((s, env))
     }
 
     /// Polls `check` every 100 ms until it holds or `timeout` passes.

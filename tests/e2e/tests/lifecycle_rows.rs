@@ -67,16 +67,7 @@ fn env_of(s: &Session) -> String {
 
 /// Creates a self-hosted session, submits input and waits for its executor to connect.
 async fn running_session<H: LifecycleHarness>(h: &H) -> (Session, String) {
-    let s = h
-        .client()
-        .create_session(agents_sim::SessionEnvironment::self_hosted())
-        .await
-        .unwrap();
-    let env = env_of(&s);
-    h.client()
-        .submit_message(s.id.as_str(), "go")
-        .await
-        .unwrap();
+    let (s, env) = h.session_with_input().await.unwrap();
     h.wait_until("executor connected", H::STEP_TIMEOUT, || h.connected(&env))
         .await
         .unwrap();
@@ -310,11 +301,8 @@ async fn row07_failed_session_with_running_executor_is_released<H: LifecycleHarn
         .fail_session(s.id.as_str(), Some("boom"))
         .await
         .unwrap();
-    h.wait_until("release recorded", H::STEP_TIMEOUT, || async {
-        Ok(h.live(&env).await?.is_empty()
-            && h.record(&env)
-                .await?
-                .is_some_and(|r| r.status == RecordStatus::Stopped))
+    h.wait_until("release recorded", H::STEP_TIMEOUT, || {
+        h.stopped_and_recorded(&env)
     })
     .await
     .unwrap();
@@ -351,11 +339,8 @@ async fn row14_15_idle_schedules_a_lease_then_the_due_lease_stops_that_generatio
     if agents_sim::real_unix_secs() < lease.due_at {
         assert_eq!(live, 1, "no stop before the lease is due");
     }
-    h.wait_until("the lease stop recorded", H::STEP_TIMEOUT, || async {
-        Ok(h.live(&env).await?.is_empty()
-            && h.record(&env)
-                .await?
-                .is_some_and(|r| r.status == RecordStatus::Stopped))
+    h.wait_until("the lease stop recorded", H::STEP_TIMEOUT, || {
+        h.stopped_and_recorded(&env)
     })
     .await
     .unwrap();
@@ -641,16 +626,9 @@ async fn row20_mid_turn_disconnect_is_held_with_its_evidence_until_an_owner_reso
     );
 
     // Released: the resolve's recheck takes the lease, the lease stops it as usual.
-    h.wait_until(
-        "the idle stop after the resolve",
-        H::STEP_TIMEOUT,
-        || async {
-            Ok(h.live(&env).await?.is_empty()
-                && h.record(&env)
-                    .await?
-                    .is_some_and(|r| r.status == RecordStatus::Stopped))
-        },
-    )
+    h.wait_until("the idle stop after the resolve", H::STEP_TIMEOUT, || {
+        h.stopped_and_recorded(&env)
+    })
     .await
     .unwrap();
     assert_eq!(stop_reasons(&h, &env).await, vec!["lease_expired"]);
@@ -787,11 +765,8 @@ async fn ceiling_idle_executor_past_its_max_lifetime_is_stopped_then_new_input_s
     let (s, env) = running_session(&h).await;
     wait_idle(&h, &s).await;
     let first = h.live(&env).await.unwrap().remove(0);
-    sweep_until(&h, "lifetime stop recorded", || async {
-        Ok(h.live(&env).await?.is_empty()
-            && h.record(&env)
-                .await?
-                .is_some_and(|r| r.status == RecordStatus::Stopped))
+    sweep_until(&h, "lifetime stop recorded", || {
+        h.stopped_and_recorded(&env)
     })
     .await;
     assert_eq!(status(&h, &first).await, ComputeStatus::Stopped);
@@ -832,16 +807,7 @@ async fn ceiling_remote_url_not_on_the_allowlist_starts_no_executor_and_is_recon
     })
     .await
     .unwrap();
-    let s = h
-        .client()
-        .create_session(agents_sim::SessionEnvironment::self_hosted())
-        .await
-        .unwrap();
-    let env = env_of(&s);
-    h.client()
-        .submit_message(s.id.as_str(), "go")
-        .await
-        .unwrap();
+    let (_, env) = h.session_with_input().await.unwrap();
     h.wait_until("the refusal audited", H::STEP_TIMEOUT, || async {
         Ok(h.audit(&env)
             .await?
@@ -898,13 +864,7 @@ async fn ceiling_session_waiting_on_a_function_call_with_no_work_stops_its_execu
         .await
         .unwrap();
     let first = h.live(&env).await.unwrap().remove(0);
-    sweep_until(&h, "no-work stop recorded", || async {
-        Ok(h.live(&env).await?.is_empty()
-            && h.record(&env)
-                .await?
-                .is_some_and(|r| r.status == RecordStatus::Stopped))
-    })
-    .await;
+    sweep_until(&h, "no-work stop recorded", || h.stopped_and_recorded(&env)).await;
     assert_eq!(status(&h, &first).await, ComputeStatus::Stopped);
     assert_eq!(stop_reasons(&h, &env).await, vec!["no_work"]);
     let audit = h.audit(&env).await.unwrap();
@@ -948,16 +908,7 @@ async fn ceiling_executors_that_never_connect_are_replaced_up_to_the_cap_then_re
     })
     .await
     .unwrap();
-    let s = h
-        .client()
-        .create_session(agents_sim::SessionEnvironment::self_hosted())
-        .await
-        .unwrap();
-    let env = env_of(&s);
-    h.client()
-        .submit_message(s.id.as_str(), "go")
-        .await
-        .unwrap();
+    let (_, env) = h.session_with_input().await.unwrap();
     h.wait_until("the cap reached", Duration::from_secs(90), || async {
         Ok(h.audit(&env)
             .await?
@@ -1007,17 +958,8 @@ async fn ceiling_at_the_executor_cap_a_second_start_waits_until_the_first_execut
     .await
     .unwrap();
     let (_a, env_a) = running_session(&h).await;
-    let b = h
-        .client()
-        .create_session(agents_sim::SessionEnvironment::self_hosted())
-        .await
-        .unwrap();
-    let env_b = env_of(&b);
     // A's turn (4 real s) and its grace keep A's executor while B asks.
-    h.client()
-        .submit_message(b.id.as_str(), "go")
-        .await
-        .unwrap();
+    let (b, env_b) = h.session_with_input().await.unwrap();
     // Never more than one live executor, sampled until B's executor connects.
     let live_both =
         || async { anyhow::Ok(h.live(&env_a).await?.len() + h.live(&env_b).await?.len()) };

@@ -37,14 +37,8 @@ async fn every_operator_command_on_a_running_local_stack() {
         sandboxctl(&refs, envs).await
     }
 
-    let s = h
-        .client
-        .create_session(agents_sim::SessionEnvironment::self_hosted())
-        .await
-        .unwrap();
-    let env = s.self_hosted().unwrap().id.as_str().to_owned();
+    let (s, env) = h.session_with_input().await.unwrap();
     let session = s.id.as_str().to_owned();
-    h.client.submit_message(&session, "go").await.unwrap();
     h.wait_until("executor connected", T, || h.connected(&env))
         .await
         .unwrap();
@@ -280,14 +274,8 @@ async fn resolve_and_report_timeout_refuse_bad_input_and_change_nothing() {
     })
     .await
     .unwrap();
-    let s = h
-        .client
-        .create_session(agents_sim::SessionEnvironment::self_hosted())
-        .await
-        .unwrap();
-    let env = s.self_hosted().unwrap().id.as_str().to_owned();
+    let (s, env) = h.session_with_input().await.unwrap();
     let session = s.id.as_str().to_owned();
-    h.client.submit_message(&session, "go").await.unwrap();
     h.wait_until("executor connected", T, || h.connected(&env))
         .await
         .unwrap();

@@ -19,16 +19,17 @@ use sandbox_e2e::{Harness, LifecycleHarness, Options};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-fn env_of(s: &Session) -> String {
-    s.self_hosted().unwrap().id.as_str().to_owned()
-}
-
 /// Submits input and waits until an executor of `env` connected; returns it.
 async fn connected_executor(h: &Harness, s: &Session, env: &str) -> ComputeInstance {
     h.client()
         .submit_message(s.id.as_str(), "go")
         .await
         .unwrap();
+    executor_connected(h, env).await
+}
+
+/// Waits until an executor of `env` connected; returns it.
+async fn executor_connected(h: &Harness, env: &str) -> ComputeInstance {
     h.wait_until("executor connected", Harness::STEP_TIMEOUT, || async {
         Ok(h.connected(env).await? && !h.live(env).await?.is_empty())
     })
@@ -87,13 +88,8 @@ async fn generation_2_reads_the_file_generation_1_wrote_after_it_stopped_behind_
     })
     .await
     .unwrap();
-    let s = h
-        .client()
-        .create_session(agents_sim::SessionEnvironment::self_hosted())
-        .await
-        .unwrap();
-    let env = env_of(&s);
-    let first = connected_executor(&h, &s, &env).await;
+    let (s, env) = h.session_with_input().await.unwrap();
+    let first = executor_connected(&h, &env).await;
     assert_eq!(first.generation, Generation(1));
     let dir1 = workspace_of(&h, &first).await;
     std::fs::create_dir_all(dir1.join("src")).unwrap();
@@ -147,25 +143,15 @@ async fn after_an_idle_stop_a_new_connection_request_restores_the_workspace() {
     })
     .await
     .unwrap();
-    let s = h
-        .client()
-        .create_session(agents_sim::SessionEnvironment::self_hosted())
-        .await
-        .unwrap();
-    let env = env_of(&s);
-    let first = connected_executor(&h, &s, &env).await;
+    let (s, env) = h.session_with_input().await.unwrap();
+    let first = executor_connected(&h, &env).await;
     let dir1 = workspace_of(&h, &first).await;
     std::fs::write(dir1.join("plan.md"), "# the plan").unwrap();
 
     h.wait_until(
         "the idle lease stopped generation 1",
         Harness::STEP_TIMEOUT,
-        || async {
-            Ok(h.live(&env).await?.is_empty()
-                && h.record(&env)
-                    .await?
-                    .is_some_and(|r| r.status == RecordStatus::Stopped))
-        },
+        || h.stopped_and_recorded(&env),
     )
     .await
     .unwrap();
@@ -204,13 +190,8 @@ async fn a_session_closed_with_delete_leaves_no_archive_behind() {
     })
     .await
     .unwrap();
-    let s = h
-        .client()
-        .create_session(agents_sim::SessionEnvironment::self_hosted())
-        .await
-        .unwrap();
-    let env = env_of(&s);
-    let first = connected_executor(&h, &s, &env).await;
+    let (s, env) = h.session_with_input().await.unwrap();
+    let first = executor_connected(&h, &env).await;
     std::fs::write(workspace_of(&h, &first).await.join("a.txt"), "1").unwrap();
     // An idle stop archives generation 1 ...
     h.wait_until(
