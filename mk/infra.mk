@@ -129,6 +129,7 @@ SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=
 	$(call sam-param,ShutdownGraceSecs,SHUTDOWN_GRACE_SECS) \
 	$(call sam-param,ConnectDeadlineSecs,CONNECT_DEADLINE_SECS) \
 	$(call sam-param,SnapshotKeep,SNAPSHOT_KEEP) $(call sam-param,CloseWorkspace,CLOSE_WORKSPACE) \
+	$(call sam-param,HistoryRetentionDays,HISTORY_RETENTION_DAYS) \
 	$(call sam-param,WorkspaceVolumeGiB,WORKSPACE_VOLUME_GIB) \
 	$(call sam-param,WorkspaceVolumeType,WORKSPACE_VOLUME_TYPE) \
 	$(call sam-param,AgentsApiBaseUrl,AGENTS_API_BASE_URL) \
@@ -170,6 +171,7 @@ CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' 
 	$(call cdk-context,shutdownGraceSecs,SHUTDOWN_GRACE_SECS) \
 	$(call cdk-context,connectDeadlineSecs,CONNECT_DEADLINE_SECS) \
 	$(call cdk-context,snapshotKeep,SNAPSHOT_KEEP) $(call cdk-context,closeWorkspace,CLOSE_WORKSPACE) \
+	$(call cdk-context,historyRetentionDays,HISTORY_RETENTION_DAYS) \
 	$(call cdk-context,workspaceVolumeGiB,WORKSPACE_VOLUME_GIB) \
 	$(call cdk-context,workspaceVolumeType,WORKSPACE_VOLUME_TYPE) \
 	$(call cdk-context,agentsApiBaseUrl,AGENTS_API_BASE_URL) \

@@ -460,10 +460,56 @@ def test_registry_table_matches_the_adapter_schema(any_cfn):
     assert props["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
     assert props["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"] is True
     assert {(k["AttributeName"], k["KeyType"]) for k in props["KeySchema"]} == {("pk", "HASH"), ("sk", "RANGE")}
-    (gsi,) = props["GlobalSecondaryIndexes"]
-    assert gsi["IndexName"] == "by_session"
-    assert gsi["KeySchema"] == [{"AttributeName": "session_id", "KeyType": "HASH"}]
-    assert gsi["Projection"] == {"ProjectionType": "KEYS_ONLY"}
+    gsis = {g["IndexName"]: g for g in props["GlobalSecondaryIndexes"]}
+    assert set(gsis) == {"by_session", "by_open"}
+    assert gsis["by_session"]["KeySchema"] == [{"AttributeName": "session_id", "KeyType": "HASH"}]
+    assert gsis["by_session"]["Projection"] == {"ProjectionType": "KEYS_ONLY"}
+    # Issue 22: the sweep's read, the sparse index of records that are not closed.
+    assert gsis["by_open"]["KeySchema"] == [
+        {"AttributeName": "open_shard", "KeyType": "HASH"},
+        {"AttributeName": "pk", "KeyType": "RANGE"},
+    ]
+    assert gsis["by_open"]["Projection"] == {"ProjectionType": "ALL"}
+    attributes = {(a["AttributeName"], a["AttributeType"]) for a in props["AttributeDefinitions"]}
+    assert attributes == {("pk", "S"), ("sk", "S"), ("session_id", "S"), ("open_shard", "S")}
+
+
+def test_the_sweeper_runs_one_at_a_time_without_retries(any_cfn):
+    """Issue 22 item 4: reserved concurrency 1; no Lambda async retries and a short event
+    age (an event throttled behind a running sweep is dropped, not queued for hours); the
+    schedule's target without EventBridge retries."""
+    (fn_id,) = [
+        k
+        for k, f in resources(any_cfn, "AWS::Lambda::Function").items()
+        if f["Properties"]["Description"].startswith("sandbox-lifecycle sweeper ")
+    ]
+    assert any_cfn["Resources"][fn_id]["Properties"]["ReservedConcurrentExecutions"] == 1
+    configs = [
+        c["Properties"]
+        for c in resources(any_cfn, "AWS::Lambda::EventInvokeConfig").values()
+        if ref_target(c["Properties"]["FunctionName"]) == fn_id
+    ]
+    assert len(configs) == 1, configs
+    assert configs[0]["MaximumRetryAttempts"] == 0
+    assert configs[0]["MaximumEventAgeInSeconds"] == 60
+    targets = [
+        t
+        for rule in resources(any_cfn, "AWS::Events::Rule").values()
+        for t in rule["Properties"].get("Targets", [])
+        if ref_target(t["Arn"]) == fn_id
+    ]
+    assert len(targets) == 1, targets
+    assert targets[0]["RetryPolicy"]["MaximumRetryAttempts"] == 0
+
+
+def test_history_retention_reaches_both_controller_functions(sam_cfn, cdk_cfn):
+    for binary in ("worker", "sweeper"):
+        assert function_by_binary(sam_cfn, binary)["Environment"]["Variables"]["HISTORY_RETENTION_DAYS"] == {
+            "Ref": "HistoryRetentionDays"
+        }
+        assert function_by_binary(cdk_cfn, binary)["Environment"]["Variables"]["HISTORY_RETENTION_DAYS"] == "30"
+    assert str(sam_cfn["Parameters"]["HistoryRetentionDays"]["Default"]) == "30"
+    assert "HISTORY_RETENTION_DAYS" in settings_vars()["controller"]["optional"]
 
 
 # ----------------------------------------------------------------------------- alarms, dashboard

@@ -10,21 +10,39 @@
 //! | sort key | `sk` (S) |
 //! | billing | on-demand (`PAY_PER_REQUEST`) |
 //! | global secondary index | `by_session`: partition key `session_id` (S), projection `KEYS_ONLY` |
+//! | global secondary index | `by_open`: partition key `open_shard` (S), sort key `pk` (S), projection `ALL` |
 //! | time to live | attribute `expires_at` (N, Unix seconds) |
 //!
 //! Items (all numbers are DynamoDB `N`; times in Unix seconds unless named `_ms`):
 //!
 //! | item | `pk` | `sk` | other attributes |
 //! |---|---|---|---|
-//! | record (and lock) | effect key `agents-api:environment:{id}:compute` | `record` | `record` (S: the [`Record`] as JSON), `version`, `session_id` (S), `environment_id` (S), `updated_at_ms`; the lock: `lock_owner` (S), `lock_until` |
+//! | record (and lock) | effect key `agents-api:environment:{id}:compute` | `record` | `record` (S: the [`Record`] as JSON), `version`, `session_id` (S), `environment_id` (S), `updated_at_ms`; `open_shard` (S: `open#{0..15}`) while the record is not closed; the lock: `lock_owner` (S), `lock_until` |
 //! | delivery ledger | `webhook#{webhook-id}` | `ledger` | `expires_at` |
-//! | audit entry | effect key | `audit#{epoch ms, 15 digits}#{seq, 6 digits}#{16 hex}` | `entry` (S: [`AuditEntry`] JSON), `at` |
-//! | receipt | effect key | `receipt#{epoch ms, 15 digits}#{seq, 6 digits}#{16 hex}` | `receipt` (S: [`Receipt`] JSON), `at` |
-//! | executor slot holder | effect key | `slot` | `environment_id` (S), `acquired_at` |
+//! | audit entry | effect key | `audit#{epoch ms, 15 digits}#{seq, 6 digits}#{16 hex}` | `entry` (S: [`AuditEntry`] JSON), `at`, `expires_at` (`at` + the history retention) |
+//! | receipt | effect key | `receipt#{epoch ms, 15 digits}#{seq, 6 digits}#{16 hex}` | `receipt` (S: [`Receipt`] JSON), `at`, `expires_at` (`at` + the history retention) |
+//! | executor slot holder | `capacity#executors` | `slot#{environment id}` | `environment_id` (S), `acquired_at` |
 //! | executor slot counter | `capacity#executors` | `counter` | `in_use` |
 //!
+//! What each read touches (issue 22 item 1: reads proportional to what is live):
+//!
+//! | read | call | items read |
+//! |---|---|---|
+//! | the sweep's records ([`Registry::list_open`]) | one `Query` per `by_open` shard (16), every page | the records that are not closed |
+//! | executor slots ([`Registry::slots`]) | one consistent `Query` on `capacity#executors` | the counter and the holders |
+//! | a record, a lock | `GetItem` / `UpdateItem` on (effect key, `record`) | one |
+//! | receipts, audit entries of a key | consistent `Query` on the effect key, `begins_with(sk)` | that key's history within the retention |
+//! | [`Registry::list`] (operators' views only) | consistent `Scan` of the table | the whole table |
+//!
 //! Only record items carry `session_id`, so the `by_session` index is sparse: it holds
-//! the records and nothing else. The lock lives on the record item, so taking it reads the
+//! the records and nothing else. Only records that are not closed carry `open_shard`
+//! (every record write sets it, or removes it when the record is closed), so `by_open`
+//! holds the open records and nothing else: closed records, history, the ledger and the
+//! slot items never cost the sweep a read. Its partition key is sharded by a stable hash
+//! (FNV-1a) of the environment id into 16 values, so no single index partition takes
+//! every record write of the deployment (DynamoDB's per-partition throughput limit); the
+//! sweep queries the 16 shards. The executor slots live in one partition
+//! (`capacity#executors`), so reading them is one `Query`, whatever the table holds. The lock lives on the record item, so taking it reads the
 //! record in the same call; a key locked before its first record write has an item with
 //! the lock attributes only, which reads as no record (and is never listed). The record
 //! item has no `expires_at`: TTL never deletes a record or a lock.
@@ -58,8 +76,16 @@
 //! - DynamoDB TTL deletes expired items late (typically within days) and moto never
 //!   deletes them, so reads compare `expires_at` with `now` themselves: a ledger entry with
 //!   `expires_at <= now` reads as absent.
-//! - Reads of the table are strongly consistent (`ConsistentRead`); the `by_session`
-//!   index is eventually consistent (DynamoDB GSIs are), so [`Registry::find_by_session`]
+//! - History expires: audit entries and receipts carry `expires_at` = `at` + the history
+//!   retention ([`DynamoRegistry::with_history_retention`], default
+//!   [`DEFAULT_HISTORY_RETENTION_SECS`], 30 days). TTL deletes them late, so reads skip
+//!   items whose `expires_at <= now` themselves (a `FilterExpression`).
+//! - Reads of the table are strongly consistent (`ConsistentRead`). GSIs are eventually
+//!   consistent (DynamoDB does not offer `ConsistentRead` on them): `by_open` may lag a
+//!   write by a moment, which is fine for the sweep's discovery (DESIGN.md principle 7):
+//!   each sweep job re-reads its record consistently (its lock-free read, then the lock)
+//!   before deciding, and a record missed once is listed by the next sweep. The `by_session`
+//!   index is eventually consistent too, so [`Registry::find_by_session`]
 //!   re-reads each candidate with a consistent `GetItem` and keeps only records whose
 //!   stored session is the one asked for. A record created a moment ago may not be found
 //!   by session yet on AWS.
@@ -86,7 +112,7 @@ use sandbox_controller::ports::{
     SlotRelease, Slots, StoredRecord, Write,
 };
 use sandbox_core::ids::{EffectKey, EnvironmentId, SessionId};
-use sandbox_core::record::Record;
+use sandbox_core::record::{Record, RecordStatus};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
@@ -104,10 +130,19 @@ pub const SESSION_INDEX: &str = "by_session";
 pub const SESSION_ATTR: &str = "session_id";
 /// The TTL attribute (Unix seconds).
 pub const TTL_ATTR: &str = "expires_at";
+/// The sparse global secondary index of the records that are not closed (issue 22).
+pub const OPEN_INDEX: &str = "by_open";
+/// Its partition key attribute: `open#{shard}`, present only on records not closed.
+pub const OPEN_ATTR: &str = "open_shard";
+/// Shards of [`OPEN_INDEX`]'s partition key (the sweep queries each).
+pub const OPEN_SHARDS: u64 = 16;
+/// How long audit entries and receipts are kept unless configured: 30 days, in seconds.
+pub const DEFAULT_HISTORY_RETENTION_SECS: u64 = 30 * 86_400;
 
 const SK_RECORD: &str = "record";
 const SK_LEDGER: &str = "ledger";
-const SK_SLOT: &str = "slot";
+/// Sort key prefix of an executor slot holder (under [`SLOTS_PK`]).
+const SK_SLOT_PREFIX: &str = "slot#";
 /// The partition key of the deployment's executor slot counter.
 const SLOTS_PK: &str = "capacity#executors";
 const SK_COUNTER: &str = "counter";
@@ -127,6 +162,24 @@ pub struct DynamoRegistry {
     client: Client,
     table: Arc<str>,
     sort_keys: Arc<SortKeys>,
+    /// Seconds audit entries and receipts are kept (their `expires_at` = `at` + this).
+    history_retention_secs: u64,
+}
+
+/// FNV-1a: stable across builds and platforms, so a record's shard never moves.
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The `open_shard` value of an environment's open record: `open#{0..15}`.
+fn open_shard(env: &EnvironmentId) -> String {
+    format!("open#{}", fnv1a(env.as_str()) % OPEN_SHARDS)
+}
+
+fn slot_sk(env: &EnvironmentId) -> String {
+    format!("{SK_SLOT_PREFIX}{}", env.as_str())
 }
 
 /// Monotonic `(epoch ms, sequence)` pairs for append-only sort keys.
@@ -277,6 +330,18 @@ impl FencedUpdate {
             ),
             (":updated_at_ms".to_owned(), n(now_ms())),
         ]);
+        // The sparse `by_open` index: only records that are not closed carry the key.
+        self.names
+            .insert("#open_shard".to_owned(), OPEN_ATTR.to_owned());
+        if record.status == RecordStatus::Closed {
+            self.remove.push("#open_shard");
+        } else {
+            self.set.push("#open_shard = :open_shard");
+            self.values.insert(
+                ":open_shard".to_owned(),
+                s(open_shard(&record.environment_id)),
+            );
+        }
         match expected {
             None => self
                 .condition
@@ -385,6 +450,17 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), PortError>
         )
         .build()
         .map_err(build)?;
+    let open_index = GlobalSecondaryIndex::builder()
+        .index_name(OPEN_INDEX)
+        .key_schema(key(OPEN_ATTR, KeyType::Hash)?)
+        .key_schema(key(PK, KeyType::Range)?)
+        .projection(
+            Projection::builder()
+                .projection_type(ProjectionType::All)
+                .build(),
+        )
+        .build()
+        .map_err(build)?;
     client
         .create_table()
         .table_name(table)
@@ -392,9 +468,11 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), PortError>
         .attribute_definitions(attr(PK)?)
         .attribute_definitions(attr(SK)?)
         .attribute_definitions(attr(SESSION_ATTR)?)
+        .attribute_definitions(attr(OPEN_ATTR)?)
         .key_schema(key(PK, KeyType::Hash)?)
         .key_schema(key(SK, KeyType::Range)?)
         .global_secondary_indexes(index)
+        .global_secondary_indexes(open_index)
         .send()
         .await
         .map_err(|e| port_error(DEP, op, &e))?;
@@ -443,7 +521,26 @@ impl DynamoRegistry {
             client,
             table: table.into(),
             sort_keys: Arc::new(SortKeys::default()),
+            history_retention_secs: DEFAULT_HISTORY_RETENTION_SECS,
         }
+    }
+
+    /// The same registry with audit entries and receipts kept `secs` seconds (their
+    /// `expires_at`; issue 22 item 2). Makes no call.
+    #[must_use]
+    pub fn with_history_retention(mut self, secs: u64) -> Self {
+        self.history_retention_secs = secs;
+        self
+    }
+
+    /// Seconds audit entries and receipts are kept.
+    pub fn history_retention_secs(&self) -> u64 {
+        self.history_retention_secs
+    }
+
+    /// When an entry written at `at` (Unix seconds) expires.
+    fn expires_at(&self, at: u64) -> u64 {
+        at.saturating_add(self.history_retention_secs)
     }
 
     /// The table name.
@@ -485,6 +582,11 @@ impl DynamoRegistry {
             .expression_attribute_names("#sk", SK)
             .expression_attribute_values(":pk", s(key.as_str()))
             .expression_attribute_values(":prefix", s(prefix))
+            // TTL deletes late: an expired entry reads as absent. Entries written before
+            // retention existed have no `expires_at` and are kept.
+            .filter_expression("attribute_not_exists(#expires_at) OR #expires_at > :now")
+            .expression_attribute_names("#expires_at", TTL_ATTR)
+            .expression_attribute_values(":now", n(now_ms() / 1000))
             .scan_index_forward(true)
             .into_paginator()
             .send();
@@ -679,6 +781,7 @@ impl DynamoRegistry {
                     .item(SK, s(self.sort_keys.next(AUDIT_PREFIX)))
                     .item("entry", s(json.as_str()))
                     .item("at", n(entry.at))
+                    .item(TTL_ATTR, n(self.expires_at(entry.at)))
                     .condition_expression("attribute_not_exists(#pk)")
                     .expression_attribute_names("#pk", PK)
                     .build()
@@ -815,6 +918,35 @@ impl Registry for DynamoRegistry {
         Ok(out)
     }
 
+    async fn list_open(&self) -> Result<Vec<Record>, PortError> {
+        let op = "list_open";
+        let mut out = Vec::new();
+        for shard in 0..OPEN_SHARDS {
+            // A GSI read is eventually consistent (no ConsistentRead on an index): see the
+            // module docs for why the sweep may discover on it.
+            let mut pages = self
+                .client
+                .query()
+                .table_name(self.table.as_ref())
+                .index_name(OPEN_INDEX)
+                .key_condition_expression("#open = :open")
+                .expression_attribute_names("#open", OPEN_ATTR)
+                .expression_attribute_values(":open", s(format!("open#{shard}")))
+                .into_paginator()
+                .send();
+            while let Some(page) = pages.next().await {
+                let page = page.map_err(|e| port_error(DEP, op, &e))?;
+                for item in page.items() {
+                    if item.contains_key("record") {
+                        out.push(decode_record(item, op)?);
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| a.environment_id.cmp(&b.environment_id));
+        Ok(out)
+    }
+
     async fn lock(
         &self,
         key: &EffectKey,
@@ -913,7 +1045,11 @@ impl Registry for DynamoRegistry {
         self.append(
             &entry.effect_key,
             AUDIT_PREFIX,
-            vec![("entry", s(json)), ("at", n(entry.at))],
+            vec![
+                ("entry", s(json)),
+                ("at", n(entry.at)),
+                (TTL_ATTR, n(self.expires_at(entry.at))),
+            ],
             "audit",
         )
         .await
@@ -926,7 +1062,11 @@ impl Registry for DynamoRegistry {
         self.append(
             &receipt.effect_key,
             RECEIPT_PREFIX,
-            vec![("receipt", s(json)), ("at", n(receipt.at))],
+            vec![
+                ("receipt", s(json)),
+                ("at", n(receipt.at)),
+                (TTL_ATTR, n(self.expires_at(receipt.at))),
+            ],
             "receipt",
         )
         .await
@@ -958,8 +1098,8 @@ impl Registry for DynamoRegistry {
         };
         let holder = Put::builder()
             .table_name(self.table.as_ref())
-            .item(PK, s(fence.key.as_str()))
-            .item(SK, s(SK_SLOT))
+            .item(PK, s(SLOTS_PK))
+            .item(SK, s(slot_sk(&env)))
             .item("environment_id", s(env.as_str()))
             .item("acquired_at", n(now))
             .condition_expression("attribute_not_exists(#pk)")
@@ -1003,13 +1143,20 @@ impl Registry for DynamoRegistry {
 
     async fn release_slot(&self, fence: &Fence, now: u64) -> Result<SlotRelease, PortError> {
         let op = "release_slot";
+        let env = fence.key.environment_id().ok_or_else(|| {
+            PortError::permanent(
+                DEP,
+                op,
+                "the fence's key is not an environment's effect key",
+            )
+        })?;
         let build = |what: &str, e: aws_sdk_dynamodb::error::BuildError| {
             PortError::permanent(DEP, op, format!("{what} could not be built: {e}"))
         };
         let holder = Delete::builder()
             .table_name(self.table.as_ref())
-            .key(PK, s(fence.key.as_str()))
-            .key(SK, s(SK_SLOT))
+            .key(PK, s(SLOTS_PK))
+            .key(SK, s(slot_sk(&env)))
             .condition_expression("attribute_exists(#pk)")
             .expression_attribute_names("#pk", PK)
             .build()
@@ -1064,38 +1211,33 @@ impl Registry for DynamoRegistry {
 
     async fn slots(&self) -> Result<Slots, PortError> {
         let op = "slots";
-        let counter = self
-            .client
-            .get_item()
-            .table_name(self.table.as_ref())
-            .key(PK, s(SLOTS_PK))
-            .key(SK, s(SK_COUNTER))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| port_error(DEP, op, &e))?;
-        let in_use = match counter.item() {
-            Some(item) if item.contains_key("in_use") => get_n(item, "in_use", op)?,
-            _ => 0,
-        };
+        // One partition holds the counter and every holder: one consistent Query.
         let mut pages = self
             .client
-            .scan()
+            .query()
             .table_name(self.table.as_ref())
             .consistent_read(true)
-            .filter_expression("#sk = :slot")
-            .expression_attribute_names("#sk", SK)
-            .expression_attribute_values(":slot", s(SK_SLOT))
+            .key_condition_expression("#pk = :pk")
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_values(":pk", s(SLOTS_PK))
             .into_paginator()
             .send();
+        let mut in_use = 0;
         let mut holders = Vec::new();
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| port_error(DEP, op, &e))?;
             for item in page.items() {
-                holders.push(SlotHolder {
-                    environment_id: EnvironmentId::new(get_s(item, "environment_id", op)?),
-                    acquired_at: get_n(item, "acquired_at", op)?,
-                });
+                let sk = get_s(item, SK, op)?;
+                if sk == SK_COUNTER {
+                    if item.contains_key("in_use") {
+                        in_use = get_n(item, "in_use", op)?;
+                    }
+                } else if sk.starts_with(SK_SLOT_PREFIX) {
+                    holders.push(SlotHolder {
+                        environment_id: EnvironmentId::new(get_s(item, "environment_id", op)?),
+                        acquired_at: get_n(item, "acquired_at", op)?,
+                    });
+                }
             }
         }
         holders.sort_by(|a, b| a.environment_id.cmp(&b.environment_id));

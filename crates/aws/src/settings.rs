@@ -37,6 +37,7 @@
 //! | `REPLACEMENT_WINDOW_SECS` | worker, sweeper | no | the replacement cap's window, seconds (default 3,600; ≥ 1) |
 //! | `MAX_EXECUTORS` | worker, sweeper | no | concurrency cap: executors running at once in the deployment; a start beyond it waits (`capacity_limit`) (default 0 = off) |
 //! | `REMOTE_URL_ALLOWLIST` | worker, sweeper | no | comma-separated hosts a session's `remote_url` may name (`host`, `*.domain`, `scheme://host`; default `api.openai.com`, `wss` or `https` only) |
+//! | `HISTORY_RETENTION_DAYS` | worker, sweeper | no | days audit entries and receipts are kept (DynamoDB TTL `expires_at`; default 30; ≥ 1); never less than `CLOSE_WORKSPACE`'s retention, so a closed record's terminal receipts outlive its retained workspace (issue 22) |
 //! | `AWS_ENDPOINT_URL` | all | no | one endpoint for every AWS service: tests only (moto) |
 //!
 //! An empty or blank value counts as unset. Every failure is one [`SettingsError`] naming
@@ -200,6 +201,21 @@ pub struct ControllerSettings {
     pub controller: ControllerConfig,
     /// `AWS_ENDPOINT_URL` (tests only).
     pub aws_endpoint_url: Option<String>,
+    /// `HISTORY_RETENTION_DAYS` in seconds, raised to `CLOSE_WORKSPACE`'s retention.
+    pub history_retention_secs: u64,
+}
+
+/// Default of `HISTORY_RETENTION_DAYS`.
+pub const DEFAULT_HISTORY_RETENTION_DAYS: u64 = 30;
+
+/// Seconds history is kept: `days`, but never less than the workspace retention of a
+/// close (`retain:<days>`), so a closed record's terminal receipts outlive its snapshots.
+pub fn history_retention_secs(days: u64, close: &sandbox_core::workspace::CloseWorkspace) -> u64 {
+    let retain = match close {
+        sandbox_core::workspace::CloseWorkspace::Retain { days } => u64::from(*days),
+        sandbox_core::workspace::CloseWorkspace::Delete => 0,
+    };
+    days.max(retain).saturating_mul(86_400)
 }
 
 /// Reads variables through a lookup, so tests never touch the process environment.
@@ -412,6 +428,19 @@ impl ControllerSettings {
                     reason: "`delete` or `retain:<days ≥ 1>`",
                 })?;
         }
+        let history_days = match vars.optional("HISTORY_RETENTION_DAYS") {
+            None => DEFAULT_HISTORY_RETENTION_DAYS,
+            Some(raw) => raw
+                .parse::<u64>()
+                .ok()
+                .filter(|d| (1..=36_500).contains(d))
+                .ok_or(SettingsError::Invalid {
+                    var: "HISTORY_RETENTION_DAYS",
+                    reason: "whole days, 1 to 36,500",
+                })?,
+        };
+        let history_retention_secs =
+            history_retention_secs(history_days, &controller.policy.close_workspace);
         controller.filter.agent_ids = vars.list("AGENT_IDS")?;
         controller.filter.workspace_directory = vars.optional("WORKSPACE_DIRECTORY");
         controller.worker_id = worker_id(&vars.0);
@@ -437,6 +466,7 @@ impl ControllerSettings {
             api_key_secret: vars.secret_ref("OPENAI_API_KEY_SECRET_ARN")?,
             controller,
             aws_endpoint_url: vars.optional("AWS_ENDPOINT_URL"),
+            history_retention_secs,
         })
     }
 }

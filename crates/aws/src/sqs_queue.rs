@@ -6,6 +6,12 @@
 //!   `[A-Za-z0-9]` and ASCII punctuation); `delay_secs > 0` is rejected before calling
 //!   SQS, as SQS FIFO rejects per-message `DelaySeconds`. Standard queues get
 //!   `DelaySeconds` = `delay_secs` (≤ [`MAX_DELAY_SECS`]) and no group or dedup id.
+//! - **send_batch**: `SendMessageBatch` of up to 10 entries (Ids `0`..`9`, each with the
+//!   attributes `send` gives one message; IAM: `sqs:SendMessage`). SQS answers HTTP 200
+//!   with `Successful` and `Failed` entries: a failed entry with `SenderFault` is a
+//!   permanent error for that message, any other failed entry is sent once more in a
+//!   second batch, then reported transient. A message `send` would refuse (a delay on a
+//!   FIFO queue, beyond 900 s) is refused alone; the others are still sent.
 //! - **Duplicates**: SQS FIFO answers a de-duplicated send exactly like a stored one (a
 //!   success with a message id), so this adapter always reports [`Sent::Queued`]; it never
 //!   reports [`Sent::Duplicate`]. The ledger in the registry, not the send result, is what
@@ -34,9 +40,11 @@
 
 use crate::sdk_error::port_error;
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+use aws_sdk_sqs::types::{
+    MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
+};
 use sandbox_controller::job::Job;
-use sandbox_controller::ports::{Outgoing, PortError, Queue, Received, Sent};
+use sandbox_controller::ports::{Outgoing, PortError, Queue, Received, SEND_BATCH_MAX, Sent};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
@@ -168,7 +176,139 @@ impl SqsQueue {
     }
 }
 
+impl SqsQueue {
+    /// The `SendMessageBatch` entry of `msg` with id `id`, or why `send` would refuse it.
+    fn batch_entry(
+        &self,
+        id: usize,
+        msg: &Outgoing,
+    ) -> Result<SendMessageBatchRequestEntry, PortError> {
+        let op = "send_batch";
+        let body = serde_json::to_string(&msg.job)
+            .map_err(|e| invalid(op, format!("job could not be encoded: {e}")))?;
+        let mut entry = SendMessageBatchRequestEntry::builder()
+            .id(id.to_string())
+            .message_body(body);
+        if self.options.fifo {
+            if msg.delay_secs > 0 {
+                return Err(invalid(
+                    op,
+                    format!(
+                        "delay_secs {} on a FIFO queue: SQS FIFO queues reject per-message DelaySeconds",
+                        msg.delay_secs
+                    ),
+                ));
+            }
+            entry = entry
+                .message_group_id(sqs_fifo_id(&msg.group))
+                .message_deduplication_id(sqs_fifo_id(&msg.dedup_id));
+        } else {
+            if msg.delay_secs > MAX_DELAY_SECS {
+                return Err(invalid(
+                    op,
+                    format!(
+                        "delay_secs {} exceeds the SQS maximum of {MAX_DELAY_SECS}",
+                        msg.delay_secs
+                    ),
+                ));
+            }
+            entry = entry.delay_seconds(to_i32(op, "delay_secs", msg.delay_secs.into())?);
+        }
+        entry
+            .build()
+            .map_err(|e| invalid(op, format!("entry could not be built: {e}")))
+    }
+}
+
 impl Queue for SqsQueue {
+    async fn send_batch(&self, msgs: Vec<Outgoing>) -> Vec<Result<Sent, PortError>> {
+        let op = "send_batch";
+        if msgs.len() > SEND_BATCH_MAX {
+            let e = invalid(
+                op,
+                format!(
+                    "{} messages in one batch: SQS allows at most {SEND_BATCH_MAX}",
+                    msgs.len()
+                ),
+            );
+            return msgs.iter().map(|_| Err(e.clone())).collect();
+        }
+        let mut results: Vec<Option<Result<Sent, PortError>>> =
+            (0..msgs.len()).map(|_| None).collect();
+        let mut pending: Vec<(usize, SendMessageBatchRequestEntry)> = Vec::new();
+        for (i, msg) in msgs.iter().enumerate() {
+            match self.batch_entry(i, msg) {
+                Ok(entry) => pending.push((i, entry)),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        // A failed entry that is not the sender's fault is sent once more.
+        for attempt in 0..2 {
+            if pending.is_empty() {
+                break;
+            }
+            let entries: Vec<SendMessageBatchRequestEntry> =
+                pending.iter().map(|(_, e)| e.clone()).collect();
+            let out = self
+                .client
+                .send_message_batch()
+                .queue_url(self.queue_url.as_ref())
+                .set_entries(Some(entries))
+                .send()
+                .await;
+            let out = match out {
+                Ok(out) => out,
+                Err(e) => {
+                    let e = port_error(DEP, op, &e);
+                    for (i, _) in &pending {
+                        results[*i] = Some(Err(e.clone()));
+                    }
+                    break;
+                }
+            };
+            for ok in out.successful() {
+                if let Ok(i) = ok.id().parse::<usize>()
+                    && i < results.len()
+                {
+                    results[i] = Some(Ok(Sent::Queued));
+                }
+            }
+            let mut again = Vec::new();
+            for failed in out.failed() {
+                let Ok(i) = failed.id().parse::<usize>() else {
+                    continue;
+                };
+                let text = format!(
+                    "entry failed: {} ({})",
+                    failed.code(),
+                    failed.message().unwrap_or_default()
+                );
+                if failed.sender_fault() {
+                    results[i] = Some(Err(invalid(op, text)));
+                } else if attempt == 0
+                    && let Some(entry) = pending.iter().find(|(k, _)| *k == i)
+                {
+                    again.push(entry.clone());
+                } else {
+                    results[i] = Some(Err(PortError::transient(DEP, op, text)));
+                }
+            }
+            pending = again;
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(PortError::transient(
+                        DEP,
+                        op,
+                        "SendMessageBatch answered neither success nor failure for the entry",
+                    ))
+                })
+            })
+            .collect()
+    }
+
     async fn send(&self, msg: Outgoing) -> Result<Sent, PortError> {
         let body = serde_json::to_string(&msg.job)
             .map_err(|e| invalid("send", format!("job could not be encoded: {e}")))?;

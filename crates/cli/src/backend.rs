@@ -339,7 +339,8 @@ impl AwsOps {
         );
         let timers = queue(&settings.timers_queue_url, false, &timers_dlq);
         let registry =
-            DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&sdk), &settings.table_name);
+            DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&sdk), &settings.table_name)
+                .with_history_retention(settings.history_retention_secs);
         // ECS, plus EBS workspaces when ECS_INFRASTRUCTURE_ROLE_ARN is set (as the worker).
         let compute = settings.ecs.compute(&sdk)?;
         Ok(Self {

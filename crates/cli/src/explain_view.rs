@@ -283,6 +283,18 @@ fn terminal(record: Option<&Record>, audit: &[AuditEntry], receipts: &[Receipt])
     }))
 }
 
+/// Whether history before the oldest kept decision was pruned (issue 22 item 2), and
+/// from when it is kept: the first decision about an environment observed no record, so
+/// a record whose oldest kept decision observed one (or that has no decision at all) lost
+/// its earlier history to the retention. `None`: the whole history is there.
+fn history_pruned(record: Option<&Record>, audit: &[AuditEntry]) -> Option<Option<u64>> {
+    match audit.first() {
+        None => record.map(|_| None),
+        Some(first) if !first.observed["record"].is_null() => Some(Some(first.at)),
+        Some(_) => None,
+    }
+}
+
 /// Runs `explain`.
 ///
 /// # Errors
@@ -325,6 +337,7 @@ pub async fn run<O: Ops>(
     let timeline: Vec<(u64, u8, Value)> = keyed.into_iter().map(|(_, at, v)| (at, 0, v)).collect();
     let terminal = terminal(record.as_ref(), &audit, &receipts);
     let chain = snapshot_chain(record.as_ref(), &receipts);
+    let pruned = history_pruned(record.as_ref(), &audit);
     let mut problems = vec![];
     if record.as_ref().is_some_and(|r| r.cleanup_required) {
         problems.push("cleanup required: the close is not finished".to_owned());
@@ -353,6 +366,10 @@ pub async fn run<O: Ops>(
                 "terminal": terminal,
                 "reconciliation": record.as_ref().map_or_else(Vec::new, |r| r.evidence.iter().map(crate::evidence_view::entry_json).collect()),
                 "connection": record.as_ref().map_or(Value::Null, crate::evidence_view::connection_json),
+                "history": {
+                    "pruned": pruned.is_some(),
+                    "kept_from": crate::timestamps::stamp_opt(pruned.flatten()),
+                },
                 "problems": problems,
             }),
         )?;
@@ -391,6 +408,18 @@ pub async fn run<O: Ops>(
             writeln!(out, "  last reconciled event: {id}")?;
         }
         crate::evidence_view::write_text(out, &r.evidence)?;
+    }
+    match pruned {
+        Some(Some(from)) => writeln!(
+            out,
+            "  history: decisions before {} were pruned (audit entries and receipts expire after the history retention, HISTORY_RETENTION_DAYS / --history-retention-days)",
+            utc(from)
+        )?,
+        Some(None) => writeln!(
+            out,
+            "  history: every decision was pruned (audit entries and receipts expire after the history retention, HISTORY_RETENTION_DAYS / --history-retention-days)"
+        )?,
+        None => {}
     }
     if !chain.is_empty() {
         writeln!(out, "  workspace snapshots (oldest first):")?;

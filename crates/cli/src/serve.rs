@@ -67,6 +67,10 @@ pub struct ServeArgs {
     /// that many days, then deleted by the sweep).
     #[arg(long, default_value = "retain:7")]
     close_workspace: sandbox_core::workspace::CloseWorkspace,
+    /// Days audit entries and receipts are kept (older ones are pruned by the sweep);
+    /// never less than `--close-workspace`'s retention (`HISTORY_RETENTION_DAYS` on AWS).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=36_500))]
+    history_retention_days: u64,
     /// Worker loops.
     #[arg(long, default_value_t = 2)]
     workers: usize,
@@ -205,6 +209,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     cfg.webhook_tolerance_secs = args.webhook_tolerance_secs;
     cfg.workers = args.workers;
     cfg.sweep_interval = Duration::from_secs(args.sweep_secs.max(1));
+    let retain_days = match cfg.controller.policy.close_workspace {
+        sandbox_core::workspace::CloseWorkspace::Retain { days } => u64::from(days),
+        sandbox_core::workspace::CloseWorkspace::Delete => 0,
+    };
+    cfg.history_retention_secs = args.history_retention_days.max(retain_days) * 86_400;
     let stack = EmbeddedStack::start(cfg)
         .await
         .context("starting the stack")?;

@@ -47,6 +47,10 @@ pub struct ControllerConfig {
     /// 3,600; 0 sweeps it every time). Closed records are never swept again unless a live
     /// compute of theirs shows up.
     pub settled_resweep_secs: u64,
+    /// Stored workspaces one sweep deletes at most (default 100; issue 22 item 4): the
+    /// cleanup runs after the fan-out and what is left waits for the next sweep, so a
+    /// backlog of deletions never delays the jobs or outlasts the invocation.
+    pub sweep_workspace_deletions_max: usize,
 }
 
 impl ControllerConfig {
@@ -67,6 +71,7 @@ impl ControllerConfig {
             sweep_jobs_per_sec: 20,
             sweep_interval_secs: 300,
             settled_resweep_secs: 3_600,
+            sweep_workspace_deletions_max: 100,
         }
     }
 }

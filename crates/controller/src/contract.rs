@@ -541,6 +541,7 @@ fn fence(key: &EffectKey, owner: &str) -> Fence {
 /// as absent; audit entries append; receipts list per key, oldest first.
 pub async fn registry_contract<R: Registry>(r: &R) {
     registry_evidence_contract(r).await;
+    registry_open_records_contract(r).await;
     let run = unique();
     let now = SystemClock.now();
     let env = EnvironmentId::new(format!("env_ct_{run}"));
@@ -1087,6 +1088,103 @@ pub async fn registry_contract<R: Registry>(r: &R) {
 }
 
 /// A start spec with unique environment and session ids for generation 1.
+/// The open-records read every adapter must honour (issue 22 item 1): `list_open` returns
+/// each record that is not closed once, with its stored version, and never a closed one
+/// (closing a record takes it out, reopening puts it back) or a key that was only locked;
+/// `list` still returns the closed one. Run by [`registry_contract`].
+pub async fn registry_open_records_contract<R: Registry>(r: &R) {
+    let rule = "list-open";
+    let run = unique();
+    let now = SystemClock.now();
+    let owner = format!("owner-open-{run}");
+    let open_env = EnvironmentId::new(format!("env_open_{run}_a"));
+    let closed_env = EnvironmentId::new(format!("env_open_{run}_b"));
+    let locked_env = EnvironmentId::new(format!("env_open_{run}_c"));
+    let write = |env: &EnvironmentId, status: RecordStatus, expected: Option<u64>| {
+        let mut rec = Record::new(env.clone(), SessionId::new(format!("sess_{env}")));
+        rec.status = status;
+        (rec, expected)
+    };
+    for (env, status, expected) in [
+        (&open_env, RecordStatus::Active, None),
+        (&closed_env, RecordStatus::Active, None),
+        (&closed_env, RecordStatus::Closed, Some(1)),
+    ] {
+        let f = fence(&env.effect_key(), &owner);
+        assert!(take(r, &f.key, &owner, now + 60, now).await.is_some());
+        let (rec, expected) = write(env, status, expected);
+        let release = Release {
+            record: Some((&rec, expected)),
+            clean: true,
+            ..Release::default()
+        };
+        assert!(
+            self::release(r, &f, now, release, rule).await,
+            "registry contract [{rule}]: the release writes {env}"
+        );
+    }
+    assert!(
+        take(r, &locked_env.effect_key(), &owner, now + 60, now)
+            .await
+            .is_some()
+    );
+    let listed = |all: &[Record], env: &EnvironmentId| {
+        all.iter()
+            .filter(|rec| &rec.environment_id == env)
+            .map(|rec| rec.version)
+            .collect::<Vec<_>>()
+    };
+    let open = r
+        .list_open()
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert_eq!(
+        listed(&open, &open_env),
+        vec![1],
+        "registry contract [{rule}]: an open record is listed once, with its version"
+    );
+    assert!(
+        listed(&open, &closed_env).is_empty(),
+        "registry contract [{rule}]: a closed record is not listed"
+    );
+    assert!(
+        listed(&open, &locked_env).is_empty(),
+        "registry contract [{rule}]: a locked key without a record is not listed"
+    );
+    assert!(
+        open.iter().all(|rec| rec.status != RecordStatus::Closed),
+        "registry contract [{rule}]: nothing closed is listed"
+    );
+    let all = r
+        .list()
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert_eq!(
+        listed(&all, &closed_env),
+        vec![2],
+        "registry contract [{rule}]: list still returns the closed record"
+    );
+    // Reopened (a new session on a closed environment's id): listed again.
+    let f = fence(&closed_env.effect_key(), &owner);
+    assert!(take(r, &f.key, &owner, now + 60, now).await.is_some());
+    let (rec, expected) = write(&closed_env, RecordStatus::Stopped, Some(2));
+    let release = Release {
+        record: Some((&rec, expected)),
+        clean: true,
+        ..Release::default()
+    };
+    assert!(self::release(r, &f, now, release, rule).await);
+    let open = r
+        .list_open()
+        .await
+        .unwrap_or_else(|e| panic!("{}", registry_fail(rule, e)));
+    assert_eq!(
+        listed(&open, &closed_env),
+        vec![3],
+        "registry contract [{rule}]: a record written open again is listed again"
+    );
+}
+
 fn contract_spec(run: &str, suffix: &str) -> StartSpec {
     let environment_id = EnvironmentId::new(format!("env_ct_{run}{suffix}"));
     StartSpec {

@@ -85,6 +85,9 @@ pub mod names {
     pub const CAPACITY_WAITS: &str = "capacity_waits";
     /// Executor slots in use, one value per sweep (issue 13 item 3).
     pub const EXECUTOR_SLOTS: &str = "executor_slots";
+    /// Sweep jobs decided without the lock and without an effect: nothing written, no
+    /// audit entry (issue 22 item 3).
+    pub const SWEEP_NO_EFFECT: &str = "sweep_no_effect";
 }
 
 /// Registers units and descriptions with the installed recorder (EMF needs the units).
@@ -113,6 +116,10 @@ pub fn describe() {
         (
             CAPACITY_WAITS,
             "starts that waited at the deployment's executor cap",
+        ),
+        (
+            SWEEP_NO_EFFECT,
+            "sweep jobs with nothing to do, decided without the lock (nothing written)",
         ),
     ] {
         describe_counter!(name, Unit::Count, what);
@@ -223,6 +230,11 @@ pub fn executor_connected(secs: u64) {
 /// The executor slots in use, read by a sweep (issue 13 item 3).
 pub fn executor_slots(in_use: u64) {
     metrics::histogram!(names::EXECUTOR_SLOTS).record(in_use as f64);
+}
+
+/// A sweep job decided without the lock, with no effect (issue 22 item 3).
+pub fn sweep_no_effect() {
+    metrics::counter!(names::SWEEP_NO_EFFECT).increment(1);
 }
 
 /// A start answered without an instance.

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::future::Future;
 
 /// A failure of a backend dependency (queue, registry, provider). Carries no secret.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[error("{dependency} {operation} failed: {message}")]
 pub struct PortError {
     /// `queue`, `registry`, `compute`, ...
@@ -112,10 +112,29 @@ pub enum Sent {
     Duplicate,
 }
 
+/// Messages per [`Queue::send_batch`] call at most (SQS `SendMessageBatch`: 10 entries).
+pub const SEND_BATCH_MAX: usize = 10;
+
 /// A durable queue with visibility timeouts, receive counts and a dead-letter queue.
 pub trait Queue: Send + Sync + 'static {
     /// Stores a message. Returns only once the queue durably accepted it.
     fn send(&self, msg: Outgoing) -> impl Future<Output = Result<Sent, PortError>> + Send;
+    /// Stores up to [`SEND_BATCH_MAX`] messages in one call where the queue has one (SQS
+    /// `SendMessageBatch`), each with its own delay; one result per message, in order: a
+    /// batch can succeed for some messages and fail for others (SQS answers HTTP 200 with
+    /// `Failed` entries). The default sends them one by one with [`Queue::send`].
+    fn send_batch(
+        &self,
+        msgs: Vec<Outgoing>,
+    ) -> impl Future<Output = Vec<Result<Sent, PortError>>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(msgs.len());
+            for msg in msgs {
+                out.push(self.send(msg).await);
+            }
+            out
+        }
+    }
     /// Receives up to `max` visible messages (waiting up to `wait_ms` milliseconds for
     /// one), hiding each for `visibility_secs` seconds. Messages received more than the
     /// queue's maximum receive count go to its dead-letter queue instead.
@@ -380,8 +399,16 @@ pub trait Registry: Send + Sync + 'static {
         record: &Record,
         expected_version: Option<u64>,
     ) -> impl Future<Output = Result<Write, PortError>> + Send;
-    /// Every record (the sweep reads them all, page by page).
+    /// Every record, closed ones included (operators' views: `sandboxctl status`,
+    /// `explain`).
     fn list(&self) -> impl Future<Output = Result<Vec<Record>, PortError>> + Send;
+    /// Every record that is not closed, by environment id (the sweep's read, issue 22
+    /// item 1): its cost is that of the open records only, never of closed records or
+    /// history (DynamoDB: a `Query` per shard of a sparse index; SQLite: an index on
+    /// the open rows). It may lag the latest writes (DynamoDB GSIs are eventually
+    /// consistent): callers re-read a record consistently under its lock before acting
+    /// on it (DESIGN.md principle 7).
+    fn list_open(&self) -> impl Future<Output = Result<Vec<Record>, PortError>> + Send;
     /// Takes the lock on `key` for `owner` until `until` (Unix seconds) if it is free or
     /// expired at `now` (held while `now <= until`), and reads the record in the same
     /// atomic step. `None`: another owner holds it.

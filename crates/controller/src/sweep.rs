@@ -2,7 +2,8 @@
 //! inventory and the sessions (DESIGN.md principle 5).
 //!
 //! A sweep reads once and decides per environment ([`Controller::plan_sweep`]):
-//! 1. every record (the registry, page by page);
+//! 1. every record that is not closed ([`Registry::list_open`]: DynamoDB's sparse
+//!    `by_open` index, never the closed records or the history, issue 22 item 1);
 //! 2. the live compute of this deployment, once ([`Compute::list`]: ECS `ListTasks` with
 //!    `startedBy` as the only filter, every page, then `DescribeTasks` per 100 ARNs);
 //! 3. the computes records name that the list did not show, by id
@@ -21,8 +22,9 @@
 //! Settled records — stopped, or active with no compute, no failed start, no lease and no
 //! cleanup, with nothing live for them — are swept once per
 //! [`ControllerConfig::settled_resweep_secs`](crate::ControllerConfig) (a stable hash of
-//! the environment id picks the sweep), not on every run; closed ones never again unless
-//! a live compute of theirs shows up.
+//! the environment id picks the sweep), not on every run; closed ones are not read at all
+//! and never swept again unless a live compute of theirs shows up (its job then reads
+//! the closed record under the lock).
 //!
 //! With the executor cap on ([`sandbox_core::observed::Policy::max_executors`]) the sweep
 //! also reads the slots once ([`Registry::slots`], linear in the holders) and repairs what
@@ -33,11 +35,17 @@
 //! counter that disagrees with the holders (changed outside the controller) is logged.
 //!
 //! [`Controller::sweep`] processes the jobs in place (local mode's `sweep now`, tests);
-//! [`Controller::sweep_fan_out`] sends them to the timers queue, spread over time, so no
-//! single invocation's duration grows with the deployment (the sweeper Lambda).
+//! [`Controller::sweep_fan_out`] sends them to the timers queue, 10 per
+//! [`Queue::send_batch`] call, spread over time but always within the sweep interval
+//! ([`fan_out_delay`]), so no single invocation's duration grows with the deployment and
+//! sweeps never overlap (the sweeper Lambda). Workspace cleanup runs after the jobs, at
+//! most [`ControllerConfig::sweep_workspace_deletions_max`](crate::ControllerConfig)
+//! deletions per sweep.
 
 use crate::job::{Job, SweptEvidence};
-use crate::ports::{Compute, Outgoing, PortError, Queue, Registry, StoredKind, StoredWorkspace};
+use crate::ports::{
+    Compute, Outgoing, PortError, Queue, Registry, SEND_BATCH_MAX, StoredKind, StoredWorkspace,
+};
 use crate::worker::{Controller, Disposition};
 use sandbox_agents_api::SessionsApi;
 use sandbox_core::compute::ComputeInstance;
@@ -64,6 +72,9 @@ pub struct SweepReport {
     /// Stored workspaces deleted by this sweep: expired snapshots (a close's retention
     /// passed), snapshots and working copies no record keeps ([`Controller::sweep_workspaces`]).
     pub workspaces_deleted: usize,
+    /// Calls to the timers queue by a fanned-out sweep ([`Queue::send_batch`], up to 10
+    /// jobs each).
+    pub queue_calls: usize,
 }
 
 /// The jobs one sweep decided to run.
@@ -73,7 +84,7 @@ pub struct SweepPlan {
     pub jobs: Vec<Job>,
     /// Settled records left out this time.
     pub settled_skipped: usize,
-    /// The records the plan read (the workspace sweep reuses them).
+    /// The records the plan read: the open ones (the workspace sweep reuses them).
     pub records: Vec<Record>,
     /// Environments holding an executor slot with no record and no live compute, for
     /// longer than the lock's lease (issue 13 item 3: a worker crashed between taking the
@@ -107,6 +118,24 @@ fn settled_turn(env: &EnvironmentId, now: u64, interval_secs: u64, every_secs: u
     stable_hash(env.as_str()) % slots == (now / interval_secs.max(1)) % slots
 }
 
+/// The delay of job `i` of a fanned-out sweep of `jobs` jobs, seconds (issue 22 item 4):
+/// `i / jobs_per_sec` while the whole sweep fits the window, else the jobs spread evenly
+/// over it (`i × window / jobs`). The window is the sweep interval, at most SQS's 900 s
+/// delay limit, so every delay is below the interval: the next sweep never starts while
+/// this one's jobs are still waiting, and the Agents API read rate stays at most
+/// `jobs_per_sec` unless the deployment outgrows it (then it is `jobs / window`).
+pub fn fan_out_delay(i: usize, jobs: usize, jobs_per_sec: u32, interval_secs: u64) -> u32 {
+    let window = interval_secs.clamp(1, 900);
+    let rate = u64::from(jobs_per_sec.max(1));
+    let (i, jobs) = (i as u64, jobs as u64);
+    let delay = if jobs.div_ceil(rate) <= window {
+        i / rate
+    } else {
+        i.saturating_mul(window) / jobs.max(1)
+    };
+    u32::try_from(delay.min(window - 1)).unwrap_or(0)
+}
+
 impl<Q, R, C, S> Controller<Q, R, C, S>
 where
     Q: Queue,
@@ -122,7 +151,7 @@ where
     /// acts on a partial inventory.
     pub async fn plan_sweep(&self) -> Result<SweepPlan, PortError> {
         let now = self.clock.now();
-        let records = self.registry.list().await?;
+        let records = self.registry.list_open().await?;
         crate::metrics::held_environments(
             records
                 .iter()
@@ -241,7 +270,13 @@ where
             if planned.contains(env) || has_live(env) {
                 continue;
             }
-            match by_env.get(env) {
+            // The sweep read the open records only: a holder without one may hold a closed
+            // record (one point read; holders are at most the cap).
+            let closed = match by_env.get(env) {
+                Some(_) => None,
+                None => self.registry.get(&env.effect_key()).await?,
+            };
+            match by_env.get(env).copied().or(closed.as_ref()) {
                 Some(r) => plan.jobs.push(job(env, r.session_id.clone(), Some(r))),
                 None if now > h.acquired_at.saturating_add(self.config.lock_ttl_secs) => {
                     plan.orphan_slots.push(env.clone());
@@ -327,7 +362,6 @@ where
             settled_skipped: plan.settled_skipped,
             ..SweepReport::default()
         };
-        report.workspaces_deleted = self.sweep_workspaces(&plan.records).await;
         self.release_orphan_slots(&plan).await;
         for job in &plan.jobs {
             match self.process(job).await {
@@ -345,13 +379,17 @@ where
                 }
             }
         }
+        report.workspaces_deleted = self.sweep_workspaces(&plan.records).await;
         Ok(report)
     }
 
-    /// Runs one sweep by fanning out: plans it, then sends every job to the timers queue,
-    /// job `i` delayed by `i / sweep_jobs_per_sec` seconds (at most 900, the queue's limit),
-    /// so the workers decide in parallel and the sweep's Agents API reads are spread out.
-    /// A job that could not be sent is counted as deferred (the next sweep plans it again).
+    /// Runs one sweep by fanning out: plans it, then sends every job to the timers queue
+    /// in batches of [`SEND_BATCH_MAX`] ([`Queue::send_batch`]: one `SendMessageBatch`
+    /// per 10 jobs), job `i` delayed by [`fan_out_delay`] (within the sweep interval), so
+    /// the workers decide in parallel and the sweep's Agents API reads are spread out.
+    /// Then the workspace cleanup, bounded per run. A job that could not be sent (a failed
+    /// call or a failed entry of a batch) is counted as deferred: the next sweep plans it
+    /// again.
     ///
     /// # Errors
     /// As [`Controller::plan_sweep`].
@@ -362,30 +400,47 @@ where
             settled_skipped: plan.settled_skipped,
             ..SweepReport::default()
         };
-        report.workspaces_deleted = self.sweep_workspaces(&plan.records).await;
         self.release_orphan_slots(&plan).await;
-        let rate = u64::from(self.config.sweep_jobs_per_sec.max(1));
-        for (i, job) in plan.jobs.into_iter().enumerate() {
-            let delay = u32::try_from((i as u64 / rate).min(900)).unwrap_or(900);
-            let key = job
-                .environment_id
-                .as_ref()
-                .map(|e| e.effect_key().to_string())
-                .unwrap_or_default();
-            let msg = Outgoing {
-                group: job.group().to_owned(),
-                dedup_id: format!("sweep:{key}:{}", job.enqueued_at),
-                delay_secs: delay,
-                job,
-            };
-            match self.timers.send(msg).await {
-                Ok(_) => report.enqueued += 1,
-                Err(e) => {
-                    tracing::warn!(effect_key = %key, error = %e, "sweep job not sent");
-                    report.deferred += 1;
+        let total = plan.jobs.len();
+        let messages: Vec<Outgoing> = plan
+            .jobs
+            .into_iter()
+            .enumerate()
+            .map(|(i, job)| {
+                let key = job
+                    .environment_id
+                    .as_ref()
+                    .map(|e| e.effect_key().to_string())
+                    .unwrap_or_default();
+                Outgoing {
+                    group: job.group().to_owned(),
+                    dedup_id: format!("sweep:{key}:{}", job.enqueued_at),
+                    delay_secs: fan_out_delay(
+                        i,
+                        total,
+                        self.config.sweep_jobs_per_sec,
+                        self.config.sweep_interval_secs,
+                    ),
+                    job,
+                }
+            })
+            .collect();
+        let mut messages = messages.into_iter().peekable();
+        while messages.peek().is_some() {
+            let batch: Vec<Outgoing> = messages.by_ref().take(SEND_BATCH_MAX).collect();
+            let keys: Vec<String> = batch.iter().map(|m| m.dedup_id.clone()).collect();
+            report.queue_calls += 1;
+            for (result, key) in self.timers.send_batch(batch).await.into_iter().zip(keys) {
+                match result {
+                    Ok(_) => report.enqueued += 1,
+                    Err(e) => {
+                        tracing::warn!(job = %key, error = %e, "sweep job not sent; the next sweep plans it again");
+                        report.deferred += 1;
+                    }
                 }
             }
         }
+        report.workspaces_deleted = self.sweep_workspaces(&plan.records).await;
         Ok(report)
     }
 }
@@ -436,6 +491,14 @@ where
     ///   the same window. A stopped generation not saved yet is kept: the next start or
     ///   the close saves it.
     ///
+    /// `records` are the open ones the sweep read: a workspace of an environment without
+    /// an open record is only deleted after a point read ([`Registry::get`]) of its
+    /// record, which may be closed and retain a snapshot (or be open and missing from the
+    /// index for a moment). At most
+    /// [`ControllerConfig::sweep_workspace_deletions_max`](crate::ControllerConfig)
+    /// deletions and ten times as many such reads per sweep; the walk starts at a
+    /// different place each sweep, so what is left is reached by a later one.
+    ///
     /// Returns how many were deleted; failures are logged and left for the next sweep.
     pub async fn sweep_workspaces(&self, records: &[Record]) -> usize {
         let now = self.clock.now();
@@ -449,11 +512,50 @@ where
         let by_env: BTreeMap<&EnvironmentId, &Record> =
             records.iter().map(|r| (&r.environment_id, r)).collect();
         let grace = self.config.policy.visibility_window_secs;
+        let max = self.config.sweep_workspace_deletions_max;
+        let mut reads_left = max.saturating_mul(10);
+        let mut closed: BTreeMap<EnvironmentId, Option<Record>> = BTreeMap::new();
         let mut deleted = 0;
-        for w in &stored {
-            let record = by_env.get(&w.environment_id).copied();
+        let start = if stored.is_empty() {
+            0
+        } else {
+            usize::try_from(now / self.config.sweep_interval_secs.max(1))
+                .unwrap_or(0)
+                .wrapping_mul(max.max(1))
+                % stored.len()
+        };
+        for w in stored[start..].iter().chain(&stored[..start]) {
+            if deleted >= max {
+                tracing::info!(
+                    max,
+                    "workspace cleanup bound reached; the next sweep goes on"
+                );
+                break;
+            }
+            let mut record = by_env.get(&w.environment_id).copied();
             if !expendable(w, record, now, grace) {
                 continue;
+            }
+            if record.is_none() {
+                if !closed.contains_key(&w.environment_id) {
+                    if reads_left == 0 {
+                        continue;
+                    }
+                    reads_left -= 1;
+                    match self.registry.get(&w.environment_id.effect_key()).await {
+                        Ok(r) => {
+                            closed.insert(w.environment_id.clone(), r);
+                        }
+                        Err(e) => {
+                            tracing::warn!(environment_id = %w.environment_id, error = %e, "record unreadable: its snapshot is kept this sweep");
+                            continue;
+                        }
+                    }
+                }
+                record = closed.get(&w.environment_id).and_then(Option::as_ref);
+                if !expendable(w, record, now, grace) {
+                    continue;
+                }
             }
             match self
                 .compute

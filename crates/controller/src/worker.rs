@@ -6,8 +6,13 @@
 //!    written (one registry read);
 //! 2. retrieve the session (404 = deleted; errors = unavailable evidence) and resolve the
 //!    environment (event, session or record);
-//! 3. take the lock on `agents-api:environment:{id}:compute` (a lease with an expiry),
-//!    which reads the record in the same call;
+//! 3. a sweep job first decides on a lock-free, consistent read of its record (issue 22
+//!    item 3): when that decision has no effect — no effect, no recheck, nothing for the
+//!    record — the job is done with nothing written (no lock, no audit entry; the
+//!    `sweep_no_effect` counter), see [`Controller::no_effect_without_lock`]; otherwise,
+//!    and for every other job, take the lock on `agents-api:environment:{id}:compute` (a
+//!    lease with an expiry), which reads the record in the same call, and decide again
+//!    under it;
 //! 4. read the compute the record names by its id — one `describe` (ECS `DescribeTasks`
 //!    on the ARN), whatever the size of the deployment; none when the record names no
 //!    active compute; none for a sweep job whose evidence is current
@@ -213,6 +218,13 @@ where
                 }
             },
         };
+        if job.trigger == Trigger::Sweep
+            && let Some(done) = self
+                .no_effect_without_lock(job, &env, &session, now)
+                .await?
+        {
+            return Ok(done);
+        }
         let key = env.effect_key();
         let owner = format!(
             "{}#{}",
@@ -238,6 +250,103 @@ where
         let not_after = now + ttl - (ttl / 8).min(EFFECT_MARGIN_SECS);
         self.decide_and_act(job, env, session, locked, Fence { key, owner }, not_after)
             .await
+    }
+
+    /// Issue 22 item 3: a sweep job's decision on a lock-free, consistent read of its
+    /// record ([`Registry::get`]), with the same inventory and evidence rules as under the
+    /// lock. `Some` (done, nothing written) only when acting on it would change nothing:
+    /// no effect, no recheck, not `uncertain`, nothing the record would keep
+    /// ([`Controller::keep_mapping`]), and — with the executor cap on — a compute live, so
+    /// no slot to give back. Anything else is `None`: the caller takes the lock and
+    /// decides again on what the lock reads, exactly as before, so the invariants (one
+    /// compute per environment, the record written before the release) are the lock
+    /// path's. Deciding without the lock is safe because a no-effect decision acts on
+    /// nothing: whatever changed since the read is seen by the next trigger.
+    ///
+    /// # Errors
+    /// A [`PortError`] when the record cannot be read (the job is retried).
+    async fn no_effect_without_lock(
+        &self,
+        job: &Job,
+        env: &EnvironmentId,
+        session: &SessionView,
+        now: u64,
+    ) -> Result<Option<Processed>, PortError> {
+        let locked = Locked {
+            record: self.registry.get(&env.effect_key()).await?,
+            recovered: false,
+        };
+        let inventory = self.inventory(job, env, &locked, now).await;
+        let gathered = self
+            .evidence(job, env, session, &inventory, locked.record.as_ref(), now)
+            .await;
+        let observed = Observed {
+            trigger: job.trigger.clone(),
+            environment_id: env.clone(),
+            session: session.clone(),
+            environment_status: gathered.status.clone(),
+            record: locked.record.clone(),
+            inventory,
+            latest_turn: gathered.turn.clone(),
+            filter: self.config.filter.clone(),
+            policy: self.config.policy.clone(),
+            now,
+            turn_not_found: gathered.turn_not_found,
+        };
+        let decision = decide(&observed);
+        if !decision.effects.is_empty()
+            || decision.recheck_after_secs.is_some()
+            || decision.outcome == Outcome::Uncertain
+        {
+            return Ok(None);
+        }
+        if self.config.policy.max_executors > 0 {
+            let live = matches!(&observed.inventory, Inventory::Known { instances }
+                if instances.iter().any(|i| i.status.is_live()));
+            if !live {
+                return Ok(None);
+            }
+        }
+        let mut probe = Act {
+            now,
+            fence: Fence {
+                key: env.effect_key(),
+                owner: String::new(),
+            },
+            not_after: now,
+            record: locked.record.clone(),
+            fresh: locked
+                .record
+                .clone()
+                .unwrap_or_else(|| Record::new(env.clone(), job.session_id.clone())),
+            dirty: false,
+            clean: true,
+            applied: vec![],
+            error: None,
+            deferred_error: None,
+            retry_after: None,
+            slot: SlotTaken::NotNeeded,
+            start_failed: false,
+        };
+        self.keep_mapping(
+            job,
+            &observed,
+            &decision,
+            gathered.detail.as_ref(),
+            &mut probe,
+        );
+        if probe.dirty {
+            return Ok(None);
+        }
+        tracing::debug!(environment_id = %env, outcome = %decision.outcome, reason = %decision.reason, "sweep job: no effect, decided without the lock");
+        crate::metrics::sweep_no_effect();
+        Ok(Some(Processed {
+            decision: Some(decision),
+            applied: vec![],
+            error: None,
+            disposition: Disposition::Done,
+            note: Some("no effect: decided without the lock, nothing written"),
+        }))
     }
 
     /// What the provider says about `env` for this decision (DESIGN.md principle 7).

@@ -111,7 +111,8 @@ mod controller_stack {
         );
         let timers = sqs_queue(&sqs, &settings.timers_queue_url, false, None);
         let registry =
-            DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&sdk), &settings.table_name);
+            DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&sdk), &settings.table_name)
+                .with_history_retention(settings.history_retention_secs);
         // ECS, plus EBS workspaces when ECS_INFRASTRUCTURE_ROLE_ARN is set.
         let compute: EcsCompute = settings.ecs.compute(&sdk)?;
         Ok(Controller::new(

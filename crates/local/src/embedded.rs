@@ -58,7 +58,13 @@ pub struct EmbeddedConfig {
     pub previous_webhook_secrets: Vec<String>,
     /// Accepted `webhook-timestamp` skew, both directions, seconds (default 300).
     pub webhook_tolerance_secs: u64,
+    /// How long audit entries and receipts are kept, seconds (default 30 days; issue 22):
+    /// older ones read as absent and every sweep prunes a bounded batch of them.
+    pub history_retention_secs: u64,
 }
+
+/// History rows one sweep tick prunes at most (per table).
+const PRUNE_PER_SWEEP: usize = 5_000;
 
 impl EmbeddedConfig {
     /// Defaults around the required parts.
@@ -84,6 +90,7 @@ impl EmbeddedConfig {
             max_receive_count: 5,
             previous_webhook_secrets: Vec::new(),
             webhook_tolerance_secs: sandbox_core::webhook::DEFAULT_TOLERANCE_SECS,
+            history_retention_secs: crate::sqlite_registry::DEFAULT_HISTORY_RETENTION_SECS,
         }
     }
 }
@@ -175,7 +182,8 @@ impl EmbeddedStack {
             TIMERS_QUEUE,
             QueueOptions::standard().with_max_receive_count(cfg.max_receive_count),
         )?;
-        let registry = SqliteRegistry::open(&db)?;
+        let registry =
+            SqliteRegistry::open(&db)?.with_history_retention(cfg.history_retention_secs);
         let mut compute_cfg = ProcessComputeConfig::new(
             cfg.executor.clone(),
             cfg.data_dir.join("workspaces"),
@@ -300,6 +308,16 @@ async fn sweeper_loop(c: Arc<LocalController>, every: Duration, mut stop: watch:
         match c.sweep_fan_out().await {
             Ok(report) => tracing::info!(?report, "sweep"),
             Err(e) => tracing::warn!(error = %e, "sweep skipped"),
+        }
+        // History past its retention, a bounded batch per tick (DynamoDB: TTL).
+        match c
+            .registry
+            .prune_history(c.clock.now(), PRUNE_PER_SWEEP)
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(rows = n, "expired history pruned"),
+            Err(e) => tracing::warn!(error = %e, "history not pruned this sweep"),
         }
     }
 }

@@ -12,10 +12,17 @@
 //!   lock (`put`, `release`) runs in one `IMMEDIATE` transaction that first checks the
 //!   fence (`owner` matches and `until >= now`). A clean release deletes the row; an
 //!   unclean one sets `until = 0` (expired, so the next take is `recovered`).
+//!   The partial index `registry_records_open` holds the rows whose record is not closed:
+//!   [`Registry::list_open`] (the sweep's read) walks it and never the closed rows
+//!   (issue 22 item 1; the same read as DynamoDB's sparse `by_open` index).
 //! - `registry_ledger`: webhook id, `expires_at` (Unix seconds); an entry with
 //!   `expires_at <= now` reads as absent (DynamoDB TTL deletes late, so the same rule).
 //! - `registry_audit`: append-only, ordered by an autoincrement id.
 //! - `registry_receipts`: per effect key, ordered by an autoincrement id.
+//! - History expires (issue 22 item 2): an audit entry or a receipt older than the
+//!   retention ([`SqliteRegistry::with_history_retention`], default 30 days) reads as
+//!   absent, and [`SqliteRegistry::prune_history`] (called after every local sweep)
+//!   deletes a bounded batch of them, oldest first, as DynamoDB's TTL does.
 //! - `registry_slot_holders` (effect key, `acquired_at`) and `registry_slot_counter` (one
 //!   row, `in_use`): the executor cap per deployment (issue 13 item 3). An acquire or a
 //!   release is one `IMMEDIATE` transaction that checks the fence, then the holder and the
@@ -43,6 +50,8 @@ CREATE TABLE IF NOT EXISTS registry_records (
     updated_at_ms INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS registry_records_session ON registry_records (session_id);
+CREATE INDEX IF NOT EXISTS registry_records_open ON registry_records (effect_key)
+    WHERE json_extract(record, '$.status') <> 'closed';
 CREATE TABLE IF NOT EXISTS registry_locks (
     effect_key TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
@@ -62,6 +71,7 @@ CREATE TABLE IF NOT EXISTS registry_audit (
 );
 CREATE INDEX IF NOT EXISTS registry_audit_key ON registry_audit (effect_key, id);
 CREATE INDEX IF NOT EXISTS registry_audit_session ON registry_audit (session_id, id);
+CREATE INDEX IF NOT EXISTS registry_audit_at ON registry_audit (at);
 CREATE TABLE IF NOT EXISTS registry_receipts (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     effect_key TEXT NOT NULL,
@@ -69,6 +79,7 @@ CREATE TABLE IF NOT EXISTS registry_receipts (
     receipt TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS registry_receipts_key ON registry_receipts (effect_key, id);
+CREATE INDEX IF NOT EXISTS registry_receipts_at ON registry_receipts (at);
 CREATE TABLE IF NOT EXISTS registry_slot_holders (
     effect_key TEXT PRIMARY KEY,
     environment_id TEXT NOT NULL,
@@ -108,6 +119,15 @@ fn holds_slot(conn: &Connection, key: &str) -> Result<bool, DbError> {
 #[derive(Clone, Debug)]
 pub struct SqliteRegistry {
     db: Db,
+    /// Seconds audit entries and receipts are kept.
+    history_retention_secs: u64,
+}
+
+/// How long audit entries and receipts are kept unless configured: 30 days, in seconds.
+pub const DEFAULT_HISTORY_RETENTION_SECS: u64 = 30 * 86_400;
+
+fn now_secs() -> u64 {
+    u64::try_from(now_ms() / 1000).unwrap_or(0)
 }
 
 fn decode_record(json: &str, version: i64) -> Result<Record, DbError> {
@@ -245,7 +265,59 @@ impl SqliteRegistry {
     pub fn open(path: impl AsRef<Path>) -> Result<Self, PortError> {
         let db =
             Db::open(path.as_ref(), SCHEMA).map_err(|e| DbError::Sql(e).into_port(DEP, "open"))?;
-        Ok(Self { db })
+        Ok(Self {
+            db,
+            history_retention_secs: DEFAULT_HISTORY_RETENTION_SECS,
+        })
+    }
+
+    /// The same registry keeping audit entries and receipts `secs` seconds (older ones
+    /// read as absent and are pruned). Makes no call.
+    #[must_use]
+    pub fn with_history_retention(mut self, secs: u64) -> Self {
+        self.history_retention_secs = secs;
+        self
+    }
+
+    /// Seconds audit entries and receipts are kept.
+    pub fn history_retention_secs(&self) -> u64 {
+        self.history_retention_secs
+    }
+
+    /// Entries written at or before this time (Unix seconds) have expired at `now`.
+    fn history_cutoff(&self, now: u64) -> i64 {
+        to_sql_int(now.saturating_sub(self.history_retention_secs))
+    }
+
+    /// Deletes at most `max` expired audit entries and at most `max` expired receipts
+    /// (oldest first), and the expired ledger entries; returns how many history rows were
+    /// deleted. Bounded, so a backlog never holds the database's write lock for long: what
+    /// is left goes on the next call.
+    ///
+    /// # Errors
+    /// A [`PortError`] when the database fails.
+    pub async fn prune_history(&self, now: u64, max: usize) -> Result<u64, PortError> {
+        let cutoff = self.history_cutoff(now);
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        self.db
+            .call(DEP, "prune_history", move |conn| {
+                let mut n = 0;
+                for table in ["registry_audit", "registry_receipts"] {
+                    n += conn.execute(
+                        &format!(
+                            "DELETE FROM {table} WHERE id IN
+                               (SELECT id FROM {table} WHERE at <= ?1 ORDER BY at LIMIT ?2)"
+                        ),
+                        params![cutoff, max],
+                    )?;
+                }
+                conn.execute(
+                    "DELETE FROM registry_ledger WHERE expires_at <= ?1",
+                    params![to_sql_int(now)],
+                )?;
+                Ok(n as u64)
+            })
+            .await
     }
 
     /// The audit entries of one effect key, oldest first (for `sandboxctl explain`).
@@ -255,8 +327,8 @@ impl SqliteRegistry {
     pub async fn audit_entries(&self, key: &EffectKey) -> Result<Vec<AuditEntry>, PortError> {
         self.json_rows(
             "audit_entries",
-            "SELECT entry FROM registry_audit WHERE effect_key = ?1 ORDER BY id",
-            Some(key),
+            "SELECT entry FROM registry_audit WHERE effect_key = ?1 AND at > ?2 ORDER BY id",
+            Some((key, self.history_cutoff(now_secs()))),
         )
         .await
     }
@@ -288,25 +360,25 @@ impl SqliteRegistry {
         .await
     }
 
-    /// Runs `sql` (one JSON text column, optionally bound to an effect key as `?1`) and
-    /// decodes every row.
+    /// Runs `sql` (one JSON text column, optionally bound to an effect key as `?1` and a
+    /// history cutoff, Unix seconds, as `?2`) and decodes every row.
     async fn json_rows<T>(
         &self,
         operation: &'static str,
         sql: &'static str,
-        key: Option<&EffectKey>,
+        key: Option<(&EffectKey, i64)>,
     ) -> Result<Vec<T>, PortError>
     where
         T: serde::de::DeserializeOwned + Send + 'static,
     {
-        let key = key.map(|k| k.as_str().to_owned());
+        let key = key.map(|(k, cutoff)| (k.as_str().to_owned(), cutoff));
         self.db
             .call(DEP, operation, move |conn| {
                 let mut stmt = conn.prepare_cached(sql)?;
                 let column = |r: &rusqlite::Row<'_>| r.get::<_, String>(0);
                 let rows: Vec<String> = match &key {
-                    Some(k) => stmt
-                        .query_map(params![k], column)?
+                    Some((k, cutoff)) => stmt
+                        .query_map(params![k, cutoff], column)?
                         .collect::<Result<_, _>>()?,
                     None => stmt.query_map([], column)?.collect::<Result<_, _>>()?,
                 };
@@ -416,6 +488,27 @@ impl Registry for SqliteRegistry {
                     let (json, v) = row?;
                     out.push(decode_record(&json, v)?);
                 }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn list_open(&self) -> Result<Vec<Record>, PortError> {
+        self.db
+            .call(DEP, "list_open", move |conn| {
+                // The WHERE clause is the partial index's, so SQLite reads that index.
+                let mut stmt = conn.prepare_cached(
+                    "SELECT record, version FROM registry_records INDEXED BY registry_records_open
+                     WHERE json_extract(record, '$.status') <> 'closed' ORDER BY effect_key",
+                )?;
+                let rows =
+                    stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+                let mut out = Vec::new();
+                for row in rows {
+                    let (json, v) = row?;
+                    out.push(decode_record(&json, v)?);
+                }
+                out.sort_by(|a: &Record, b: &Record| a.environment_id.cmp(&b.environment_id));
                 Ok(out)
             })
             .await
@@ -560,8 +653,8 @@ impl Registry for SqliteRegistry {
     async fn receipts(&self, key: &EffectKey) -> Result<Vec<Receipt>, PortError> {
         self.json_rows(
             "receipts",
-            "SELECT receipt FROM registry_receipts WHERE effect_key = ?1 ORDER BY id",
-            Some(key),
+            "SELECT receipt FROM registry_receipts WHERE effect_key = ?1 AND at > ?2 ORDER BY id",
+            Some((key, self.history_cutoff(now_secs()))),
         )
         .await
     }

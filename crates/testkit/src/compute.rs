@@ -787,6 +787,15 @@ impl Workspaces for TwinCompute {
                 in_use: false,
             })
             .collect();
+        // Which volumes an instance still uses, in one pass over the instances (asking
+        // `volume_in_use` per volume made the sweep quadratic in the deployment: issue 22).
+        let in_use: std::collections::HashSet<(&EnvironmentId, Generation)> = s
+            .instances
+            .iter()
+            .filter(|i| &i.deployment == deployment)
+            .filter(|i| self.view(i, now).status != ComputeStatus::Stopped)
+            .map(|i| (&i.spec.environment_id, i.spec.generation))
+            .collect();
         out.extend(
             s.volumes
                 .iter()
@@ -797,7 +806,7 @@ impl Workspaces for TwinCompute {
                     environment_id: k.1.clone(),
                     generation: k.2,
                     created_at: v.created_at,
-                    in_use: self.volume_in_use(&s, &k.0, &k.1, k.2, now),
+                    in_use: in_use.contains(&(&k.1, k.2)),
                 }),
         );
         out.sort_by(|a, b| a.id.cmp(&b.id));

@@ -58,9 +58,9 @@ impl fmt::Display for Call {
 /// | port | reads | writes |
 /// |---|---|---|
 /// | `agents_api` | `retrieve_session`, `retrieve_environment`, `list_turns`, `list_turn_items` | `delete_session` |
-/// | `registry` | `get`, `find_by_session`, `list`, `seen_delivery`, `receipts` | `put`, `lock` (it also reads the record), `release`, `remember_delivery`, `audit`, `receipt` |
+/// | `registry` | `get`, `find_by_session`, `list`, `list_open`, `seen_delivery`, `receipts`, `slots` | `put`, `lock` (it also reads the record), `release`, `remember_delivery`, `audit`, `receipt` |
 /// | `compute` | `describe`, `list` | `start`, `stop` |
-/// | `queue` | `receive`, `dead_letter_count` | `send`, `ack`, `retry_after` |
+/// | `queue` | `receive`, `dead_letter_count` | `send`, `send_batch` (one call), `ack`, `retry_after` |
 pub fn classify(port: &str, op: &str) -> Access {
     let read = match port {
         "agents_api" => matches!(
@@ -69,7 +69,13 @@ pub fn classify(port: &str, op: &str) -> Access {
         ),
         "registry" => matches!(
             op,
-            "get" | "find_by_session" | "list" | "seen_delivery" | "receipts" | "slots"
+            "get"
+                | "find_by_session"
+                | "list"
+                | "list_open"
+                | "seen_delivery"
+                | "receipts"
+                | "slots"
         ),
         "compute" => matches!(op, "describe" | "describe_many" | "find" | "list"),
         "queue" => matches!(op, "receive" | "dead_letter_count"),
@@ -242,6 +248,11 @@ impl<Q: Queue> Queue for Counting<Q> {
         self.log.record("queue", "send");
         self.inner.send(msg).await
     }
+    async fn send_batch(&self, msgs: Vec<Outgoing>) -> Vec<Result<Sent, PortError>> {
+        self.log.record("queue", "send_batch");
+        self.inner.send_batch(msgs).await
+    }
+
     async fn receive(
         &self,
         max: usize,
@@ -287,6 +298,10 @@ impl<R: Registry> Registry for Counting<R> {
     async fn list(&self) -> Result<Vec<Record>, PortError> {
         self.log.record("registry", "list");
         self.inner.list().await
+    }
+    async fn list_open(&self) -> Result<Vec<Record>, PortError> {
+        self.log.record("registry", "list_open");
+        self.inner.list_open().await
     }
     async fn lock(
         &self,

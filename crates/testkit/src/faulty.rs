@@ -385,6 +385,9 @@ impl<R: Registry> Registry for Faulty<R> {
     async fn list(&self) -> Result<Vec<Record>, PortError> {
         guarded!(self, "registry", "list", self.inner.list())
     }
+    async fn list_open(&self) -> Result<Vec<Record>, PortError> {
+        guarded!(self, "registry", "list_open", self.inner.list_open())
+    }
     async fn lock(
         &self,
         key: &EffectKey,

@@ -117,6 +117,10 @@ impl<R: Registry> Registry for Interleaved<R> {
         yield_once().await;
         self.inner.list().await
     }
+    async fn list_open(&self) -> Result<Vec<Record>, PortError> {
+        yield_once().await;
+        self.inner.list_open().await
+    }
     async fn lock(
         &self,
         key: &EffectKey,

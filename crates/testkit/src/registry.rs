@@ -1,14 +1,19 @@
 //! The registry twin: records with conditional writes on `version`, locks with an expiry,
 //! the delivery ledger, the audit trail and receipts, in memory (DynamoDB semantics as
 //! `sandbox-aws` uses them).
+//!
+//! Reads cost what DynamoDB's would (issue 22): the open records are kept in their own
+//! index (the sparse `by_open` index), receipts per effect key (one partition), and
+//! [`TwinRegistry::items_read`] counts every item a read examined, so a test can show
+//! that the sweep's reads do not grow with closed records or history.
 
 use sandbox_controller::ports::{
     AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, Slot, SlotHolder,
     SlotRelease, Slots, Write,
 };
 use sandbox_core::ids::{EffectKey, SessionId};
-use sandbox_core::record::Record;
-use std::collections::BTreeMap;
+use sandbox_core::record::{Record, RecordStatus};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A held lock (inspection view).
@@ -28,6 +33,12 @@ struct State {
     ledger: BTreeMap<String, u64>,
     audit: Vec<AuditEntry>,
     receipts: Vec<Receipt>,
+    /// Receipts by effect key (the partition a `Query` reads).
+    receipts_by_key: BTreeMap<EffectKey, Vec<Receipt>>,
+    /// The effect keys of records that are not closed (the sparse index).
+    open: BTreeSet<EffectKey>,
+    /// Items examined by reads so far (records, receipts, slot items).
+    items_read: u64,
     /// Executor slots (issue 13 item 3): holders by effect key (acquired at) and the
     /// deployment's counter, changed together under the state's mutex (one transaction).
     slot_holders: BTreeMap<EffectKey, u64>,
@@ -51,8 +62,13 @@ impl State {
         let version = expected.map_or(1, |v| v + 1);
         let mut stored = record.clone();
         stored.version = version;
-        self.records
-            .insert(record.environment_id.effect_key(), stored);
+        let key = record.environment_id.effect_key();
+        if record.status == RecordStatus::Closed {
+            self.open.remove(&key);
+        } else {
+            self.open.insert(key.clone());
+        }
+        self.records.insert(key, stored);
         version
     }
 }
@@ -110,6 +126,13 @@ impl TwinRegistry {
         self.state().receipts.clone()
     }
 
+    /// Items examined by the registry's reads so far (a record, a receipt, a slot item
+    /// each; a lock or a `get` reads one item), as DynamoDB would count them for the
+    /// layout in `sandbox_aws::dynamo_registry`.
+    pub fn items_read(&self) -> u64 {
+        self.state().items_read
+    }
+
     /// The executor slots' counter (inspection).
     pub fn slots_in_use(&self) -> u64 {
         self.state().slots_in_use
@@ -124,7 +147,9 @@ impl TwinRegistry {
 
 impl Registry for TwinRegistry {
     async fn get(&self, key: &EffectKey) -> Result<Option<Record>, PortError> {
-        Ok(self.record(key))
+        let mut s = self.state();
+        s.items_read += 1;
+        Ok(s.records.get(key).cloned())
     }
 
     async fn find_by_session(&self, session: &SessionId) -> Result<Option<Record>, PortError> {
@@ -152,7 +177,21 @@ impl Registry for TwinRegistry {
     }
 
     async fn list(&self) -> Result<Vec<Record>, PortError> {
-        Ok(self.records())
+        let mut s = self.state();
+        s.items_read += s.records.len() as u64;
+        Ok(s.records.values().cloned().collect())
+    }
+
+    async fn list_open(&self) -> Result<Vec<Record>, PortError> {
+        let mut s = self.state();
+        s.items_read += s.open.len() as u64;
+        let mut out: Vec<Record> = s
+            .open
+            .iter()
+            .filter_map(|k| s.records.get(k).cloned())
+            .collect();
+        out.sort_by(|a, b| a.environment_id.cmp(&b.environment_id));
+        Ok(out)
     }
 
     async fn lock(
@@ -163,6 +202,7 @@ impl Registry for TwinRegistry {
         now: u64,
     ) -> Result<Option<Locked>, PortError> {
         let mut s = self.state();
+        s.items_read += 1;
         let previous = s.locks.get(key);
         if previous.is_some_and(|l| l.until >= now) {
             return Ok(None);
@@ -236,18 +276,20 @@ impl Registry for TwinRegistry {
     }
 
     async fn receipt(&self, receipt: &Receipt) -> Result<(), PortError> {
-        self.state().receipts.push(receipt.clone());
+        let mut s = self.state();
+        s.receipts.push(receipt.clone());
+        s.receipts_by_key
+            .entry(receipt.effect_key.clone())
+            .or_default()
+            .push(receipt.clone());
         Ok(())
     }
 
     async fn receipts(&self, key: &EffectKey) -> Result<Vec<Receipt>, PortError> {
-        Ok(self
-            .state()
-            .receipts
-            .iter()
-            .filter(|r| &r.effect_key == key)
-            .cloned()
-            .collect())
+        let mut s = self.state();
+        let out = s.receipts_by_key.get(key).cloned().unwrap_or_default();
+        s.items_read += out.len() as u64;
+        Ok(out)
     }
     async fn acquire_slot(&self, fence: &Fence, now: u64, cap: u32) -> Result<Slot, PortError> {
         let mut s = self.state();
@@ -278,7 +320,9 @@ impl Registry for TwinRegistry {
     }
 
     async fn slots(&self) -> Result<Slots, PortError> {
-        let s = self.state();
+        let mut s = self.state();
+        // One partition: the counter and the holders.
+        s.items_read += 1 + s.slot_holders.len() as u64;
         Ok(Slots {
             in_use: s.slots_in_use,
             holders: s

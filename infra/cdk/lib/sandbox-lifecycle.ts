@@ -91,6 +91,11 @@ export interface SandboxLifecycleProps {
   /** `CLOSE_WORKSPACE`: `delete` or `retain:<days>`. @default "retain:7" */
   readonly closeWorkspace?: string;
   /**
+   * `HISTORY_RETENTION_DAYS`: days audit entries and receipts are kept (DynamoDB TTL),
+   * 1-36500; never less than the close's workspace retention. @default 30
+   */
+  readonly historyRetentionDays?: number;
+  /**
    * `WORKSPACE_VOLUME_GIB`: size of each executor's workspace volume (ECS-managed EBS,
    * snapshotted after the task stops, restored into the next generation), GiB, 0-16384.
    * 0 = off: no workspace survives a task. @default 0
@@ -211,6 +216,13 @@ export class SandboxLifecycle extends Construct {
       partitionKey: { name: "session_id", type: dynamodb.AttributeType.STRING },
       projectionType: dynamodb.ProjectionType.KEYS_ONLY,
     });
+    // Sparse: only records that are not closed carry open_shard (what the sweep reads).
+    this.table.addGlobalSecondaryIndex({
+      indexName: "by_open",
+      partitionKey: { name: "open_shard", type: dynamodb.AttributeType.STRING },
+      sortKey: { name: "pk", type: dynamodb.AttributeType.STRING },
+      projectionType: dynamodb.ProjectionType.ALL,
+    });
 
     // ------------------------------------------------------------ executor
     this.cluster = new ecs.CfnCluster(this, "ExecutorCluster");
@@ -314,7 +326,11 @@ export class SandboxLifecycle extends Construct {
     const clusterName = this.cluster.ref;
     const taskArns = stack.formatArn({ service: "ecs", resource: "task", resourceName: `${clusterName}/*` });
     const onCluster = { ArnEquals: { "ecs:cluster": clusterArn } };
-    const registryResources = [this.table.tableArn, `${this.table.tableArn}/index/by_session`];
+    const registryResources = [
+      this.table.tableArn,
+      `${this.table.tableArn}/index/by_session`,
+      `${this.table.tableArn}/index/by_open`,
+    ];
     const volumeArns = stack.formatArn({ service: "ec2", resource: "volume", resourceName: "*" });
     // Snapshot ARNs have no account: arn:PARTITION:ec2:REGION::snapshot/ID.
     const snapshotArns = stack.formatArn({ service: "ec2", account: "", resource: "snapshot", resourceName: "*" });
@@ -544,6 +560,7 @@ export class SandboxLifecycle extends Construct {
       REMOTE_URL_ALLOWLIST: (props.remoteUrlAllowlist ?? ["api.openai.com"]).join(","),
       SNAPSHOT_KEEP: String(props.snapshotKeep ?? 1),
       CLOSE_WORKSPACE: props.closeWorkspace ?? "retain:7",
+      HISTORY_RETENTION_DAYS: String(props.historyRetentionDays ?? 30),
       // Empty = off (the settings treat a blank variable as unset).
       ECS_INFRASTRUCTURE_ROLE_ARN: workspaces ? infrastructureRole.roleArn : "",
       WORKSPACE_VOLUME_GIB: workspaces ? String(workspaceGiB) : "",
@@ -585,10 +602,14 @@ export class SandboxLifecycle extends Construct {
       timeout: Duration.seconds(SWEEP_PERIOD_SECS),
       logGroup: sweeperLogs,
       environment: controllerEnvironment,
+      // One sweep at a time, no retries (issue 22): see the SAM template.
+      reservedConcurrentExecutions: 1,
+      retryAttempts: 0,
+      maxEventAge: Duration.seconds(60),
     });
     new events.Rule(this, "SweepSchedule", {
       schedule: events.Schedule.rate(Duration.seconds(SWEEP_PERIOD_SECS)),
-      targets: [new targets.LambdaFunction(this.sweeperFunction)],
+      targets: [new targets.LambdaFunction(this.sweeperFunction, { retryAttempts: 0 })],
     });
 
     // ------------------------------------------------------------ alarms
@@ -820,6 +841,8 @@ function validate(props: SandboxLifecycleProps): void {
   }
   if (!Number.isInteger(props.snapshotKeep ?? 1) || (props.snapshotKeep ?? 1) < 1) problems.push("snapshotKeep must be an integer of at least 1");
   if (!/^(delete|retain:[1-9][0-9]*)$/.test(props.closeWorkspace ?? "retain:7")) problems.push("closeWorkspace must be delete or retain:<days >= 1>");
+  const historyDays = props.historyRetentionDays ?? 30;
+  if (!Number.isInteger(historyDays) || historyDays < 1 || historyDays > 36500) problems.push("historyRetentionDays must be a whole number 1-36500");
   const gib = props.workspaceVolumeGiB ?? 0;
   if (!Number.isInteger(gib) || gib < 0 || gib > 16384) problems.push("workspaceVolumeGiB must be a whole number 0-16384 (0 = off)");
   if (!["gp3", "gp2", "io1", "io2", "st1", "sc1", "standard"].includes(props.workspaceVolumeType ?? "gp3")) {

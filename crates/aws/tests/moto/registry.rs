@@ -51,8 +51,8 @@ async fn dynamo_registry_passes_the_slots_contract() {
     registry_slots_contract(&r).await;
 }
 
-/// The slot items have the documented shape: the holder under the effect key with
-/// sort key `slot`, the counter under `capacity#executors` / `counter`.
+/// The slot items have the documented shape: one partition `capacity#executors` holding
+/// the holders (sort key `slot#{environment id}`) and the counter (`counter`).
 #[tokio::test]
 async fn executor_slots_are_the_documented_items() {
     use sandbox_controller::ports::{Slot, SlotRelease};
@@ -70,7 +70,8 @@ async fn executor_slots_are_the_documented_items() {
             .is_some()
     );
     assert_eq!(r.acquire_slot(&fence, t, 1).await.unwrap(), Slot::Acquired);
-    let holder = raw_item(&ddb, &table, fence.key.as_str(), "slot")
+    let holder_sk = format!("slot#{env}");
+    let holder = raw_item(&ddb, &table, "capacity#executors", &holder_sk)
         .await
         .unwrap();
     assert_eq!(
@@ -89,7 +90,7 @@ async fn executor_slots_are_the_documented_items() {
         SlotRelease::Released
     );
     assert!(
-        raw_item(&ddb, &table, fence.key.as_str(), "slot")
+        raw_item(&ddb, &table, "capacity#executors", &holder_sk)
             .await
             .is_none()
     );
@@ -126,18 +127,32 @@ async fn create_table_makes_the_documented_schema() {
         t.billing_mode_summary().and_then(|b| b.billing_mode()),
         Some(&BillingMode::PayPerRequest)
     );
-    let gsis = t.global_secondary_indexes();
-    assert_eq!(gsis.len(), 1);
-    assert_eq!(gsis[0].index_name(), Some("by_session"));
-    let gsi_keys: Vec<&str> = gsis[0]
-        .key_schema()
+    let mut gsis = t.global_secondary_indexes().to_vec();
+    gsis.sort_by(|a, b| a.index_name().cmp(&b.index_name()));
+    let shape: Vec<(&str, Vec<&str>, Option<&ProjectionType>)> = gsis
         .iter()
-        .map(|k| k.attribute_name())
+        .map(|g| {
+            (
+                g.index_name().unwrap_or_default(),
+                g.key_schema().iter().map(|k| k.attribute_name()).collect(),
+                g.projection().and_then(|p| p.projection_type()),
+            )
+        })
         .collect();
-    assert_eq!(gsi_keys, ["session_id"]);
     assert_eq!(
-        gsis[0].projection().and_then(|p| p.projection_type()),
-        Some(&ProjectionType::KeysOnly)
+        shape,
+        vec![
+            (
+                "by_open",
+                vec!["open_shard", "pk"],
+                Some(&ProjectionType::All)
+            ),
+            (
+                "by_session",
+                vec!["session_id"],
+                Some(&ProjectionType::KeysOnly)
+            ),
+        ]
     );
     let ttl = ddb
         .describe_time_to_live()
@@ -281,10 +296,11 @@ async fn appends_read_back_in_write_order() {
     let key = env.effect_key();
     let session = SessionId::new("sess_order");
     let other = EnvironmentId::new(format!("env_{}_rec", unique()));
+    let t = now();
     let mut receipts = Vec::new();
     for i in 0..60u64 {
         let receipt = Receipt {
-            at: i,
+            at: t + i,
             effect_key: key.clone(),
             kind: ReceiptKind::ComputeStopped {
                 instance_id: InstanceId::new(format!("inst_{i}")),
@@ -296,7 +312,7 @@ async fn appends_read_back_in_write_order() {
         r.receipt(&receipt).await.unwrap();
         receipts.push(receipt);
         let entry = AuditEntry {
-            at: i,
+            at: t + i,
             effect_key: key.clone(),
             session_id: session.clone(),
             trigger: serde_json::json!({"kind": "sweep"}),
@@ -314,7 +330,7 @@ async fn appends_read_back_in_write_order() {
     let audit = r.audit_entries(&key).await.unwrap();
     assert_eq!(
         audit.iter().map(|e| e.at).collect::<Vec<_>>(),
-        (0..60).collect::<Vec<_>>()
+        (t..t + 60).collect::<Vec<_>>()
     );
     // Audit items and receipts never show up as records; the record behind them does.
     let all = r.list().await.unwrap();
@@ -367,4 +383,152 @@ async fn a_corrupt_record_is_a_permanent_error() {
     let err = r.get(&key).await.unwrap_err();
     assert!(!err.retryable, "{err}");
     assert!(err.to_string().contains("decoded"), "{err}");
+}
+
+/// Items DynamoDB read for this client, summed from the responses (an SDK interceptor):
+/// `ScannedCount` of every `Query` and `Scan` page (what DynamoDB read before any filter,
+/// which is what it bills and what takes time) and one per `GetItem` that found an item.
+#[derive(Clone, Debug, Default)]
+struct ItemsRead(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl ItemsRead {
+    fn take(&self) -> u64 {
+        self.0.swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl aws_sdk_dynamodb::config::Intercept for ItemsRead {
+    fn name(&self) -> &'static str {
+        "ItemsRead"
+    }
+
+    fn read_after_execution(
+        &self,
+        context: &aws_sdk_dynamodb::config::interceptors::FinalizerInterceptorContextRef<'_>,
+        _runtime_components: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        use aws_sdk_dynamodb::operation::{
+            get_item::GetItemOutput, query::QueryOutput, scan::ScanOutput,
+        };
+        let Some(Ok(output)) = context.output_or_error() else {
+            return Ok(());
+        };
+        let read = if let Some(q) = output.downcast_ref::<QueryOutput>() {
+            u64::try_from(q.scanned_count()).unwrap_or(0)
+        } else if let Some(s) = output.downcast_ref::<ScanOutput>() {
+            u64::try_from(s.scanned_count()).unwrap_or(0)
+        } else if let Some(g) = output.downcast_ref::<GetItemOutput>() {
+            u64::from(g.item().is_some())
+        } else {
+            0
+        };
+        self.0.fetch_add(read, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Issue 22: the sweep's registry reads (`list_open`, `slots`) read the open records and
+/// the slot partition only: 30 days of audit entries and receipts per environment and as
+/// many closed records again change nothing, while a table `Scan` (`list`, the operators'
+/// view) reads all of it. Expired history reads as absent.
+#[tokio::test]
+async fn registry_reads_do_not_grow_with_history() {
+    let counter = ItemsRead::default();
+    let conf = aws_sdk_dynamodb::config::Builder::from(&sdk().await)
+        .interceptor(counter.clone())
+        .build();
+    let ddb = Client::from_conf(conf);
+    let table = format!("registry-{}", unique());
+    create_table(&ddb, &table).await.expect("create_table");
+    let r = DynamoRegistry::new(ddb, &table);
+    let u = unique();
+    let t = now();
+    const OPEN: usize = 12;
+    let open: Vec<EnvironmentId> = (0..OPEN)
+        .map(|i| EnvironmentId::new(format!("env_{u}_{i}")))
+        .collect();
+    for env in &open {
+        let record = Record::new(env.clone(), SessionId::new(format!("sess_{env}")));
+        put_locked(&r, &record, None).await;
+    }
+    let (r, u) = (&r, &u);
+    let close = |i: usize| async move {
+        let env = EnvironmentId::new(format!("env_{u}_closed_{i}"));
+        let mut record = Record::new(env.clone(), SessionId::new(format!("sess_{env}")));
+        put_locked(r, &record, None).await;
+        record.status = sandbox_core::record::RecordStatus::Closed;
+        put_locked(r, &record, Some(1)).await;
+    };
+    close(0).await;
+    counter.take();
+    let sweep_reads = async || {
+        let listed = r.list_open().await.unwrap();
+        let slots = r.slots().await.unwrap();
+        assert_eq!(listed.len(), OPEN, "every open record, no closed one");
+        assert!(slots.holders.is_empty());
+        counter.take()
+    };
+    let before = sweep_reads().await;
+    let scan_before = {
+        r.list().await.unwrap();
+        counter.take()
+    };
+    // 30 days of history: a decision and a receipt per environment per day, plus closed
+    // records, plus expired history (written 31 days ago: TTL has not deleted it yet).
+    for (i, env) in open.iter().enumerate() {
+        for day in 0..30u64 {
+            let at = t - day * 86_400;
+            r.audit(&AuditEntry {
+                at,
+                effect_key: env.effect_key(),
+                session_id: SessionId::new(format!("sess_{env}")),
+                trigger: serde_json::json!({"kind": "sweep"}),
+                observed: serde_json::json!({"day": day}),
+                outcome: "start".to_owned(),
+                reason: "history".to_owned(),
+                applied: vec![],
+                error: None,
+            })
+            .await
+            .unwrap();
+            r.receipt(&Receipt {
+                at,
+                effect_key: env.effect_key(),
+                kind: ReceiptKind::SessionDeleted {
+                    session_id: SessionId::new(format!("sess_{env}_{day}")),
+                },
+            })
+            .await
+            .unwrap();
+        }
+        r.receipt(&Receipt {
+            at: t - 31 * 86_400,
+            effect_key: env.effect_key(),
+            kind: ReceiptKind::SessionDeleted {
+                session_id: SessionId::new("expired"),
+            },
+        })
+        .await
+        .unwrap();
+        close(i + 1).await;
+    }
+    counter.take();
+    let after = sweep_reads().await;
+    assert_eq!(
+        after, before,
+        "the sweep's reads ({before} items before, {after} after) do not grow with history"
+    );
+    assert!(
+        before as f64 <= 1.1 * OPEN as f64,
+        "the sweep reads about the open records: {before} items for {OPEN}"
+    );
+    r.list().await.unwrap();
+    let scan_after = counter.take();
+    assert!(
+        scan_after > scan_before + 30 * OPEN as u64,
+        "the interceptor counts what a Scan reads ({scan_before} → {scan_after} items)"
+    );
+    let receipts = r.receipts(&open[0].effect_key()).await.unwrap();
+    assert_eq!(receipts.len(), 30, "the expired receipt reads as absent");
 }

@@ -89,6 +89,17 @@ impl Registry for MemoryRegistry {
         self.up()?;
         Ok(self.records.lock().unwrap().values().cloned().collect())
     }
+    async fn list_open(&self) -> Result<Vec<Record>, PortError> {
+        self.up()?;
+        Ok(self
+            .records
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|r| r.status != sandbox_core::record::RecordStatus::Closed)
+            .cloned()
+            .collect())
+    }
     /// Lock ownership is not modelled (one worker per test): free unless `busy`.
     async fn lock(
         &self,
