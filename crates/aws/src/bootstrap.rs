@@ -371,14 +371,20 @@ pub async fn moto_pin_ecs_tasks(endpoint: &str) -> Result<(), PortError> {
     Ok(())
 }
 
+/// The key of an [`EcsStub`] answer that sets its HTTP status (see [`EcsStub`]).
+pub const STUB_STATUS: &str = "__stub_status";
+
 /// One recorded call to an [`EcsStub`]: the operation (from `X-Amz-Target`) and the JSON
 /// body.
 pub type StubCalls = Arc<Mutex<Vec<(String, Value)>>>;
 
 /// A test double answering the ECS JSON 1.1 protocol on 127.0.0.1, for answers moto never
-/// gives (RunTask `failures` with HTTP 200, a task not yet visible). `answer(operation,
-/// body, nth call of that operation)` gives the JSON answer (always HTTP 200). The server
-/// task lives as long as the tokio runtime.
+/// gives (RunTask `failures` with HTTP 200, a task not yet visible, error answers).
+/// `answer(operation, body, nth call of that operation)` gives the JSON answer, HTTP 200
+/// unless it holds the key [`STUB_STATUS`]: then that status (removed from the body), e.g.
+/// `{"__stub_status": 400, "__type": "ClientException", "message": "..."}` — the ECS JSON
+/// 1.1 error shape (`__type` is the error code). The server task lives as long as the
+/// tokio runtime.
 pub struct EcsStub {
     /// `http://127.0.0.1:PORT`.
     pub url: String,
@@ -418,8 +424,16 @@ impl EcsStub {
                         calls.push((op.clone(), json.clone()));
                         nth
                     };
-                    let reply = answer(&op, &json, nth);
+                    let mut reply = answer(&op, &json, nth);
+                    let status = reply
+                        .as_object_mut()
+                        .and_then(|o| o.remove(STUB_STATUS))
+                        .and_then(|s| s.as_u64())
+                        .and_then(|s| u16::try_from(s).ok())
+                        .and_then(|s| axum::http::StatusCode::from_u16(s).ok())
+                        .unwrap_or(axum::http::StatusCode::OK);
                     (
+                        status,
                         [("content-type", "application/x-amz-json-1.1")],
                         reply.to_string(),
                     )

@@ -59,7 +59,8 @@
 //!   The `CancellationReasons` (request order) say which condition failed: the fence (lock
 //!   lost), the holder (already held / not held) or the counter (full). A
 //!   `TransactionConflict` (another transaction on the counter at the same moment) is
-//!   retried (4 attempts in all, 20, 40 and 60 ms apart), then reported as a transient error.
+//!   retried (4 attempts in all, exponential pauses from 20 ms with jitter), then reported
+//!   as a contended error ([`PortError::contended`]: the job ends as busy).
 //! - Every write is conditional. Lock: `UpdateItem` with
 //!   `attribute_not_exists(lock_until) OR lock_until < :now` (absent or expired; held at
 //!   `now == lock_until`) and `ReturnValues=ALL_OLD`: the old item is the record, and an
@@ -100,13 +101,14 @@
 
 use crate::sdk_error::port_error;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, Delete, GlobalSecondaryIndex,
     KeySchemaElement, KeyType, Projection, ProjectionType, Put, ReturnValue, ScalarAttributeType,
     TableStatus, TimeToLiveSpecification, TransactWriteItem, Update,
 };
+use backon::BackoffBuilder;
 use sandbox_controller::ports::{
     AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, Slot, SlotHolder,
     SlotRelease, Slots, StoredRecord, Write,
@@ -148,6 +150,21 @@ const SLOTS_PK: &str = "capacity#executors";
 const SK_COUNTER: &str = "counter";
 /// Attempts of a slot transaction cancelled by a `TransactionConflict`.
 const SLOT_ATTEMPTS: u32 = 4;
+
+/// Pauses between slot transactions cancelled by a `TransactionConflict`: exponential from
+/// 20 ms (factor 2, at most 400 ms), each with random jitter (backon adds up to one more
+/// pause's length), [`SLOT_ATTEMPTS`] − 1 of them. Jitter keeps workers that collided on
+/// the counter from colliding again in lockstep (AWS Architecture Blog, "Exponential
+/// Backoff And Jitter"; DynamoDB Developer Guide, "Error handling": retry
+/// `TransactionConflict` with exponential backoff).
+fn slot_conflict_backoff() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(20))
+        .with_factor(2.0)
+        .with_max_delay(Duration::from_millis(400))
+        .with_max_times((SLOT_ATTEMPTS - 1) as usize)
+        .with_jitter()
+}
 const AUDIT_PREFIX: &str = "audit#";
 const RECEIPT_PREFIX: &str = "receipt#";
 /// How long [`create_table`] waits for the table to become `ACTIVE`.
@@ -709,16 +726,17 @@ impl DynamoRegistry {
 
     /// Runs one slot transaction: `None` when it was written, `Some(failed)` with the
     /// condition-failed flag of each item when it was cancelled on a condition. A
-    /// `TransactionConflict` is retried ([`SLOT_ATTEMPTS`] attempts, 20, 40 and 60 ms apart).
+    /// `TransactionConflict` is retried ([`SLOT_ATTEMPTS`] attempts in all, pauses from
+    /// [`slot_conflict_backoff`]); after the last it is [`PortError::contended`] (the job
+    /// ends as busy, not failed).
     async fn slot_transaction(
         &self,
         items: Vec<TransactWriteItem>,
         op: &'static str,
     ) -> Result<Option<Vec<bool>>, PortError> {
         let count = items.len();
-        let mut attempt = 0;
+        let mut delays = slot_conflict_backoff().build();
         loop {
-            attempt += 1;
             let res = self
                 .client
                 .transact_write_items()
@@ -731,9 +749,19 @@ impl DynamoRegistry {
             };
             match cancellation(&err, count) {
                 Some((failed, _)) if failed.iter().any(|f| *f) => return Ok(Some(failed)),
-                Some((_, true)) if attempt < SLOT_ATTEMPTS => {
-                    tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
-                }
+                Some((_, true)) => match delays.next() {
+                    Some(pause) => tokio::time::sleep(pause).await,
+                    None => {
+                        return Err(PortError::contended(
+                            DEP,
+                            op,
+                            format!(
+                                "TransactionConflict after {SLOT_ATTEMPTS} attempts: {}",
+                                DisplayErrorContext(&err)
+                            ),
+                        ));
+                    }
+                },
                 _ => return Err(port_error(DEP, op, &err)),
             }
         }

@@ -49,12 +49,18 @@
 //!
 //! Errors: throttling, 5xx, timeouts and connection failures are transient
 //! [`PortError`]s; validation errors (`ClientException`, `InvalidParameterException`, an
-//! unknown cluster) are permanent. Sources: the Amazon ECS API Reference (RunTask,
+//! unknown cluster) are permanent — except on `RunTask`, where errors are read by meaning
+//! (`EcsCompute::run_task_error`): a 4xx is a failed start ([`Started::Failed`], no task
+//! started), `ConflictException` adopts the task its `resourceIds` name, throttling and
+//! 5xx are "outcome unknown" (transient). Sources: the Amazon ECS API Reference (RunTask,
 //! DescribeTasks, ListTasks, StopTask) and the AWS tagging rules (keys ≤ 128, values ≤ 256
 //! characters of letters, digits, spaces and `+ - = . _ : / @`).
 
-use crate::sdk_error::port_error;
+use crate::sdk_error::{is_transient_code, port_error};
 use aws_sdk_ecs::Client;
+use aws_sdk_ecs::config::http::HttpResponse;
+use aws_sdk_ecs::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_ecs::operation::run_task::RunTaskError;
 use aws_sdk_ecs::types::{
     AssignPublicIp, AwsVpcConfiguration, ContainerOverride, DesiredStatus, KeyValuePair,
     LaunchType, NetworkConfiguration, PropagateTags, Tag, Task, TaskField, TaskOverride,
@@ -320,6 +326,84 @@ impl EcsCompute {
         Ok(out)
     }
 
+    /// What a `RunTask` that answered with an error means (ECS API reference, RunTask
+    /// "Errors" and "Common Errors"; AWS SDKs and Tools reference, "Retry behavior"):
+    ///
+    /// - no answer (timeout, connection failure), HTTP 5xx or 429, or a throttling /
+    ///   internal code ([`crate::sdk_error::is_transient_code`]: `ThrottlingException`,
+    ///   `ServerException`, ...) → `Err` (transient): **outcome unknown**, the task may
+    ///   have started. The SDK has already retried it (standard retry mode: up to 3
+    ///   attempts, exponential backoff with full jitter); the controller then hands the
+    ///   job off and the next holder replays the same `clientToken`.
+    /// - `ConflictException` ("the same client token with different parameters") with
+    ///   `resourceIds` → [`Started::Instance`] of the task those ids name: the start this
+    ///   token made earlier is adopted (read by ARN with `DescribeTasks`; when that read
+    ///   finds nothing yet — ECS reads lag `RunTask` — or fails, the task is recorded
+    ///   `PROVISIONING` from its ARN and the spec, and the next decision reads it by id).
+    ///   Without `resourceIds` it is outcome unknown.
+    /// - any other error the service answered (HTTP 4xx: `ClientException`,
+    ///   `InvalidParameterException`, `AccessDeniedException`, `ClusterNotFoundException`,
+    ///   `PlatformUnknownException`, `PlatformTaskDefinitionIncompatibilityException`,
+    ///   `UnsupportedFeatureException`, `BlockedException`, ...) means ECS refused the
+    ///   request and **no task started** → [`Started::Failed`] with `"<code> (HTTP
+    ///   <status>): <message>"` as the reason, like a `200` answer with `failures`: the
+    ///   controller counts it in `start_failures` (the failed-start alarm), records the
+    ///   failure and backs off ([`sandbox_core::observed::Policy::start_backoff_secs`]).
+    ///   A request the SDK could not build is a permanent `Err` (a bug, nothing sent).
+    async fn run_task_error(
+        &self,
+        spec: &StartSpec,
+        err: &SdkError<RunTaskError, HttpResponse>,
+    ) -> Result<Started, PortError> {
+        let op = "start";
+        let SdkError::ServiceError(service) = err else {
+            return Err(port_error(DEP, op, err));
+        };
+        let status = service.raw().status().as_u16();
+        let code = err.code().unwrap_or("Unknown");
+        if status >= 500 || status == 429 || is_transient_code(code) {
+            tracing::warn!(environment_id = %spec.environment_id, code, status, "RunTask outcome unknown");
+            return Err(port_error(DEP, op, err));
+        }
+        if let RunTaskError::ConflictException(conflict) = service.err() {
+            let Some(arn) = conflict
+                .resource_ids()
+                .iter()
+                .find(|id| id.contains(":task/"))
+                .or_else(|| conflict.resource_ids().first())
+            else {
+                return Err(PortError::transient(
+                    DEP,
+                    op,
+                    format!("ConflictException without resourceIds: {err}"),
+                ));
+            };
+            let seen = self
+                .read(std::slice::from_ref(arn), op)
+                .await
+                .ok()
+                .and_then(|found| found.into_iter().next());
+            tracing::info!(task = %arn, environment_id = %spec.environment_id, generation = %spec.generation,
+                visible = seen.is_some(), "RunTask ConflictException: adopting the task this clientToken started");
+            return Ok(Started::Instance(seen.unwrap_or_else(|| ComputeInstance {
+                instance_id: InstanceId::new(arn),
+                environment_id: spec.environment_id.clone(),
+                session_id: Some(spec.session_id.clone()),
+                generation: spec.generation,
+                status: ComputeStatus::Provisioning,
+                started_at: None,
+                stop_code: None,
+            })));
+        }
+        let reason = format!(
+            "{code} (HTTP {status}): {}",
+            err.message().unwrap_or_default()
+        );
+        tracing::warn!(environment_id = %spec.environment_id, generation = %spec.generation,
+            %reason, "RunTask refused: no task started");
+        Ok(Started::Failed { reason })
+    }
+
     /// The task definition's family: `family`, `family:revision` or
     /// `arn:aws:ecs:region:account:task-definition/family:revision`.
     fn family(&self) -> &str {
@@ -473,8 +557,11 @@ impl Compute for EcsCompute {
             .propagate_tags(PropagateTags::TaskDefinition)
             .enable_ecs_managed_tags(true)
             .send()
-            .await
-            .map_err(|e| port_error(DEP, op, &e))?;
+            .await;
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => return self.run_task_error(spec, &e).await,
+        };
         let Some(task) = out.tasks().iter().find(|t| t.task_arn().is_some()) else {
             let reason = if out.failures().is_empty() {
                 "RunTask returned no task and no failure".to_owned()

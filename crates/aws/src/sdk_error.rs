@@ -6,6 +6,8 @@
 //! - HTTP 5xx or 429, or a throttling / internal-error code (`ThrottlingException`,
 //!   `ProvisionedThroughputExceededException`, `RequestLimitExceeded`,
 //!   `InternalServerError`, ECS `ServerException`, ...) → transient;
+//! - DynamoDB `TransactionConflictException` (the item is in another transaction this
+//!   moment) → [`PortError::contended`] (transient; the job ends as "busy");
 //! - anything else the service answered (validation, not found, access denied) and a
 //!   request the SDK could not build → permanent.
 //!
@@ -67,7 +69,10 @@ where
             let code = err.code().unwrap_or("Unknown");
             let message = err.message().unwrap_or("");
             let text = format!("{code} (HTTP {status}): {message}");
-            if status >= 500 || status == 429 || is_transient_code(code) {
+            if code == "TransactionConflictException" || code == "TransactionConflict" {
+                // Another transaction holds the item this moment: busy, not failed.
+                PortError::contended(dependency, operation, text)
+            } else if status >= 500 || status == 429 || is_transient_code(code) {
                 PortError::transient(dependency, operation, text)
             } else {
                 PortError::permanent(dependency, operation, text)

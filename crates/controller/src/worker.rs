@@ -231,11 +231,24 @@ where
             self.config.worker_id,
             self.nonce.fetch_add(1, Ordering::Relaxed)
         );
-        let Some(locked) = self
+        let locked = match self
             .registry
             .lock(&key, &owner, now + self.config.lock_ttl_secs, now)
-            .await?
-        else {
+            .await
+        {
+            Ok(locked) => locked,
+            // Another transaction held the item this moment (issue 23 item 4): busy, a
+            // short hand-off like a held lock, never a failed job.
+            Err(e) if e.contended => {
+                tracing::info!(effect_key = %key, error = %e, "effect key contended: handed off as busy");
+                return Ok(Processed::skipped(
+                    "effect key contended (transaction conflict)",
+                    Disposition::RetryAfter(self.config.lock_busy_retry_secs),
+                ));
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(locked) = locked else {
             return Ok(Processed::skipped(
                 "effect key locked by another worker",
                 Disposition::RetryAfter(self.config.lock_busy_retry_secs),
@@ -612,6 +625,10 @@ where
                 decision,
                 SlotTaken::Refused("executor slot not taken: lock lost".into()),
             ),
+            Err(e) if e.contended => {
+                tracing::info!(environment_id = %observed.environment_id, error = %e, "executor slot contended: busy, nothing started");
+                (decision, SlotTaken::Contended)
+            }
             Err(e) => {
                 tracing::warn!(environment_id = %observed.environment_id, error = %e, "executor slot unavailable: nothing started");
                 (
@@ -1026,6 +1043,11 @@ where
             // The slot could not be checked (registry error, lost lock): never start
             // beyond what the cap allows; the message is retried.
             return Err(why.clone());
+        }
+        if act.slot == SlotTaken::Contended {
+            // Busy, not failed: the same short delay as a held lock.
+            act.retry_after = Some(u64::from(self.config.lock_busy_retry_secs));
+            return Err("busy: executor slot counter contended, nothing started".into());
         }
         self.save_unsaved_workspace(act, spec.generation).await?;
         self.flush(act).await?;
@@ -1558,6 +1580,10 @@ enum SlotTaken {
     Full,
     /// Not checked (registry error, lock lost): the start effect fails, nothing starts.
     Refused(String),
+    /// Not checked because other workers' transactions held the counter through every
+    /// jittered retry ([`PortError::contended`]): nothing starts and the job is retried
+    /// after the short busy delay (`lock_busy_retry_secs`), like a held lock.
+    Contended,
 }
 
 impl Act {

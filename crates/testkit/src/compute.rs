@@ -17,7 +17,8 @@
 //! - **failed starts**: a fraction of starts stays `PROVISIONING` and then `STOPPED` with
 //!   `stopCode` `TaskFailedToStart`;
 //! - **`clientToken`**: a start replays the original task for 24 hours (the same token with
-//!   other request parameters is a `ConflictException`), then starts a new one;
+//!   other request parameters is a `ConflictException` naming that task, which the adapter
+//!   adopts: answered with the task too), then starts a new one;
 //! - **throttling**: a token bucket per ECS action on the simulated clock, a transient
 //!   `ThrottlingException` when empty.
 //!
@@ -185,6 +186,9 @@ pub struct EcsAnswers {
     pub missing_forgotten: u64,
     /// Starts that replayed a task by `clientToken`.
     pub replays: u64,
+    /// Starts whose token named a task started with other parameters
+    /// (`ConflictException` with `resourceIds`): that task, adopted.
+    pub conflicts_adopted: u64,
     /// Starts whose token had been used more than the window ago: a new task.
     pub token_expired: u64,
     /// Starts drawn to fail (`TaskFailedToStart` later).
@@ -832,18 +836,14 @@ impl Compute for TwinCompute {
         if let Some(p) = used
             && window_ms.is_none_or(|w| now < s.instances[p].created_ms + w)
         {
-            if !same_request(&s.instances[p].spec, spec) {
-                return Err(PortError::permanent(
-                    DEP,
-                    "start",
-                    format!(
-                        "ConflictException: clientToken already used with other parameters \
-                         (resourceIds: {})",
-                        s.instances[p].id
-                    ),
-                ));
+            // The same token with other parameters is a `ConflictException` naming the
+            // task (`resourceIds`); the adapter adopts that task (ecs_compute.rs,
+            // `run_task_error`), so the port answers it like a replay.
+            if same_request(&s.instances[p].spec, spec) {
+                s.answers.replays += 1;
+            } else {
+                s.answers.conflicts_adopted += 1;
             }
-            s.answers.replays += 1;
             let instance = self.view(&s.instances[p], now);
             s.events.push(ComputeEvent::Started {
                 instance: instance.clone(),

@@ -201,7 +201,8 @@ async fn the_share_of_failing_starts_follows_the_setting_and_the_seed() {
 }
 
 /// `clientToken`: the same token returns the original task for 24 hours, then starts a
-/// new one; the same token with other parameters is a `ConflictException` (permanent).
+/// new one; the same token with other parameters is a `ConflictException` naming the task,
+/// which is adopted.
 #[tokio::test]
 async fn a_client_token_replays_for_24_hours_then_starts_a_new_task() {
     let (clock, c) = twin(AwsLike::strict());
@@ -211,11 +212,12 @@ async fn a_client_token_replays_for_24_hours_then_starts_a_new_task() {
     assert_eq!(start(&c, &s).await.instance_id, first.instance_id);
     let mut other = s.clone();
     other.remote_url.push_str("?other=1");
-    let conflict = c
-        .start(&other, &deployment(), NO_DEADLINE)
-        .await
-        .unwrap_err();
-    assert!(!conflict.retryable && conflict.message.contains("ConflictException"));
+    assert_eq!(
+        start(&c, &other).await.instance_id,
+        first.instance_id,
+        "a ConflictException names the task: the adapter adopts it"
+    );
+    assert_eq!(c.answers().conflicts_adopted, 1);
     // What the adapter does not send (workspace, previous generation) cannot conflict.
     let mut unsent = s.clone();
     unsent.previous = Some(first.as_ref());

@@ -16,6 +16,7 @@ use aws_sdk_ecs::types::{
     AssignPublicIp, AwsVpcConfiguration, DesiredStatus, LaunchType, NetworkConfiguration, Tag,
     TaskField,
 };
+use sandbox_aws::bootstrap::STUB_STATUS;
 use sandbox_aws::strict_ecs::{ForbiddenRequest, StrictEcs};
 use sandbox_aws::{EcsCompute, EcsConfig};
 use sandbox_controller::contract::{compute_contract, compute_idempotency_contract};
@@ -178,7 +179,7 @@ async fn a_run_task_whose_answer_was_lost_is_replayed_by_client_token_and_yields
 
 /// The same `clientToken` with different parameters is a `ConflictException` naming the
 /// task the token started (ECS API reference, RunTask errors and "Ensuring idempotency"),
-/// and starts nothing.
+/// and starts nothing: `start` adopts that task.
 #[tokio::test]
 async fn the_same_client_token_with_other_parameters_is_a_conflict_naming_the_first_task() {
     let cluster = format!("lc-{}", unique());
@@ -188,9 +189,13 @@ async fn the_same_client_token_with_other_parameters_is_a_conflict_naming_the_fi
     let first = started(&m.compute, &s, &d).await;
     let mut other = s.clone();
     other.remote_url.push_str("&changed=1");
-    let err = m.compute.start(&other, &d, NO_DEADLINE).await.unwrap_err();
-    assert!(!err.retryable, "{err}");
-    assert!(err.to_string().contains("ConflictException"), "{err}");
+    let adopted = started(&m.compute, &other, &d).await;
+    assert_eq!(
+        adopted.instance_id, first.instance_id,
+        "the ConflictException's resourceIds name the task: adopted"
+    );
+    assert_eq!(adopted.environment_id, s.environment_id);
+    assert_eq!(adopted.generation, s.generation);
     assert_eq!(
         m.all_arns().await,
         vec![first.instance_id.as_str().to_owned()]
@@ -772,6 +777,106 @@ async fn run_task_failures_with_status_200_are_started_failed() {
         1,
         "start is one RunTask: no list first (replaying the clientToken finds a lost start)"
     );
+}
+
+/// An ECS JSON 1.1 error answer of the stub: `status`, `__type` = `code`.
+fn ecs_error(status: u16, code: &str, message: &str) -> Value {
+    json!({STUB_STATUS: status, "__type": code, "message": message})
+}
+
+/// A `RunTask` 4xx means ECS refused the request and no task started (ECS API reference,
+/// RunTask "Errors"): `ClientException`, `InvalidParameterException`,
+/// `AccessDeniedException`, `ClusterNotFoundException` and
+/// `PlatformTaskDefinitionIncompatibilityException` are each `Started::Failed` naming the
+/// code and message (counted in `start_failures` and backed off by the controller), after
+/// exactly one request (no SDK retry of a client error), never "outcome unknown".
+#[tokio::test]
+async fn a_permanent_run_task_error_is_a_failed_start() {
+    endpoint();
+    for (status, code) in [
+        (400, "ClientException"),
+        (400, "InvalidParameterException"),
+        (400, "AccessDeniedException"),
+        (400, "ClusterNotFoundException"),
+        (400, "PlatformTaskDefinitionIncompatibilityException"),
+    ] {
+        let stub = EcsStub::start(move |op, _, _| match op {
+            "RunTask" => ecs_error(status, code, "refused by the stub"),
+            _ => json!({}),
+        })
+        .await;
+        let c = EcsCompute::new(stub.client().await, stub_config());
+        let got = c
+            .start(&spec("env_refused", 1), &deployment(), NO_DEADLINE)
+            .await
+            .unwrap_or_else(|e| panic!("{code}: a failed start, not an error: {e}"));
+        let Started::Failed { reason } = got else {
+            panic!("{code}: expected Started::Failed, got {got:?}");
+        };
+        assert!(reason.contains(code), "{reason}");
+        assert!(reason.contains("refused by the stub"), "{reason}");
+        assert_eq!(stub.calls_of("RunTask").len(), 1, "{code}: not retried");
+    }
+}
+
+/// Throttling and 5xx on `RunTask` are "outcome unknown": a transient error after the
+/// SDK's own retries (standard mode, jittered), never a failed start (the task may exist;
+/// the next holder replays the `clientToken`). A `ConflictException` without `resourceIds`
+/// is outcome unknown too.
+#[tokio::test]
+async fn throttling_and_server_errors_on_run_task_are_outcome_unknown() {
+    endpoint();
+    for (status, code) in [
+        (400, "ThrottlingException"),
+        (500, "ServerException"),
+        (503, "ServiceUnavailable"),
+        (400, "ConflictException"),
+    ] {
+        let stub = EcsStub::start(move |op, _, _| match op {
+            "RunTask" => ecs_error(status, code, "try later"),
+            _ => json!({}),
+        })
+        .await;
+        let c = EcsCompute::new(stub.client().await, stub_config());
+        let err = c
+            .start(&spec("env_unknown", 1), &deployment(), NO_DEADLINE)
+            .await
+            .expect_err(code);
+        assert!(err.retryable, "{code}: {err}");
+        assert!(err.to_string().contains(code), "{code}: {err}");
+    }
+}
+
+/// A `ConflictException` naming the task (`resourceIds`) is that task, adopted: read by
+/// ARN when visible, else recorded `PROVISIONING` from the ARN and the spec.
+#[tokio::test]
+async fn a_conflict_exception_adopts_the_task_its_resource_ids_name() {
+    endpoint();
+    let d = deployment();
+    let s = spec("env_conflict", 3);
+    let task = stub_task(&s, &d);
+    let stub = EcsStub::start(move |op, body, nth| match op {
+        "RunTask" => json!({
+            STUB_STATUS: 400, "__type": "ConflictException",
+            "message": "The clientToken is already in use", "resourceIds": [STUB_TASK]
+        }),
+        "DescribeTasks" if nth == 0 => json!({
+            "tasks": [], "failures": [{"arn": body["tasks"][0].clone(), "reason": "MISSING"}]
+        }),
+        "DescribeTasks" => json!({"tasks": [task.clone()], "failures": []}),
+        _ => json!({}),
+    })
+    .await;
+    let c = EcsCompute::new(stub.client().await, stub_config());
+    let not_visible = started(&c, &s, &d).await;
+    assert_eq!(not_visible.instance_id.as_str(), STUB_TASK);
+    assert_eq!(not_visible.status, ComputeStatus::Provisioning);
+    assert_eq!(not_visible.generation, s.generation);
+    let visible = started(&c, &s, &d).await;
+    assert_eq!(visible.instance_id.as_str(), STUB_TASK);
+    assert_eq!(visible.started_at, Some(1_790_000_000));
+    assert_eq!(stub.calls_of("RunTask").len(), 2);
+    assert_eq!(stub.calls_of("DescribeTasks").len(), 2);
 }
 
 /// DescribeTasks answering `MISSING` for a task started a moment ago (ECS reads are
