@@ -75,12 +75,19 @@ infra-test: infra-tools
 	rm -rf $(INFRA_OUT)
 	cd $(CDK_DIR) && $(INFRA_ENV) node_modules/.bin/cdk synth --no-notices --quiet \
 		-o cdk.out $(CDK_TEST_CONTEXT)
+	@echo "== cdk synth with workspaces on (issue 24: EC2 statements and the infrastructure role only then)"
+	rm -rf $(INFRA_OUT).workspaces
+	cd $(CDK_DIR) && $(INFRA_ENV) node_modules/.bin/cdk synth --no-notices --quiet \
+		-o cdk.out.workspaces $(CDK_TEST_CONTEXT) -c workspaceVolumeGiB=100
+	$(INFRA_BIN)/cfn-lint --ignore-checks W3005 -- $(abspath $(INFRA_OUT)).workspaces/SandboxLifecycle.template.json
 	@echo "== cfn-lint on the CDK template (W3005: CDK's own redundant DependsOn)"
 	$(INFRA_BIN)/cfn-lint --ignore-checks W3005 -- $(CDK_STACK_TEMPLATE)
 	@echo "== CDK assertion tests"
 	cd $(CDK_DIR) && $(INFRA_ENV) node --import tsx --test test/*.test.ts
 	@echo "== infra/tests"
-	$(INFRA_ENV) CDK_TEMPLATE=$(CDK_STACK_TEMPLATE) $(INFRA_BIN)/python -m pytest -q -p no:cacheprovider $(INFRA)/tests
+	$(INFRA_ENV) CDK_TEMPLATE=$(CDK_STACK_TEMPLATE) \
+		CDK_WORKSPACES_TEMPLATE=$(abspath $(INFRA_OUT)).workspaces/SandboxLifecycle.template.json \
+		$(INFRA_BIN)/python -m pytest -q -p no:cacheprovider $(INFRA)/tests
 
 # ---------------------------------------------------------------------------- deploy
 # Every variable below is read from the environment (or `make VAR=value`).
@@ -100,6 +107,7 @@ deploy-help:
 	@echo "  REPLACEMENT_WINDOW_SECS, REMOTE_URL_ALLOWLIST (comma-separated), WEBHOOK_TOLERANCE_SECS,"
 	@echo "  WEBHOOK_PREVIOUS_SECRET_ARN, MAX_EXECUTORS (concurrency cap, 0 = off),"
 	@echo "  WORKER_BATCH_SIZE, WORKER_MAXIMUM_CONCURRENCY, EXECUTOR_CPU_ARCHITECTURE (ARM64/X86_64),"
+	@echo "  WEBHOOK_RESERVED_CONCURRENCY (default 10), WORKER_RESERVED_CONCURRENCY (default 20),"
 	@echo "  EXECUTOR_CPU, EXECUTOR_MEMORY, LOG_RETENTION_DAYS, ALARM_TOPIC_ARN."
 	@echo "See README.md, section Deploy."
 
@@ -143,6 +151,8 @@ SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=
 	$(call sam-param,MaxExecutors,MAX_EXECUTORS) \
 	$(call sam-param,WorkerBatchSize,WORKER_BATCH_SIZE) \
 	$(call sam-param,WorkerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
+	$(call sam-param,WebhookReservedConcurrency,WEBHOOK_RESERVED_CONCURRENCY) \
+	$(call sam-param,WorkerReservedConcurrency,WORKER_RESERVED_CONCURRENCY) \
 	$(call sam-param,ExecutorCpuArchitecture,EXECUTOR_CPU_ARCHITECTURE) \
 	$(call sam-param,ExecutorCpu,EXECUTOR_CPU) $(call sam-param,ExecutorMemory,EXECUTOR_MEMORY) \
 	$(call sam-param,LogRetentionDays,LOG_RETENTION_DAYS) $(call sam-param,AlarmTopicArn,ALARM_TOPIC_ARN)
@@ -185,6 +195,8 @@ CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' 
 	$(call cdk-context,maxExecutors,MAX_EXECUTORS) \
 	$(call cdk-context,workerBatchSize,WORKER_BATCH_SIZE) \
 	$(call cdk-context,workerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
+	$(call cdk-context,webhookReservedConcurrency,WEBHOOK_RESERVED_CONCURRENCY) \
+	$(call cdk-context,workerReservedConcurrency,WORKER_RESERVED_CONCURRENCY) \
 	$(call cdk-context,executorCpuArchitecture,EXECUTOR_CPU_ARCHITECTURE) \
 	$(call cdk-context,executorCpu,EXECUTOR_CPU) $(call cdk-context,executorMemory,EXECUTOR_MEMORY) \
 	$(call cdk-context,logRetentionDays,LOG_RETENTION_DAYS) $(call cdk-context,alarmTopicArn,ALARM_TOPIC_ARN) \

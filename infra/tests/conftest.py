@@ -16,23 +16,83 @@ REPO = INFRA.parent
 CDK_TEMPLATE = Path(
     os.environ.get("CDK_TEMPLATE", INFRA / "cdk" / "cdk.out" / "SandboxLifecycle.template.json")
 )
+# The same stack synthesized with workspaces on (workspaceVolumeGiB > 0; mk/infra.mk).
+CDK_WORKSPACES_TEMPLATE = Path(
+    os.environ.get(
+        "CDK_WORKSPACES_TEMPLATE", INFRA / "cdk" / "cdk.out.workspaces" / "SandboxLifecycle.template.json"
+    )
+)
+
+
+def with_conditions(cfn: dict, values: dict[str, bool]) -> dict:
+    """`cfn` as CloudFormation would deploy it with the named conditions at `values`: each
+    `Fn::If` on one of them replaced by its branch, `AWS::NoValue` results dropped, and
+    resources whose `Condition` is false removed. Other conditions are left as they are."""
+    no_value = object()
+
+    def walk(v):
+        if isinstance(v, dict):
+            if set(v) == {"Fn::If"} and v["Fn::If"][0] in values:
+                cond, yes, no = v["Fn::If"]
+                return walk(yes if values[cond] else no)
+            if v == {"Ref": "AWS::NoValue"}:
+                return no_value
+            out = {k: walk(x) for k, x in v.items()}
+            return {k: x for k, x in out.items() if x is not no_value}
+        if isinstance(v, list):
+            return [x for x in (walk(x) for x in v) if x is not no_value]
+        return v
+
+    out = walk(cfn)
+    out["Resources"] = {
+        k: r for k, r in out["Resources"].items() if values.get(r.get("Condition"), True)
+    }
+    return out
 
 
 @pytest.fixture(scope="session")
-def sam_cfn() -> dict:
-    """infra/sam/template.yaml after the SAM transform."""
+def sam_cfn_raw() -> dict:
+    """infra/sam/template.yaml after the SAM transform, conditions unresolved."""
     return translate()
+
+
+@pytest.fixture(scope="session")
+def sam_cfn(sam_cfn_raw) -> dict:
+    """The SAM template as deployed with its defaults: workspaces off (WorkspaceVolumeGiB 0)."""
+    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": False})
+
+
+@pytest.fixture(scope="session")
+def sam_workspaces_cfn(sam_cfn_raw) -> dict:
+    """The SAM template as deployed with workspaces on."""
+    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": True})
+
+
+def _load(path: Path) -> dict:
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run `make infra-test` (it runs cdk synth first)")
+    return json.loads(path.read_text())
 
 
 @pytest.fixture(scope="session")
 def cdk_cfn() -> dict:
     """The synthesized CDK stack (`make infra-test` runs `cdk synth` first)."""
-    if not CDK_TEMPLATE.exists():
-        pytest.fail(f"{CDK_TEMPLATE} is missing: run `make infra-test` (it runs cdk synth first)")
-    return json.loads(CDK_TEMPLATE.read_text())
+    return _load(CDK_TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def cdk_workspaces_cfn() -> dict:
+    """The synthesized CDK stack with workspaces on."""
+    return _load(CDK_WORKSPACES_TEMPLATE)
 
 
 @pytest.fixture(scope="session", params=["sam", "cdk"])
 def any_cfn(request, sam_cfn, cdk_cfn) -> dict:
-    """Each of the two templates in turn."""
+    """Each of the two templates in turn (defaults: workspaces off)."""
     return sam_cfn if request.param == "sam" else cdk_cfn
+
+
+@pytest.fixture(scope="session", params=["sam", "cdk"])
+def any_workspaces_cfn(request, sam_workspaces_cfn, cdk_workspaces_cfn) -> dict:
+    """Each of the two templates in turn, workspaces on."""
+    return sam_workspaces_cfn if request.param == "sam" else cdk_workspaces_cfn

@@ -134,14 +134,24 @@ def settings_vars() -> dict[str, dict[str, set[str]]]:
 
 
 # ----------------------------------------------------------------------------- agreement
-def test_sam_and_cdk_declare_the_same_resource_types(sam_cfn, cdk_cfn):
+@pytest.mark.parametrize("workspaces", [False, True])
+def test_sam_and_cdk_declare_the_same_resource_types(request, workspaces):
+    sam_cfn, cdk_cfn = both(request, workspaces)
     sam = Counter(r["Type"] for r in sam_cfn["Resources"].values())
     cdk = Counter(r["Type"] for r in cdk_cfn["Resources"].values())
     assert sam - cdk - ALLOWED_TYPE_DIFFERENCES == Counter(), "only in SAM"
     assert cdk - sam - ALLOWED_TYPE_DIFFERENCES == Counter(), "only in CDK"
 
 
-def test_sam_and_cdk_grant_each_role_the_same_actions(sam_cfn, cdk_cfn):
+def both(request, workspaces: bool) -> tuple[dict, dict]:
+    """(SAM, CDK), with workspaces off (the defaults) or on."""
+    suffix = "_workspaces_cfn" if workspaces else "_cfn"
+    return request.getfixturevalue("sam" + suffix), request.getfixturevalue("cdk" + suffix)
+
+
+@pytest.mark.parametrize("workspaces", [False, True])
+def test_sam_and_cdk_grant_each_role_the_same_actions(request, workspaces):
+    sam_cfn, cdk_cfn = both(request, workspaces)
     sam_roles, cdk_roles = roles_by_purpose(sam_cfn), roles_by_purpose(cdk_cfn)
     assert sam_roles.keys() == cdk_roles.keys()
     for purpose in sam_roles:
@@ -185,10 +195,65 @@ def flat(value) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-@pytest.mark.parametrize("purpose_prefix", ["sandbox-lifecycle worker", "sandbox-lifecycle sweeper"])
-def test_controller_roles_are_scoped_to_the_executor(any_cfn, purpose_prefix):
+def test_sweeper_role_starts_stops_and_passes_nothing(any_cfn, any_workspaces_cfn):
+    # Issue 24: a sweep reads, fans out and deletes stored workspaces; the jobs it fans out
+    # run in the worker.
+    for cfn in (any_cfn, any_workspaces_cfn):
+        roles = roles_by_purpose(cfn)
+        (role_id,) = [r for p, r in roles.items() if p.startswith("sandbox-lifecycle sweeper")]
+        granted = actions_of(role_statements(cfn, role_id))
+        for action in ("ecs:RunTask", "ecs:StopTask", "ecs:TagResource", "iam:PassRole", "ec2:CreateSnapshot", "ec2:CreateTags"):
+            assert action not in granted, action
+        (cluster_id,) = resources(cfn, "AWS::ECS::Cluster")
+        for action in ("ecs:DescribeTasks", "ecs:ListTasks"):
+            (statement,) = statements_with(cfn, role_id, action)
+            assert cluster_id in flat(statement["Condition"]["ArnEquals"]["ecs:cluster"]), action
+            assert cluster_id in flat(statement["Resource"]), action
+
+
+def test_workspace_statements_and_the_infrastructure_role_exist_only_with_workspaces(any_cfn):
     roles = roles_by_purpose(any_cfn)
-    (role_id,) = [r for p, r in roles.items() if p.startswith(purpose_prefix)]
+    for role_id in roles.values():
+        granted = actions_of(role_statements(any_cfn, role_id))
+        assert not {a for a in granted if a.startswith("ec2:")}, role_id
+        passed = [flat(s["Resource"]) for s in statements_with(any_cfn, role_id, "iam:PassRole")]
+        assert all("Infrastructure" not in p for p in passed), passed
+    assert not [
+        k
+        for k, r in resources(any_cfn, "AWS::IAM::Role").items()
+        if "ecs.amazonaws.com" in flat(r["Properties"]["AssumeRolePolicyDocument"])
+    ]
+
+
+def test_image_pull_is_scoped_to_the_executor_repository(any_cfn):
+    role_id = roles_by_purpose(any_cfn)["executor execution role"]
+    (pull,) = statements_with(any_cfn, role_id, "ecr:BatchGetImage")
+    (resource,) = as_list(pull["Resource"])
+    text = flat(resource)
+    assert "repository/*" not in text, text
+    if "ExecutorImage" in text:  # SAM: derived from the ExecutorImage parameter
+        assert "repository/${Repository}" in text, text
+    else:  # CDK: resolved from executorImage at synth time
+        assert text.endswith(':ecr:us-east-1:123456789012:repository/sandbox-executor"]]}'), text
+
+
+def test_webhook_and_worker_have_reserved_concurrency(sam_cfn, cdk_cfn):
+    # Issue 24: a flood of unsigned POSTs is throttled at the webhook's own limit and cannot
+    # take the regional concurrency the worker and the sweeper need.
+    sam = {b: function_by_binary(sam_cfn, b).get("ReservedConcurrentExecutions") for b in ("webhook", "worker")}
+    assert sam == {"webhook": {"Ref": "WebhookReservedConcurrency"}, "worker": {"Ref": "WorkerReservedConcurrency"}}
+    assert sam_cfn["Parameters"]["WebhookReservedConcurrency"]["Default"] == 10
+    assert sam_cfn["Parameters"]["WorkerReservedConcurrency"]["Default"] == 20
+    cdk = {b: function_by_binary(cdk_cfn, b).get("ReservedConcurrentExecutions") for b in ("webhook", "worker")}
+    assert cdk == {"webhook": 10, "worker": 20}
+    # The worker's reservation covers both SQS sources at their default MaximumConcurrency.
+    assert sam_cfn["Parameters"]["WorkerMaximumConcurrency"]["Default"] * 2 <= 20
+
+
+def test_worker_role_is_scoped_to_the_executor(any_workspaces_cfn):
+    any_cfn = any_workspaces_cfn
+    roles = roles_by_purpose(any_cfn)
+    (role_id,) = [r for p, r in roles.items() if p.startswith("sandbox-lifecycle worker")]
     (cluster_id,) = resources(any_cfn, "AWS::ECS::Cluster")
 
     (run,) = statements_with(any_cfn, role_id, "ecs:RunTask")
@@ -238,7 +303,8 @@ def infrastructure_role(cfn: dict) -> str:
     return role_id
 
 
-def test_the_infrastructure_role_has_only_the_managed_ebs_volume_policy(any_cfn):
+def test_the_infrastructure_role_has_only_the_managed_ebs_volume_policy(any_workspaces_cfn):
+    any_cfn = any_workspaces_cfn
     role = any_cfn["Resources"][infrastructure_role(any_cfn)]["Properties"]
     (managed,) = role["ManagedPolicyArns"]
     assert "policy/service-role/AmazonECSInfrastructureRolePolicyForVolumes" in flat(managed)
@@ -246,11 +312,15 @@ def test_the_infrastructure_role_has_only_the_managed_ebs_volume_policy(any_cfn)
 
 
 @pytest.mark.parametrize("purpose_prefix", ["sandbox-lifecycle worker", "sandbox-lifecycle sweeper"])
-def test_ec2_workspace_actions_are_conditioned_on_the_deployment_tag(any_cfn, purpose_prefix):
+def test_ec2_workspace_actions_are_conditioned_on_the_deployment_tag(any_workspaces_cfn, purpose_prefix):
+    any_cfn = any_workspaces_cfn
     (role_id,) = [r for p, r in roles_by_purpose(any_cfn).items() if p.startswith(purpose_prefix)]
     statements = role_statements(any_cfn, role_id)
     granted = actions_of(statements)
-    assert EC2_WRITE_ACTIONS | {"ec2:DescribeVolumes", "ec2:DescribeSnapshots"} <= granted
+    # The sweeper deletes and lists; only the worker snapshots (and tags the snapshot).
+    wanted = EC2_WRITE_ACTIONS if "worker" in purpose_prefix else {"ec2:DeleteVolume", "ec2:DeleteSnapshot"}
+    assert {a for a in granted if a in EC2_WRITE_ACTIONS} == wanted
+    assert {"ec2:DescribeVolumes", "ec2:DescribeSnapshots"} <= granted
     assert {a for a in granted if a.startswith("ec2:")} <= EC2_WRITE_ACTIONS | STAR_ONLY_ACTIONS
     for statement in statements:
         actions = set(as_list(statement["Action"]))
@@ -266,7 +336,8 @@ def test_ec2_workspace_actions_are_conditioned_on_the_deployment_tag(any_cfn, pu
             assert key in ("aws:ResourceTag/sandbox:deployment", "aws:RequestTag/sandbox:deployment"), statement
 
 
-def test_the_workspace_volume_is_off_by_default_and_mounted_when_on(sam_cfn, cdk_cfn):
+def test_the_workspace_volume_is_off_by_default_and_mounted_when_on(sam_cfn_raw, cdk_cfn):
+    sam_cfn = sam_cfn_raw
     for cfn in (sam_cfn, cdk_cfn):
         for binary in ("worker", "sweeper"):
             variables = function_by_binary(cfn, binary)["Environment"]["Variables"]
@@ -419,7 +490,8 @@ def test_ceiling_parameters_reach_both_controller_functions_in_sam_and_cdk(sam_c
         assert "WEBHOOK_TOLERANCE_SECS" in webhook
 
 
-def test_every_sam_parameter_is_used(sam_cfn):
+def test_every_sam_parameter_is_used(sam_cfn_raw):
+    sam_cfn = sam_cfn_raw
     body = flat(sam_cfn["Resources"]) + flat(sam_cfn.get("Outputs", {})) + flat(sam_cfn.get("Conditions", {}))
     for name in sam_cfn["Parameters"]:
         assert f'"Ref": "{name}"' in body or "${" + name + "}" in body, f"parameter {name} is unused"

@@ -29,7 +29,7 @@
 //! | `OPENAI_API_KEY_SECRET_ARN` | worker, sweeper | yes | Secrets Manager ARN (or name) of the OpenAI API key |
 //! | `WEBHOOK_SECRET_ARN` | webhook | yes | Secrets Manager ARN (or name) of the webhook signing secret (`whsec_...`) |
 //! | `WEBHOOK_PREVIOUS_SECRET_ARN` | webhook | no | ARN (or name) of the previous signing secret during a rotation: deliveries signed with either verify |
-//! | `WEBHOOK_TOLERANCE_SECS` | webhook | no | accepted `webhook-timestamp` skew, both directions, seconds (default 300; ≥ 1) |
+//! | `WEBHOOK_TOLERANCE_SECS` | webhook | no | accepted `webhook-timestamp` skew, both directions, seconds (default 300; 1 to 900, refused at start-up above) |
 //! | `MAX_LIFETIME_SECS` | worker, sweeper | no | maximum executor lifetime, seconds (default 28,800; 0 = off) |
 //! | `LIFETIME_HARD_CAP_SECS` | worker, sweeper | no | hard lifetime cap, stops even mid-turn, seconds (default 32,400; 0 = none; not below `MAX_LIFETIME_SECS`) |
 //! | `NO_WORK_SECS` | worker, sweeper | no | idle without work: no turn and no connection request for this long stops the executor, seconds (default 3,600; 0 = off) |
@@ -341,11 +341,21 @@ impl WebhookSettings {
                 Some(_) => Some(vars.secret_ref("WEBHOOK_PREVIOUS_SECRET_ARN")?),
                 None => None,
             },
-            tolerance_secs: vars.secs(
+            tolerance_secs: match vars.secs(
                 "WEBHOOK_TOLERANCE_SECS",
                 sandbox_core::webhook::DEFAULT_TOLERANCE_SECS,
                 true,
-            )?,
+            )? {
+                // Issue 24: a longer window lets a captured delivery be replayed long past
+                // the FIFO queue's 5-minute deduplication.
+                t if t > sandbox_core::webhook::MAX_TOLERANCE_SECS => {
+                    return Err(SettingsError::Invalid {
+                        var: "WEBHOOK_TOLERANCE_SECS",
+                        reason: "whole seconds from 1 to 900",
+                    });
+                }
+                t => t,
+            },
             deployment_id: vars.optional("DEPLOYMENT_ID"),
             aws_endpoint_url: vars.optional("AWS_ENDPOINT_URL"),
         })

@@ -121,6 +121,9 @@ pub trait Ops {
     type C: Compute + Clone;
     /// `local` or `aws`.
     fn backend(&self) -> &'static str;
+    /// Where the registry lives, for the operator to check before a destructive command:
+    /// `table NAME` (AWS) or `data directory PATH` (local).
+    fn store(&self) -> String;
     /// The registry.
     fn registry(&self) -> &Self::R;
     /// The compute provider.
@@ -153,6 +156,7 @@ pub trait Ops {
 
 /// A local data directory.
 pub struct LocalOps {
+    data_dir: PathBuf,
     registry: SqliteRegistry,
     compute: ProcessCompute,
     events: SqliteQueue,
@@ -203,6 +207,7 @@ impl LocalOps {
             config.filter = settings.filter;
         }
         Ok(Self {
+            data_dir: dir,
             registry,
             compute,
             events,
@@ -218,6 +223,9 @@ impl Ops for LocalOps {
     type C = ProcessCompute;
     fn backend(&self) -> &'static str {
         "local"
+    }
+    fn store(&self) -> String {
+        format!("data directory {}", self.data_dir.display())
     }
     fn registry(&self) -> &SqliteRegistry {
         &self.registry
@@ -380,6 +388,9 @@ impl Ops for AwsOps {
     type C = EcsCompute;
     fn backend(&self) -> &'static str {
         "aws"
+    }
+    fn store(&self) -> String {
+        format!("table {}", self.settings.table_name)
     }
     fn registry(&self) -> &DynamoRegistry {
         &self.registry

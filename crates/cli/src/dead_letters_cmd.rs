@@ -11,6 +11,7 @@
 use crate::backend::{BackendArgs, Ops, QueueKind};
 use crate::report::{Verdict, write_json};
 use crate::timestamps::stamp_opt;
+use sandbox_controller::ports::Registry as _;
 use serde_json::json;
 use std::io::Write;
 
@@ -32,6 +33,10 @@ pub struct DlqArgs {
     /// At most this many messages per queue.
     #[arg(long, default_value_t = 100)]
     pub max: usize,
+    /// `redrive`: `--force` also sends back jobs whose session no record names, `--yes`
+    /// skips the confirmation (required off a terminal).
+    #[command(flatten)]
+    pub guard: crate::operator_jobs::GuardArgs,
     #[command(flatten)]
     pub backend: BackendArgs,
 }
@@ -127,6 +132,28 @@ pub async fn run<O: Ops>(
             }
         }
         DlqCommand::Redrive(_) => {
+            // Issue 24: a job whose session no record names is refused without --force
+            // (it would act on a session this deployment never handled).
+            if !args.guard.force {
+                let mut unknown = vec![];
+                for q in queues(args) {
+                    for letter in ops.dead_letters(q, args.max).await? {
+                        if let Some(job) = letter.job
+                            && ops.registry().find_by_session(&job.session_id).await?.is_none()
+                        {
+                            unknown.push(job.session_id.to_string());
+                        }
+                    }
+                }
+                unknown.sort();
+                unknown.dedup();
+                anyhow::ensure!(
+                    unknown.is_empty(),
+                    "dlq redrive: no record names session(s) {}; nothing was moved (pass --force to send them back anyway)",
+                    unknown.join(", ")
+                );
+            }
+            crate::operator_jobs::confirm_target(ops, &args.backend, &args.guard, "dlq redrive")?;
             for q in queues(args) {
                 let (moved, left) = ops.redrive(q, args.max).await?;
                 if !left.is_empty() {

@@ -144,6 +144,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             });
         }
         Command::Close(args) => {
+            operator_jobs::refuse_inferred_backend(&args.backend, "close")?;
             return operate(async move {
                 with_ops!(&args.backend, |ops| operator_jobs::close(
                     &ops,
@@ -171,6 +172,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             });
         }
         Command::Resolve(args) => {
+            operator_jobs::refuse_inferred_backend(&args.backend, "resolve")?;
             return operate(async move {
                 with_ops!(&args.backend, |ops| operator_jobs::resolve(
                     &ops,
@@ -189,6 +191,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             });
         }
         Command::Dlq(cmd) => {
+            if let dead_letters_cmd::DlqCommand::Redrive(a) = &cmd {
+                operator_jobs::refuse_inferred_backend(&a.backend, "dlq redrive")?;
+            }
             return operate(async move {
                 with_ops!(cmd.backend(), |ops| dead_letters_cmd::run(
                     &ops,

@@ -40,11 +40,82 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Guard rails of the commands that delete or move something (`close`, `resolve`, `dlq
+/// redrive`; issue 24).
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct GuardArgs {
+    /// Act even on a session no record of this deployment names (a typo, or another
+    /// deployment's session: without a record this deployment never handled it).
+    #[arg(long)]
+    pub force: bool,
+    /// Do not ask for confirmation; required when stdin is not a terminal.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+/// Refuses a destructive command whose backend would be chosen by `TABLE_NAME` alone
+/// (issue 24): `--backend` (or `--data-dir`) must say it. Called before any backend is
+/// opened.
+///
+/// # Errors
+/// `TABLE_NAME` is set and neither `--backend` nor `--data-dir` is given.
+pub fn refuse_inferred_backend(backend: &BackendArgs, what: &str) -> anyhow::Result<()> {
+    if backend.backend.is_none()
+        && backend.data_dir.is_none()
+        && std::env::var_os("TABLE_NAME").is_some()
+    {
+        anyhow::bail!(
+            "{what}: TABLE_NAME is set but --backend is not; a destructive command never takes its backend from the environment alone: pass --backend aws (or --backend local)"
+        );
+    }
+    Ok(())
+}
+
+/// Before a destructive command acts: refuses a backend chosen by `TABLE_NAME` alone,
+/// prints the backend, deployment and store (table or data directory) to stderr, and
+/// asks for confirmation on a terminal (`--yes` skips it; off a terminal it is required).
+///
+/// # Errors
+/// The backend was inferred from the environment, stdin is not a terminal without
+/// `--yes`, or the operator did not answer `y`.
+pub fn confirm_target<O: Ops>(
+    ops: &O,
+    backend: &BackendArgs,
+    guard: &GuardArgs,
+    what: &str,
+) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    refuse_inferred_backend(backend, what)?;
+    eprintln!(
+        "{what}: backend {}, deployment {}, {}",
+        ops.backend(),
+        ops.config().deployment,
+        ops.store()
+    );
+    if guard.yes {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        std::io::stdin().is_terminal(),
+        "{what}: stdin is not a terminal; pass --yes to confirm"
+    );
+    eprint!("{what}: proceed? [y/N] ");
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    anyhow::ensure!(
+        matches!(answer.trim(), "y" | "Y" | "yes"),
+        "{what}: not confirmed; nothing done"
+    );
+    Ok(())
+}
+
 /// Arguments of `sandboxctl close`.
 #[derive(Debug, clap::Args)]
 pub struct CloseArgs {
     /// The session to close.
     pub session: String,
+    #[command(flatten)]
+    pub guard: GuardArgs,
     /// Follow the close until both receipts (or the timeout).
     #[arg(long)]
     pub wait: bool,
@@ -114,15 +185,25 @@ fn receipts_json(receipts: &[Receipt]) -> Vec<Value> {
 /// Runs `close`.
 ///
 /// # Errors
-/// A malformed session id (usage) or a failed send or read (access).
+/// A malformed session id (usage), a session no record names without `--force`, a
+/// refused confirmation ([`confirm_target`]), or a failed send or read (access).
 pub async fn close<O: Ops>(
     ops: &O,
     args: &CloseArgs,
     out: &mut impl Write,
 ) -> anyhow::Result<Verdict> {
     let session = SessionId::new(checked_id("the session id", &args.session)?);
-    let now = SystemClock.now();
     let record = ops.registry().find_by_session(&session).await?;
+    // Issue 24: the ownership filter may accept every session, so a typo or another
+    // deployment's id would delete a session this deployment never handled.
+    if record.is_none() && !args.guard.force {
+        anyhow::bail!(
+            "close: no record of deployment {} names session {session}; nothing was enqueued (pass --force to close a session this deployment never handled)",
+            ops.config().deployment
+        );
+    }
+    confirm_target(ops, &args.backend, &args.guard, "close")?;
+    let now = SystemClock.now();
     let env = record.as_ref().map(|r| r.environment_id.clone());
     enqueue(
         ops,
@@ -416,6 +497,9 @@ pub struct ResolveArgs {
     /// Who resolves it (default: the `USER` environment variable).
     #[arg(long)]
     pub by: Option<String>,
+    /// `--yes` (a resolve needs a record: `--force` changes nothing).
+    #[command(flatten)]
+    pub guard: GuardArgs,
     /// Follow the resolution until the worker recorded it (or the timeout).
     #[arg(long)]
     pub wait: bool,
@@ -509,6 +593,7 @@ pub async fn resolve<O: Ops>(
     let Some(record) = record_of(ops, id).await? else {
         anyhow::bail!("no record for {id:?} (tried as a session id and an environment id)");
     };
+    confirm_target(ops, &args.backend, &args.guard, "resolve")?;
     let env = record.environment_id.clone();
     let open = record.open_evidence().count();
     let now = SystemClock.now();

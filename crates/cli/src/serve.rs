@@ -92,9 +92,10 @@ pub struct ServeArgs {
     /// (deliveries signed with either verify). Unset: only the current secret.
     #[arg(long)]
     webhook_previous_secret_env: Option<String>,
-    /// Accepted `webhook-timestamp` skew, both directions, seconds (≥ 1).
+    /// Accepted `webhook-timestamp` skew, both directions, seconds (1 to 900: a longer
+    /// window lets a captured delivery be replayed for longer).
     #[arg(long, default_value_t = sandbox_core::webhook::DEFAULT_TOLERANCE_SECS,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = clap::value_parser!(u64).range(1..=sandbox_core::webhook::MAX_TOLERANCE_SECS))]
     webhook_tolerance_secs: u64,
     /// Maximum executor lifetime, seconds (0 = off): past it an idle session's executor
     /// stops at once, a busy one at its next idle.

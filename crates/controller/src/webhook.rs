@@ -146,7 +146,9 @@ impl<Q: Queue> Intake<Q> {
         let verified = match self.verifier.verify(headers, body, now) {
             Ok(v) => v,
             Err(e) => {
-                tracing::warn!(error = %e, "webhook rejected");
+                // Debug, not warn (issue 24): anyone can send unsigned POSTs, so a warn per
+                // rejection lets a flood fill the logs; the metric counts every one.
+                tracing::debug!(error = %e, "webhook rejected");
                 crate::metrics::webhook_rejected(if e.http_status() == 401 {
                     "signature"
                 } else {

@@ -4,8 +4,22 @@
 //! executor connects there holding the restricted key, so a session whose `remote_url`
 //! points elsewhere must never get compute (issue 13). The check parses the URL with the
 //! WHATWG rules (the `url` crate, as reqwest does), so `https://api.openai.com@evil.test/`
-//! has host `evil.test`, and compares the scheme and the host only; the URL itself (it
-//! may carry a token) is never echoed, only its scheme and host.
+//! has host `evil.test`, and compares the scheme, the host and (when an entry names one)
+//! the port; the URL itself (it may carry a token) is never echoed, only its scheme and
+//! host.
+//!
+//! The executor is handed the text, not a parsed URL, and other parsers (Python's
+//! `urllib.parse.urlsplit`, a shell, Node's legacy `url.parse`) read some texts otherwise
+//! than WHATWG does (`wss://api.openai.com\@evil.test/` is host `api.openai.com` to
+//! WHATWG, `evil.test` to `urlsplit`). So a `remote_url` whose WHATWG serialisation
+//! differs from its text in any byte is refused ([`RemoteUrlRefusal::NotCanonical`])
+//! rather than rewritten: what passes is exactly what the executor gets, and every form
+//! that parsers disagree on (a `\`, a tab or newline, a percent-encoded or full-width dot,
+//! upper case, a numeric IPv4 form, a missing `//`) needs normalising, so it is refused.
+//! The API itself sends canonical URLs (`events/sessions/` fixtures).
+//!
+//! The policy holds an [`Allowlist`], parsed once when it is built, so a decision does
+//! not re-parse the entries.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -27,6 +41,13 @@ pub enum RemoteUrlRefusal {
         /// The URL's host.
         host: String,
     },
+    /// The URL is not exactly its own WHATWG serialisation (upper case, `\`, a tab or
+    /// newline, a percent-encoded or full-width dot, a numeric IPv4 form, a default
+    /// port, no `//`...): the executor would get text another parser may read otherwise.
+    NotCanonical {
+        /// The host the WHATWG parser reads.
+        host: String,
+    },
     /// The host matches no entry.
     HostNotAllowed {
         /// The URL's host.
@@ -45,6 +66,10 @@ impl fmt::Display for RemoteUrlRefusal {
                     "remote_url scheme {scheme} is not allowed for host {host}"
                 )
             }
+            Self::NotCanonical { host } => write!(
+                f,
+                "remote_url (host {host}) is not in canonical form; the executor would be given text that differs from the URL checked"
+            ),
             Self::HostNotAllowed { host } => {
                 write!(f, "remote_url host {host} is not on the allowlist")
             }
@@ -57,76 +82,214 @@ impl fmt::Display for RemoteUrlRefusal {
 /// `events/sessions/` fixtures); `https` is the registration endpoint's (seed 002).
 const TLS_SCHEMES: [&str; 2] = ["https", "wss"];
 
-/// One allowlist entry, parsed: an optional scheme (default: [`TLS_SCHEMES`]) and a host
-/// pattern (exact, or `*.suffix` for any subdomain of `suffix`, not `suffix` itself).
-struct Entry<'a> {
-    scheme: Option<&'a str>,
-    host: &'a str,
+/// The host part of one entry, parsed with the WHATWG host parser (`url::Host::parse`,
+/// the same rules the URL's host went through), so case, IDNA, IPv4 number forms and
+/// IPv6 spellings compare as the URL's host does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum HostPattern {
+    /// Exactly this host.
+    Exact(url::Host<String>),
+    /// `*.suffix`: any subdomain of `suffix` (a domain), not `suffix` itself.
+    Subdomains(String),
+    /// The entry does not parse: it matches nothing ([`validate_allowlist`] names it).
+    Invalid,
 }
 
-impl<'a> Entry<'a> {
-    fn parse(raw: &'a str) -> Self {
+/// One allowlist entry, parsed once: an optional scheme (lower case; default
+/// [`TLS_SCHEMES`]), a host pattern and an optional port (when given, the URL's port, or
+/// its scheme's default, must equal it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    scheme: Option<String>,
+    host: HostPattern,
+    port: Option<u16>,
+}
+
+impl Entry {
+    /// Parses one entry: `host`, `host:port`, `[v6]`, `[v6]:port`, `*.domain`, each
+    /// optionally prefixed by `scheme://`; a path after the host is ignored. Never fails:
+    /// a malformed entry becomes [`HostPattern::Invalid`].
+    fn parse(raw: &str) -> Self {
+        let invalid = |scheme| Self {
+            scheme,
+            host: HostPattern::Invalid,
+            port: None,
+        };
         let raw = raw.trim();
         let (scheme, rest) = match raw.split_once("://") {
-            Some((scheme, rest)) => (Some(scheme), rest),
+            Some((scheme, rest)) => (Some(scheme.to_ascii_lowercase()), rest),
             None => (None, raw),
         };
-        // A port or path in an entry is ignored: the entry names a host.
-        let host = rest.split(['/', ':']).next().unwrap_or(rest);
-        Self { scheme, host }
+        if raw.is_empty()
+            || raw.contains(|c: char| c.is_whitespace() || c == '@' || c == '\\')
+            || !scheme.as_deref().unwrap_or("https").bytes().all(|b| {
+                b.is_ascii_alphanumeric() || b == b'+' || b == b'-' || b == b'.'
+            })
+        {
+            return invalid(scheme);
+        }
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+        // `[v6]` or `[v6]:port`; otherwise the last `:` starts the port.
+        let (host, port) = if authority.starts_with('[') {
+            match authority.split_once(']') {
+                Some((h, tail)) => (&authority[..=h.len()], tail.strip_prefix(':')),
+                None => return invalid(scheme),
+            }
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (authority, None),
+            }
+        };
+        let port = match port {
+            None => None,
+            Some(p) => match p.parse::<u16>() {
+                Ok(p) => Some(p),
+                Err(_) => return invalid(scheme),
+            },
+        };
+        let host = match host.strip_prefix("*.") {
+            Some(suffix) => match url::Host::parse(suffix) {
+                Ok(url::Host::Domain(d)) if !d.is_empty() && !d.contains('*') => {
+                    HostPattern::Subdomains(d)
+                }
+                _ => HostPattern::Invalid,
+            },
+            None if host.contains('*') || host.is_empty() => HostPattern::Invalid,
+            None => url::Host::parse(host).map_or(HostPattern::Invalid, HostPattern::Exact),
+        };
+        Self { scheme, host, port }
     }
 
-    fn host_matches(&self, host: &str) -> bool {
-        match self.host.strip_prefix("*.") {
-            Some(suffix) => host
-                .strip_suffix(suffix)
+    fn host_matches(&self, host: &url::Host<&str>) -> bool {
+        match (&self.host, host) {
+            (HostPattern::Exact(url::Host::Domain(e)), url::Host::Domain(d)) => e == d,
+            (HostPattern::Exact(url::Host::Ipv4(e)), url::Host::Ipv4(a)) => e == a,
+            (HostPattern::Exact(url::Host::Ipv6(e)), url::Host::Ipv6(a)) => e == a,
+            (HostPattern::Subdomains(suffix), url::Host::Domain(d)) => d
+                .strip_suffix(suffix.as_str())
                 .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
-            None => self.host.eq_ignore_ascii_case(host),
+            _ => false,
         }
+    }
+
+    fn port_matches(&self, url: &url::Url) -> bool {
+        self.port.is_none() || self.port == url.port_or_known_default()
+    }
+}
+
+/// The `remote_url` allowlist, parsed once when the policy is built (issue 21: parsing
+/// every entry on each `decide()` made a decision ten times slower). Serialises as the
+/// list of entries it was built from; equality is that of the entries' text.
+#[derive(Clone, Debug)]
+pub struct Allowlist {
+    raw: Vec<String>,
+    parsed: Vec<Entry>,
+}
+
+impl Allowlist {
+    /// Parses `entries` (see [`crate::observed::Policy::remote_url_allowlist`] for the
+    /// forms). A malformed entry matches nothing; [`validate_allowlist`] names it.
+    pub fn new<S: Into<String>>(entries: impl IntoIterator<Item = S>) -> Self {
+        let raw: Vec<String> = entries.into_iter().map(Into::into).collect();
+        let parsed = raw.iter().map(|e| Entry::parse(e)).collect();
+        Self { raw, parsed }
+    }
+
+    /// The entries as given.
+    pub fn entries(&self) -> &[String] {
+        &self.raw
+    }
+
+    /// Checks `remote_url` against the entries; see [`check`].
+    ///
+    /// # Errors
+    /// [`RemoteUrlRefusal`] naming what is wrong (scheme and host only).
+    pub fn check(&self, remote_url: &str) -> Result<(), RemoteUrlRefusal> {
+        let url = url::Url::parse(remote_url).map_err(|_| RemoteUrlRefusal::Unparsable)?;
+        let host = url
+            .host()
+            .filter(|h| !matches!(h, url::Host::Domain("")))
+            .ok_or(RemoteUrlRefusal::Unparsable)?;
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(RemoteUrlRefusal::HasCredentials);
+        }
+        let host_text = host.to_string();
+        // The executor is given the text, so the text must be what was checked: any
+        // difference between the WHATWG serialisation and the text (case, `\`, tabs,
+        // percent-encoded or full-width dots, a numeric IPv4 form, a default port, a
+        // missing `//`) is a place where another parser may read another host.
+        if url.as_str() != remote_url {
+            return Err(RemoteUrlRefusal::NotCanonical { host: host_text });
+        }
+        let scheme = url.scheme();
+        let mut host_known = false;
+        for entry in &self.parsed {
+            if entry.host_matches(&host) && entry.port_matches(&url) {
+                host_known = true;
+                let allowed = match &entry.scheme {
+                    Some(s) => s == scheme,
+                    None => TLS_SCHEMES.contains(&scheme),
+                };
+                if allowed {
+                    return Ok(());
+                }
+            }
+        }
+        if host_known {
+            Err(RemoteUrlRefusal::SchemeNotAllowed {
+                scheme: scheme.to_owned(),
+                host: host_text,
+            })
+        } else {
+            Err(RemoteUrlRefusal::HostNotAllowed { host: host_text })
+        }
+    }
+}
+
+impl PartialEq for Allowlist {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw == other.raw
+    }
+}
+
+impl Eq for Allowlist {}
+
+impl<S: Into<String>> From<Vec<S>> for Allowlist {
+    fn from(entries: Vec<S>) -> Self {
+        Self::new(entries)
+    }
+}
+
+impl Serialize for Allowlist {
+    fn serialize<Se: serde::Serializer>(&self, s: Se) -> Result<Se::Ok, Se::Error> {
+        self.raw.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Allowlist {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::<String>::deserialize(d).map(Self::new)
     }
 }
 
 /// Checks `remote_url` against `allowlist` (see
-/// [`crate::observed::Policy::remote_url_allowlist`] for the entry forms).
+/// [`crate::observed::Policy::remote_url_allowlist`] for the entry forms), parsing the
+/// entries for this one call; [`Allowlist::check`] uses entries parsed once.
+///
+/// The URL must parse (WHATWG, the `url` crate, as reqwest does), carry no user info,
+/// and be exactly its own serialisation: the executor is handed the text, so the text
+/// must be the URL that was checked (see [`RemoteUrlRefusal::NotCanonical`]).
 ///
 /// # Errors
 /// [`RemoteUrlRefusal`] naming what is wrong (scheme and host only).
 pub fn check(remote_url: &str, allowlist: &[String]) -> Result<(), RemoteUrlRefusal> {
-    let url = url::Url::parse(remote_url).map_err(|_| RemoteUrlRefusal::Unparsable)?;
-    let host = url
-        .host_str()
-        .filter(|h| !h.is_empty())
-        .ok_or(RemoteUrlRefusal::Unparsable)?
-        .to_ascii_lowercase();
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(RemoteUrlRefusal::HasCredentials);
-    }
-    let scheme = url.scheme();
-    let mut host_known = false;
-    for entry in allowlist.iter().map(|e| Entry::parse(e)) {
-        if entry.host_matches(&host) {
-            host_known = true;
-            let allowed = match entry.scheme {
-                Some(s) => s.eq_ignore_ascii_case(scheme),
-                None => TLS_SCHEMES.contains(&scheme),
-            };
-            if allowed {
-                return Ok(());
-            }
-        }
-    }
-    if host_known {
-        Err(RemoteUrlRefusal::SchemeNotAllowed {
-            scheme: scheme.to_owned(),
-            host,
-        })
-    } else {
-        Err(RemoteUrlRefusal::HostNotAllowed { host })
-    }
+    Allowlist::new(allowlist.iter().cloned()).check(remote_url)
 }
 
-/// Checks an allowlist's entries for shape: each is a host, `*.domain` or
-/// `scheme://host`, without spaces, user info or an empty host.
+/// Checks an allowlist's entries for shape: each is a host (a domain, an IPv4 address or
+/// a bracketed IPv6 address), `*.domain` or `scheme://host`, optionally with `:port`,
+/// without spaces, user info or an empty host.
 ///
 /// # Errors
 /// The first malformed entry's position (1-based) and what is wrong with it.
@@ -134,25 +297,18 @@ pub fn validate_allowlist(allowlist: &[String]) -> Result<(), String> {
     for (i, raw) in allowlist.iter().enumerate() {
         let n = i + 1;
         let entry = Entry::parse(raw);
-        if raw.trim().is_empty() || entry.host.is_empty() || entry.host == "*." {
+        if raw.trim().is_empty() {
             return Err(format!("entry {n} has no host"));
         }
-        if raw.contains(char::is_whitespace) || raw.contains('@') {
+        if raw.contains(char::is_whitespace) || raw.contains('@') || raw.contains('\\') {
             return Err(format!(
                 "entry {n} must be a host, *.domain or scheme://host (no spaces, no user info)"
             ));
         }
-        let rest = entry.host.strip_prefix("*.").unwrap_or(entry.host);
-        if rest.contains('*') {
-            return Err(format!("entry {n} has a wildcard that is not a leading *."));
-        }
-        if !entry
-            .scheme
-            .unwrap_or("https")
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'-' || b == b'.')
-        {
-            return Err(format!("entry {n} has an invalid scheme"));
+        if entry.host == HostPattern::Invalid {
+            return Err(format!(
+                "entry {n} is not a host, [IPv6], *.domain or scheme://host[:port] (a wildcard may only lead, as *.)"
+            ));
         }
     }
     Ok(())
@@ -200,7 +356,155 @@ mod tests {
             ),
             Ok(())
         );
-        assert_eq!(check("https://API.OpenAI.com:443/x", &allow), Ok(()));
+        assert_eq!(check("https://api.openai.com:8443/x", &allow), Ok(()));
+        assert_eq!(
+            check("https://API.OpenAI.com:443/x", &allow),
+            Err(RemoteUrlRefusal::NotCanonical {
+                host: "api.openai.com".into()
+            }),
+            "upper case and a default port are normalised away: refused"
+        );
+    }
+
+    fn not_canonical(host: &str) -> Result<(), RemoteUrlRefusal> {
+        Err(RemoteUrlRefusal::NotCanonical { host: host.into() })
+    }
+
+    /// Issue 24: every input the WHATWG parser normalises into an allowed host is refused,
+    /// because the executor would get the text, which another parser reads otherwise.
+    #[test]
+    fn texts_that_only_normalise_to_an_allowed_host_are_refused() {
+        let allow = list(&["api.openai.com"]);
+        let host = "api.openai.com";
+        for (text, why) in [
+            (
+                "wss://api.openai.com\\@evil.test/x",
+                "backslash: urlsplit reads host evil.test",
+            ),
+            ("wss://api%2eopenai%2ecom/x", "percent-encoded dots"),
+            ("wss://api.open\tai.com/x", "tab inside the host"),
+            ("wss://api.openai\n.com/x", "newline inside the host"),
+            ("wss://api\r.openai.com/x", "carriage return inside the host"),
+            ("wss://api\u{ff0e}openai\u{ff0e}com/x", "full-width dots"),
+            ("wss://api\u{3002}openai.com/x", "ideographic full stop"),
+            ("WSS://api.openai.com/x", "upper-case scheme"),
+            ("wss://API.OPENAI.COM/x", "upper-case host"),
+            ("wss:api.openai.com/x", "no slashes"),
+            ("wss:/api.openai.com/x", "one slash"),
+            ("wss:\\\\api.openai.com/x", "backslashes for slashes"),
+            ("wss://api.openai.com:443/x", "default port spelled out"),
+            ("wss://api.openai.com./x", "trailing dot kept"),
+            (" wss://api.openai.com/x", "leading space"),
+            ("wss://api.openai.com/x\n", "trailing newline"),
+            ("wss://api.openai.com", "no path"),
+        ] {
+            let got = check(text, &allow);
+            if text == "wss://api.openai.com./x" {
+                // WHATWG keeps the trailing dot: canonical, but not the entry's host.
+                assert_eq!(
+                    got,
+                    Err(RemoteUrlRefusal::HostNotAllowed {
+                        host: "api.openai.com.".into()
+                    }),
+                    "{why}"
+                );
+                continue;
+            }
+            assert_eq!(got, not_canonical(host), "{why}: {text:?}");
+        }
+        // The same texts, canonical, pass.
+        assert_eq!(check("wss://api.openai.com/x", &allow), Ok(()));
+        assert_eq!(check("wss://api.openai.com/", &allow), Ok(()));
+    }
+
+    #[test]
+    fn numeric_ipv4_forms_are_refused_and_the_dotted_form_matches() {
+        let allow = list(&["http://127.0.0.1"]);
+        assert_eq!(check("http://127.0.0.1:4010/v1/x", &allow), Ok(()));
+        for text in [
+            "http://2130706433:4010/v1/x",    // decimal
+            "http://0x7f000001:4010/v1/x",    // hex
+            "http://0x7f.0.0.1:4010/v1/x",    // hex part
+            "http://0177.0.0.1:4010/v1/x",    // octal
+            "http://017700000001:4010/v1/x",  // octal, one number
+            "http://127.1:4010/v1/x",         // short form
+            "http://127.0.0.1.:4010/v1/x",    // trailing dot
+            "http://%31%32%37.0.0.1:4010/x",  // percent-encoded digits
+        ] {
+            assert_eq!(check(text, &allow), not_canonical("127.0.0.1"), "{text}");
+        }
+        // An entry in a numeric form names the same address.
+        let allow = list(&["http://0x7f.1"]);
+        assert_eq!(check("http://127.0.0.1/x", &allow), Ok(()));
+    }
+
+    #[test]
+    fn ipv6_entries_match_their_address() {
+        let allow = list(&["http://[::1]", "[2001:db8::1]:8443"]);
+        assert_eq!(check("http://[::1]:4010/v1/x", &allow), Ok(()));
+        assert_eq!(check("https://[2001:db8::1]:8443/x", &allow), Ok(()));
+        assert_eq!(
+            check("https://[2001:db8::1]/x", &allow),
+            Err(RemoteUrlRefusal::HostNotAllowed {
+                host: "[2001:db8::1]".into()
+            }),
+            "the entry names port 8443"
+        );
+        // Another spelling of the same address is not canonical.
+        assert_eq!(
+            check("http://[0:0::1]:4010/x", &allow),
+            not_canonical("[::1]")
+        );
+        assert_eq!(
+            check("http://[::2]:4010/x", &allow),
+            Err(RemoteUrlRefusal::HostNotAllowed {
+                host: "[::2]".into()
+            })
+        );
+        // An entry spelled long matches the canonical URL.
+        let allow = list(&["wss://[0:0:0:0:0:0:0:1]"]);
+        assert_eq!(check("wss://[::1]/x", &allow), Ok(()));
+        assert!(validate_allowlist(&list(&["[::1"])).is_err());
+    }
+
+    #[test]
+    fn entry_ports_must_match_the_url_port_or_its_default() {
+        let allow = list(&["api.openai.com:443", "http://127.0.0.1:4010"]);
+        assert_eq!(check("wss://api.openai.com/x", &allow), Ok(()));
+        assert!(check("wss://api.openai.com:8443/x", &allow).is_err());
+        assert_eq!(check("http://127.0.0.1:4010/x", &allow), Ok(()));
+        assert_eq!(
+            check("http://127.0.0.1:4011/x", &allow),
+            Err(RemoteUrlRefusal::HostNotAllowed {
+                host: "127.0.0.1".into()
+            })
+        );
+        assert!(validate_allowlist(&list(&["a.test:http"])).is_err());
+        assert!(validate_allowlist(&list(&["a.test:70000"])).is_err());
+    }
+
+    #[test]
+    fn wildcard_and_entry_case_do_not_matter() {
+        let allow = list(&["*.Example.COM", "API.OpenAI.com", "WSS://Agents.Test"]);
+        assert_eq!(check("https://a.example.com/", &allow), Ok(()));
+        assert_eq!(check("wss://api.openai.com/x", &allow), Ok(()));
+        assert_eq!(check("wss://agents.test/x", &allow), Ok(()));
+        assert!(check("https://agents.test/x", &allow).is_err());
+        assert!(check("https://example.com/", &allow).is_err());
+    }
+
+    #[test]
+    fn allowlist_is_parsed_once_and_serialises_as_its_entries() {
+        let a = Allowlist::new(["api.openai.com", "*.x.test"]);
+        assert_eq!(a.entries(), ["api.openai.com", "*.x.test"]);
+        let json = serde_json::to_string(&a).unwrap();
+        assert_eq!(json, r#"["api.openai.com","*.x.test"]"#);
+        let back: Allowlist = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, a);
+        assert_eq!(back.check("https://b.x.test/"), Ok(()));
+        // A malformed entry matches nothing.
+        let bad = Allowlist::new(["a.*.test"]);
+        assert!(bad.check("https://a.b.test/").is_err());
     }
 
     #[test]
@@ -273,5 +577,7 @@ mod tests {
         );
         assert!(validate_allowlist(&list(&["u@a.test"])).is_err());
         assert!(validate_allowlist(&list(&["a.*.test"])).is_err());
+        assert!(validate_allowlist(&list(&["a.test\\b"])).is_err());
+        assert!(validate_allowlist(&list(&["*."])).is_err());
     }
 }

@@ -47,6 +47,12 @@ const TAG_DECODE_BUF: usize = 64;
 
 /// Default timestamp tolerance, in seconds, in both directions (official SDK: 300 s).
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
+/// Largest timestamp tolerance a deployment may configure, seconds (issue 24): a signed
+/// delivery can be replayed for as long as its timestamp is accepted, and the events
+/// FIFO queue deduplicates a `webhook-id` for 5 minutes only (SQS
+/// `MessageDeduplicationId`), so the window stays within a few dedup periods. A replay
+/// inside it only re-triggers a reconcile of the same session (idempotent).
+pub const MAX_TOLERANCE_SECS: u64 = 900;
 /// Minimum HMAC key length in bytes.
 pub const MIN_KEY_BYTES: usize = 16;
 /// Header names, lowercase (lookups are case-insensitive).
@@ -343,31 +349,41 @@ impl WebhookVerifier {
         }
         let ts = parse_timestamp(timestamp)?;
         self.check_window(ts, now)?;
-        // Each secret's tag is finalized once, however many entries there are.
-        let expected: Vec<CtOutput<HmacSha256>> = self
-            .macs
-            .iter()
-            .map(|mac| Self::tag(mac, webhook_id, timestamp, body).finalize())
-            .collect();
+        // The cheap pre-check first (issue 24): decode every `v1,` entry; without one
+        // that decodes to a 32-byte tag nothing can match, so the request is refused
+        // before any HMAC over the (up to 1 MiB) body is computed.
         let mut saw_v1 = false;
-        let mut matched = false;
+        let mut candidates: Vec<CtOutput<HmacSha256>> = Vec::new();
         for entry in signature.split(' ').filter(|e| !e.is_empty()) {
             let Some(("v1", b64)) = entry.split_once(',') else {
                 continue;
             };
             saw_v1 = true;
             // Decoding failures (including "longer than the buffer") and any length other
-            // than 32 bytes just mean "this entry does not match". Every v1 entry is
-            // checked (no early exit) so timing does not reveal which one matched; the
-            // comparison itself is `CtOutput`'s constant-time one over all 32 bytes.
+            // than 32 bytes just mean "this entry does not match".
             let mut candidate = [0u8; TAG_DECODE_BUF];
             if let Ok(TAG_BYTES) = BASE64.decode_slice(b64, &mut candidate) {
                 let mut tag = Output::<HmacSha256>::default();
                 tag.copy_from_slice(&candidate[..TAG_BYTES]);
-                let candidate = CtOutput::new(tag);
-                for e in &expected {
-                    matched |= *e == candidate;
-                }
+                candidates.push(CtOutput::new(tag));
+            }
+        }
+        if candidates.is_empty() {
+            return Err(if saw_v1 {
+                VerifyError::SignatureMismatch
+            } else {
+                VerifyError::NoV1Signature
+            });
+        }
+        // Each secret's tag is finalized once, however many entries there are. Every
+        // well-formed entry is compared with every tag (no early exit) so timing does not
+        // reveal which one matched; the comparison itself is `CtOutput`'s constant-time
+        // one over all 32 bytes.
+        let mut matched = false;
+        for mac in &self.macs {
+            let expected = Self::tag(mac, webhook_id, timestamp, body).finalize();
+            for c in &candidates {
+                matched |= expected == *c;
             }
         }
         if matched {
@@ -375,10 +391,8 @@ impl WebhookVerifier {
                 webhook_id: webhook_id.to_owned(),
                 timestamp: ts,
             })
-        } else if saw_v1 {
-            Err(VerifyError::SignatureMismatch)
         } else {
-            Err(VerifyError::NoV1Signature)
+            Err(VerifyError::SignatureMismatch)
         }
     }
 
@@ -393,6 +407,8 @@ impl WebhookVerifier {
     }
 
     fn tag(mac: &HmacSha256, webhook_id: &str, timestamp: &str, body: &[u8]) -> HmacSha256 {
+        #[cfg(test)]
+        tests::TAGS.with(|n| n.set(n.get() + 1));
         let mut mac = mac.clone();
         mac.update(webhook_id.as_bytes());
         mac.update(b".");
@@ -434,4 +450,52 @@ fn is_visible_ascii(bytes: &[u8]) -> bool {
     bytes
         .iter()
         .fold(true, |ok, &b| ok & (0x20..0x7f).contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// HMACs computed on this thread (counted in [`WebhookVerifier::tag`]).
+        pub(super) static TAGS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    fn tags() -> usize {
+        TAGS.with(Cell::get)
+    }
+
+    #[test]
+    fn no_well_formed_v1_entry_is_refused_before_any_hmac() {
+        let v = WebhookVerifier::with_secrets(&[
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "whsec_b3RoZXItc2VjcmV0LWZvci1yb3RhdGlvbg==",
+        ]).unwrap();
+        let body = vec![b'x'; 1 << 20];
+        let now = 1_800_000_000;
+        let ts = now.to_string();
+        for (sig, want) in [
+            ("", VerifyError::NoV1Signature),
+            ("v2,abc v1a,xyz", VerifyError::NoV1Signature),
+            ("v1,", VerifyError::SignatureMismatch),
+            ("v1,not-base64!", VerifyError::SignatureMismatch),
+            ("v1,AAAA", VerifyError::SignatureMismatch), // 3 bytes, not 32
+        ] {
+            let before = tags();
+            assert_eq!(v.verify_parts("msg_1", &ts, sig, &body, now).unwrap_err(), want);
+            assert_eq!(tags(), before, "{sig:?}: no HMAC computed");
+        }
+        // A well-formed entry costs one HMAC per secret, and a right one passes.
+        let before = tags();
+        let wrong = format!("v1,{}", BASE64.encode([0u8; 32]));
+        assert_eq!(
+            v.verify_parts("msg_1", &ts, &wrong, &body, now).unwrap_err(),
+            VerifyError::SignatureMismatch
+        );
+        assert_eq!(tags(), before + 2);
+        let right = v.sign("msg_1", now, &body);
+        let both = format!("{wrong} {right}");
+        assert!(v.verify_parts("msg_1", &ts, &both, &body, now).is_ok());
+    }
 }

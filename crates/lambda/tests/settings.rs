@@ -328,6 +328,8 @@ fn webhook_reads_the_previous_secret_arn_and_the_tolerance() {
     for (var, value) in [
         ("WEBHOOK_TOLERANCE_SECS", "0"),
         ("WEBHOOK_TOLERANCE_SECS", "five"),
+        // Issue 24: capped at 900 s (replays past the FIFO deduplication otherwise).
+        ("WEBHOOK_TOLERANCE_SECS", "901"),
         ("WEBHOOK_PREVIOUS_SECRET_ARN", "whsec_pastedthesecretitself"),
     ] {
         let err = WebhookSettings::from_lookup(|k| match k {

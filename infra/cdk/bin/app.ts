@@ -11,7 +11,8 @@
  * workspaceVolumeGiB, workspaceVolumeType, agentsApiBaseUrl,
  * maxLifetimeSecs, lifetimeHardCapSecs, noWorkSecs, maxReplacements, replacementWindowSecs, maxExecutors,
  * remoteUrlAllowlist (comma-separated), webhookToleranceSecs, previousWebhookSecretArn,
- * workerBatchSize, workerMaximumConcurrency, logRetentionDays, alarmTopicArn, lambdaDir.
+ * workerBatchSize, workerMaximumConcurrency, webhookReservedConcurrency, workerReservedConcurrency,
+ * logRetentionDays, alarmTopicArn, lambdaDir.
  *
  * Code: `<lambdaDir>/<name>/bootstrap.zip` for webhook, worker and sweeper, as
  * `cargo lambda build --output-format zip` lays them out (`make build`); lambdaDir
@@ -121,6 +122,8 @@ new SandboxLifecycle(stack, "Sandbox", {
   previousWebhookSecretArn: context("previousWebhookSecretArn"),
   workerBatchSize: integer("workerBatchSize"),
   workerMaximumConcurrency: integer("workerMaximumConcurrency"),
+  webhookReservedConcurrency: integer("webhookReservedConcurrency"),
+  workerReservedConcurrency: integer("workerReservedConcurrency"),
   logRetentionDays: integer("logRetentionDays") as logs.RetentionDays | undefined,
   alarmTopicArn: context("alarmTopicArn"),
 });

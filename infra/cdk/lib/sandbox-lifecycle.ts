@@ -122,7 +122,7 @@ export interface SandboxLifecycleProps {
   readonly maxExecutors?: number;
   /** `REMOTE_URL_ALLOWLIST`: hosts a remote_url may name. @default ["api.openai.com"] */
   readonly remoteUrlAllowlist?: string[];
-  /** `WEBHOOK_TOLERANCE_SECS`, seconds (>= 1). @default 300 */
+  /** `WEBHOOK_TOLERANCE_SECS`, seconds (1-900). @default 300 */
   readonly webhookToleranceSecs?: number;
   /** `WEBHOOK_PREVIOUS_SECRET_ARN`: the previous signing secret during a rotation. @default none */
   readonly previousWebhookSecretArn?: string;
@@ -130,12 +130,22 @@ export interface SandboxLifecycleProps {
   readonly workerBatchSize?: number;
   /** Maximum concurrent worker invocations per queue, 2-1000. @default 10 */
   readonly workerMaximumConcurrency?: number;
+  /**
+   * Reserved concurrency of the public webhook function (issue 24): a flood of unsigned
+   * POSTs is throttled there instead of taking the account's regional concurrency. 1-1000.
+   * @default 10
+   */
+  readonly webhookReservedConcurrency?: number;
+  /** Reserved concurrency of the worker, 2-2000 (>= both sources' maximum). @default 20 */
+  readonly workerReservedConcurrency?: number;
   /** Log retention, days. @default 30 */
   readonly logRetentionDays?: logs.RetentionDays;
   /** SNS topic notified by the alarms. @default no alarm actions */
   readonly alarmTopicArn?: string;
 }
 
+/** An ECR image in one repository: the execution role pulls from that repository only. */
+const ECR_IMAGE = /^([0-9]{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(\.cn)?\/([a-z0-9][a-z0-9._-]*)(:[A-Za-z0-9._-]+|@sha256:[0-9a-f]{64})$/;
 const SECRET_ARN = /^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:.+$/;
 const DEPLOYMENT_ID = /^[A-Za-z0-9_-]{1,36}$/;
 
@@ -261,7 +271,8 @@ export class SandboxLifecycle extends Construct {
             new iam.PolicyStatement({
               sid: "ImagePull",
               actions: ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
-              resources: [stack.formatArn({ service: "ecr", resource: "repository", resourceName: "*" })],
+              // The executor image's repository only (issue 24), from executorImage.
+              resources: [executorRepositoryArn(stack, props.executorImage)],
             }),
           ],
         }),
@@ -273,14 +284,17 @@ export class SandboxLifecycle extends Construct {
     // executor's workspace volume with it (RunTask volumeConfigurations roleArn), so the
     // executor holds no AWS credential for its files (Amazon ECS Developer Guide, "Amazon
     // ECS infrastructure IAM role").
-    const infrastructureRole = new iam.Role(this, "ExecutorInfrastructureRole", {
-      assumedBy: new iam.ServicePrincipal("ecs.amazonaws.com"),
-      managedPolicies: [
-        iam.ManagedPolicy.fromAwsManagedPolicyName("service-role/AmazonECSInfrastructureRolePolicyForVolumes"),
-      ],
-    });
     const workspaceGiB = props.workspaceVolumeGiB ?? 0;
     const workspaces = workspaceGiB > 0;
+    // Only with workspaces on (issue 24): nothing passes it otherwise.
+    const infrastructureRole = workspaces
+      ? new iam.Role(this, "ExecutorInfrastructureRole", {
+          assumedBy: new iam.ServicePrincipal("ecs.amazonaws.com"),
+          managedPolicies: [
+            iam.ManagedPolicy.fromAwsManagedPolicyName("service-role/AmazonECSInfrastructureRolePolicyForVolumes"),
+          ],
+        })
+      : undefined;
     const family = `${stack.stackName}-executor`;
     // REMOTE_URL and ENVIRONMENT_ID come per task from RunTask container overrides.
     this.taskDefinition = new ecs.CfnTaskDefinition(this, "ExecutorTaskDefinition", {
@@ -334,7 +348,10 @@ export class SandboxLifecycle extends Construct {
     const volumeArns = stack.formatArn({ service: "ec2", resource: "volume", resourceName: "*" });
     // Snapshot ARNs have no account: arn:PARTITION:ec2:REGION::snapshot/ID.
     const snapshotArns = stack.formatArn({ service: "ec2", account: "", resource: "snapshot", resourceName: "*" });
-    const controllerStatements = (): iam.PolicyStatement[] => [
+    // Issue 24: one set of statements per function, each with exactly the actions its code
+    // sends (crates/lambda/src/iam.rs; infra/tests checks both templates against it).
+    // Workspace statements only with workspaces on.
+    const sharedControllerStatements = (): iam.PolicyStatement[] => [
       new iam.PolicyStatement({
         sid: "ApiKey",
         actions: ["secretsmanager:GetSecretValue"],
@@ -365,6 +382,18 @@ export class SandboxLifecycle extends Construct {
         ],
         resources: registryResources,
       }),
+      // ListTasks authorizes on the container-instance resource type.
+      new iam.PolicyStatement({
+        sid: "ListExecutors",
+        actions: ["ecs:ListTasks"],
+        resources: [
+          stack.formatArn({ service: "ecs", resource: "container-instance", resourceName: `${clusterName}/*` }),
+        ],
+        conditions: onCluster,
+      }),
+    ];
+    const workerStatements = (): iam.PolicyStatement[] => [
+      ...sharedControllerStatements(),
       new iam.PolicyStatement({
         sid: "RunExecutor",
         actions: ["ecs:RunTask"],
@@ -384,21 +413,14 @@ export class SandboxLifecycle extends Construct {
         resources: [taskArns],
         conditions: onCluster,
       }),
-      // ListTasks authorizes on the container-instance resource type.
-      new iam.PolicyStatement({
-        sid: "ListExecutors",
-        actions: ["ecs:ListTasks"],
-        resources: [
-          stack.formatArn({ service: "ecs", resource: "container-instance", resourceName: `${clusterName}/*` }),
-        ],
-        conditions: onCluster,
-      }),
       new iam.PolicyStatement({
         sid: "PassExecutorRoles",
         actions: ["iam:PassRole"],
         resources: [executionRole.roleArn, taskRole.roleArn],
         conditions: { StringEquals: { "iam:PassedToService": "ecs-tasks.amazonaws.com" } },
       }),
+      ...(infrastructureRole
+        ? [
       // Workspaces (issue 14, crates/aws/src/ebs_workspaces.rs): pass the ECS
       // infrastructure role to ECS for the volume; snapshot, delete and tag only what
       // carries this deployment's tag.
@@ -445,6 +467,42 @@ export class SandboxLifecycle extends Construct {
         actions: ["ec2:DescribeVolumes", "ec2:DescribeSnapshots"],
         resources: ["*"],
       }),
+          ]
+        : []),
+    ];
+    // The sweeper reads the inventory and starts, stops, tags and snapshots nothing (the
+    // jobs it fans out run in the worker); with workspaces on it deletes expendable ones.
+    const sweeperStatements = (): iam.PolicyStatement[] => [
+      ...sharedControllerStatements(),
+      new iam.PolicyStatement({
+        sid: "DescribeExecutors",
+        actions: ["ecs:DescribeTasks"],
+        resources: [taskArns],
+        conditions: onCluster,
+      }),
+      ...(workspaces
+        ? [
+      new iam.PolicyStatement({
+        sid: "DeleteWorkspaceVolume",
+        actions: ["ec2:DeleteVolume"],
+        resources: [volumeArns],
+        conditions: { StringEquals: { "aws:ResourceTag/sandbox:deployment": deploymentId } },
+      }),
+      new iam.PolicyStatement({
+        sid: "DeleteWorkspaceSnapshot",
+        actions: ["ec2:DeleteSnapshot"],
+        resources: [snapshotArns],
+        conditions: { StringEquals: { "aws:ResourceTag/sandbox:deployment": deploymentId } },
+      }),
+      // DescribeVolumes and DescribeSnapshots have no resource type (Service Authorization
+      // Reference): "*" is the only valid resource; read-only.
+      new iam.PolicyStatement({
+        sid: "WorkspaceInventory",
+        actions: ["ec2:DescribeVolumes", "ec2:DescribeSnapshots"],
+        resources: ["*"],
+      }),
+          ]
+        : []),
     ];
     const logStatement = (group: logs.LogGroup) =>
       new iam.PolicyStatement({
@@ -497,7 +555,7 @@ export class SandboxLifecycle extends Construct {
               ],
               resources: [this.eventsQueue.queueArn, this.timersQueue.queueArn],
             }),
-            ...controllerStatements(),
+            ...workerStatements(),
           ],
         }),
       },
@@ -505,7 +563,7 @@ export class SandboxLifecycle extends Construct {
     const sweeperRole = new iam.Role(this, "SweeperRole", {
       assumedBy: lambdaAssumeRole(),
       inlinePolicies: {
-        sweeper: new iam.PolicyDocument({ statements: [logStatement(sweeperLogs), ...controllerStatements()] }),
+        sweeper: new iam.PolicyDocument({ statements: [logStatement(sweeperLogs), ...sweeperStatements()] }),
       },
     });
 
@@ -520,6 +578,7 @@ export class SandboxLifecycle extends Construct {
       code: props.code.webhook,
       description: "sandbox-lifecycle webhook (verify, enqueue, answer)",
       role: webhookRole,
+      reservedConcurrentExecutions: props.webhookReservedConcurrency ?? 10,
       memorySize: 256,
       timeout: Duration.seconds(10),
       logGroup: webhookLogs,
@@ -562,7 +621,7 @@ export class SandboxLifecycle extends Construct {
       CLOSE_WORKSPACE: props.closeWorkspace ?? "retain:7",
       HISTORY_RETENTION_DAYS: String(props.historyRetentionDays ?? 30),
       // Empty = off (the settings treat a blank variable as unset).
-      ECS_INFRASTRUCTURE_ROLE_ARN: workspaces ? infrastructureRole.roleArn : "",
+      ECS_INFRASTRUCTURE_ROLE_ARN: infrastructureRole ? infrastructureRole.roleArn : "",
       WORKSPACE_VOLUME_GIB: workspaces ? String(workspaceGiB) : "",
       WORKSPACE_VOLUME_TYPE: workspaces ? (props.workspaceVolumeType ?? "gp3") : "",
       AGENTS_API_BASE_URL: props.agentsApiBaseUrl ?? "https://api.openai.com/v1",
@@ -573,6 +632,7 @@ export class SandboxLifecycle extends Construct {
       code: props.code.worker,
       description: "sandbox-lifecycle worker (events and timers queues)",
       role: workerRole,
+      reservedConcurrentExecutions: props.workerReservedConcurrency ?? 20,
       memorySize: 512,
       timeout: Duration.seconds(WORKER_TIMEOUT_SECS),
       logGroup: workerLogs,
@@ -831,7 +891,19 @@ function validate(props: SandboxLifecycleProps): void {
     problems.push("lifetimeHardCapSecs must be 0 or at least maxLifetimeSecs");
   }
   if ((props.replacementWindowSecs ?? 3600) < 1) problems.push("replacementWindowSecs must be at least 1");
-  if ((props.webhookToleranceSecs ?? 300) < 1) problems.push("webhookToleranceSecs must be at least 1");
+  const tolerance = props.webhookToleranceSecs ?? 300;
+  if (!Number.isInteger(tolerance) || tolerance < 1 || tolerance > 900) problems.push("webhookToleranceSecs must be 1-900");
+  const webhookReserved = props.webhookReservedConcurrency ?? 10;
+  if (!Number.isInteger(webhookReserved) || webhookReserved < 1 || webhookReserved > 1000) {
+    problems.push("webhookReservedConcurrency must be 1-1000");
+  }
+  const workerReserved = props.workerReservedConcurrency ?? 20;
+  if (!Number.isInteger(workerReserved) || workerReserved < 2 || workerReserved > 2000) {
+    problems.push("workerReservedConcurrency must be 2-2000");
+  }
+  if (!ECR_IMAGE.test(props.executorImage)) {
+    problems.push("executorImage must be ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPOSITORY:TAG or @sha256:DIGEST");
+  }
   if (props.remoteUrlAllowlist?.some((h) => h.trim() === "" || /[\s,@]/.test(h))) {
     problems.push("remoteUrlAllowlist entries must be hosts, *.domain or scheme://host (no spaces, commas or @)");
   }
@@ -855,4 +927,14 @@ function validate(props: SandboxLifecycleProps): void {
     problems.push("agentsApiBaseUrl must be an absolute http(s) URL");
   }
   if (problems.length > 0) throw new Error(`SandboxLifecycle: ${problems.join("; ")}`);
+}
+
+/**
+ * The ECR repository ARN of `image` (`ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPO:TAG` or
+ * `...@sha256:DIGEST`; validateProps checks the shape).
+ */
+function executorRepositoryArn(stack: Stack, image: string): string {
+  const m = ECR_IMAGE.exec(image);
+  if (!m) throw new Error("SandboxLifecycle: executorImage is not an ECR image");
+  return `arn:${stack.partition}:ecr:${m[2]}:${m[1]}:repository/${m[4]}`;
 }

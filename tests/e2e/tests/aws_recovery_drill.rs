@@ -244,6 +244,7 @@ async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_rec
     let out = ctl(
         &[
             "close",
+            "--yes",
             "--wait",
             "--timeout-secs",
             "90",
@@ -348,7 +349,7 @@ async fn aws_dead_letters_listed_and_redriven_and_start_failures_reset_through_t
     );
 
     // Redriven: the job goes back with its hand-offs reset; the body that is no job stays.
-    let out = ctl(&["dlq", "redrive", "--json"], &env).await;
+    let out = ctl(&["dlq", "redrive", "--force", "--yes", "--json"], &env).await;
     assert_eq!(out.code, 1, "the timers body stays: {out:?}");
     let doc = out.json();
     assert_eq!(doc["queues"]["events"]["moved"], 1);

@@ -601,6 +601,7 @@ async fn row20_mid_turn_disconnect_is_held_with_its_evidence_until_an_owner_reso
     let resolved = h
         .sandboxctl(&[
             "resolve",
+            "--yes",
             &sid,
             "--effect",
             "observed",

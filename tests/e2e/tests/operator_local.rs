@@ -133,6 +133,7 @@ async fn every_operator_command_on_a_running_local_stack() {
     let close = run(
         with(&[
             "close",
+            "--yes",
             "--wait",
             "--timeout-secs",
             "60",
@@ -244,6 +245,10 @@ async fn dead_letters_are_listed_then_redriven_with_their_hand_offs_reset() {
         &[
             "dlq",
             "redrive",
+            // sess_stuck has no record: issue 24's guard needs --force (and --yes off a
+            // terminal).
+            "--force",
+            "--yes",
             "--queue",
             "events",
             "--json",
@@ -299,7 +304,7 @@ async fn resolve_and_report_timeout_refuse_bad_input_and_change_nothing() {
         .await;
     assert_eq!(control.code, 2, "{control:?}");
     let nothing = h
-        .sandboxctl(&["resolve", &env, "--effect", "not_needed", "--json"])
+        .sandboxctl(&["resolve", &env, "--effect", "not_needed", "--yes", "--json"])
         .await;
     assert_eq!(nothing.code, 0, "{nothing:?}");
     let doc = nothing.json();
