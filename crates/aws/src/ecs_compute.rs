@@ -1,8 +1,8 @@
 //! [`EcsCompute`]: the controller's [`Compute`] port on Amazon ECS Fargate, one task per
 //! environment and generation.
 //!
-//! Principle (DESIGN.md 7, "read by id, list to discover"): a task the controller recorded
-//! is read by its ARN, never inferred from a list; only the sweep lists.
+//! Read by id, list to discover (docs/ARCHITECTURE.md principle 7): a task the controller
+//! recorded is read by its ARN, never inferred from a list; only the sweep lists.
 //!
 //! - **start**: `RunTask` with launch type `FARGATE`, count 1, the configured cluster,
 //!   task definition, awsvpc subnets, security groups and public-IP setting, `startedBy` =

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 /// A queued job. Serialized as the message body (JSON) on both queues.
 ///
-/// A job is a hint, never an instruction (DESIGN.md principle 1): the worker re-reads the
+/// A job is a hint, never an instruction (docs/ARCHITECTURE.md principle 1): the worker re-reads the
 /// session, the record and the provider before deciding.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
@@ -37,7 +37,7 @@ pub struct Job {
     pub swept: Option<SweptEvidence>,
 }
 
-/// One environment's share of a sweep's inventory (DESIGN.md principle 7: one inventory
+/// One environment's share of a sweep's inventory (docs/ARCHITECTURE.md principle 7: one inventory
 /// per sweep, shared by the per-environment decisions), carried by its sweep job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SweptEvidence {

@@ -549,7 +549,7 @@ pub fn check_deadline(
 /// The compute provider: ECS Fargate tasks, or local child processes.
 ///
 /// Every instance is tagged with deployment, environment, session and generation.
-/// DESIGN.md principle 7, "read by id, list to discover": the controller reads the
+/// docs/ARCHITECTURE.md principle 7, "read by id, list to discover": the controller reads the
 /// instance a record names with [`Compute::describe`] (one call, whatever the size of the
 /// deployment); only the sweep lists the deployment ([`Compute::list`]), to discover what
 /// nobody recorded. What a worker that crashed after a start left unrecorded is found by
@@ -666,7 +666,7 @@ pub struct StoredWorkspace {
     pub in_use: bool,
 }
 
-/// Workspace persistence: files outlive compute (DESIGN.md principle 8; agents-api.md:
+/// Workspace persistence: files outlive compute (docs/ARCHITECTURE.md principle 8; agents-api.md:
 /// "reusing the environment ID does not restore files in replacement compute").
 ///
 /// The controller calls [`Workspaces::save_workspace`] only after the compute of that

@@ -1,5 +1,5 @@
 //! The sweeper: level-triggered reconciliation of the registry against the provider's
-//! inventory and the sessions (DESIGN.md principle 5).
+//! inventory and the sessions (docs/ARCHITECTURE.md principle 5).
 //!
 //! A sweep reads once and decides per environment ([`Controller::plan_sweep`]):
 //! 1. every record that is not closed ([`Registry::list_open`]: DynamoDB's sparse

@@ -20,7 +20,7 @@
 //!    `recovered`) also the environment's own live instances ([`Compute::find`]), so what
 //!    it started but never recorded is adopted — and, when they matter, the environment
 //!    status and the latest turn; then call [`sandbox_core::decide`]. The deployment is
-//!    never listed per job (DESIGN.md principle 7); a replayed start presents the same
+//!    never listed per job (docs/ARCHITECTURE.md principle 7); a replayed start presents the same
 //!    idempotency token (ECS answers `RunTask` with the same task for 24 h);
 //! 5. apply the effects in order; every write under the lock is fenced ([`Fence`]); the
 //!    record is written before any further side effect and before the lock is released;
@@ -1071,7 +1071,7 @@ where
                 act.change(&Effect::AdoptCompute(instance.as_ref()));
                 act.fresh.instance_recorded_at = Some(self.clock.now());
                 act.fresh.generation = act.fresh.generation.max(spec.generation);
-                // Recorded before anything else (DESIGN.md principle 3): every later side
+                // Recorded before anything else (docs/ARCHITECTURE.md principle 3): every later side
                 // effect flushes first, and the release writes it with the lock's release.
                 Ok(())
             }
@@ -1110,7 +1110,7 @@ where
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
         // A compute no record names was seen by a list (the sweep's, maybe minutes ago):
-        // read it again by id before stopping it (DESIGN.md principle 7).
+        // read it again by id before stopping it (docs/ARCHITECTURE.md principle 7).
         if matches!(stop.reason, StopReason::Orphan | StopReason::Divergent) {
             let now = self
                 .compute
@@ -1165,7 +1165,7 @@ where
             .map_err(|e| format!("receipt write failed: {e}"))
     }
 
-    /// The workspace of a compute just read back `STOPPED` (DESIGN.md principle 8):
+    /// The workspace of a compute just read back `STOPPED` (docs/ARCHITECTURE.md principle 8):
     /// an orphan's or a divergent duplicate's is discarded (no record keeps it, or the
     /// kept compute's files are the live ones); a closed or deleted session's follows
     /// [`sandbox_core::observed::Policy::close_workspace`]; every other one is snapshotted,

@@ -61,7 +61,7 @@ impl EnvironmentId {
 }
 
 /// The registry key of one environment's compute:
-/// `agents-api:environment:{environment_id}:compute` (DESIGN.md principle 2).
+/// `agents-api:environment:{environment_id}:compute` (docs/ARCHITECTURE.md principle 2).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct EffectKey(String);

@@ -1,6 +1,6 @@
 //! Everything [`crate::decide`] looks at: one environment's observed state at one instant.
 //!
-//! The controller gathers it fresh for every decision (DESIGN.md principle 1: events are
+//! The controller gathers it fresh for every decision (docs/ARCHITECTURE.md principle 1: events are
 //! hints, state is authority): the session from the Agents API, the record from the
 //! registry, the instances from the provider, optional turn evidence, and `now`.
 
@@ -144,7 +144,7 @@ pub enum Unavailable {
 
 /// The provider's instances for the environment, or unknown.
 ///
-/// DESIGN.md principle 7, "read by id, list to discover": the instance the record names is
+/// docs/ARCHITECTURE.md principle 7, "read by id, list to discover": the instance the record names is
 /// always read by its id (ECS `DescribeTasks` on the ARN); a sweep adds the live instances
 /// its deployment-wide list found for the environment. A recorded instance that is absent
 /// here was answered `MISSING`: [`crate::decide`] treats it as not visible yet within

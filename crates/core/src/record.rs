@@ -1,6 +1,6 @@
 //! The controller's own record of one environment's compute, stored under its effect key
 //! (`agents-api:environment:{environment_id}:compute`) and changed only by conditional
-//! writes (DESIGN.md principle 2).
+//! writes (docs/ARCHITECTURE.md principle 2).
 
 use crate::compute::InstanceRef;
 use crate::ids::{EnvironmentId, Generation, SessionId};
@@ -18,7 +18,7 @@ pub struct Record {
     /// is never reused even after the provider forgets old instances.
     pub generation: Generation,
     /// The compute the record names as current: provider instance id and generation,
-    /// written before the lock is released (DESIGN.md principle 3). `None` before the first
+    /// written before the lock is released (docs/ARCHITECTURE.md principle 3). `None` before the first
     /// start or after a failed start.
     pub instance: Option<InstanceRef>,
     /// When the record began naming `instance` (the provider accepted the start, or the

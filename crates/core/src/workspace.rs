@@ -1,4 +1,4 @@
-//! Workspaces outlive compute (DESIGN.md principle 8): the files of a stopped generation
+//! Workspaces outlive compute (docs/ARCHITECTURE.md principle 8): the files of a stopped generation
 //! are kept as a snapshot and restored into the next generation.
 //!
 //! agents-api.md: "Reusing the environment ID does not restore files in replacement
