@@ -250,16 +250,13 @@ where
         // request's own transit and the release.
         let ttl = self.config.lock_ttl_secs;
         let not_after = now + ttl - (ttl / 8).min(EFFECT_MARGIN_SECS);
-        self.decide_and_act(
-            job,
-            env,
-            session,
+        let held = Held {
             locked,
-            Fence { key, owner },
+            fence: Fence { key, owner },
             not_after,
-            prefetched,
-        )
-        .await
+        };
+        self.decide_and_act(job, env, session, held, prefetched)
+            .await
     }
 
     /// Issue 22 item 3: a fanned-out sweep job's decision on a lock-free, consistent read
@@ -297,7 +294,7 @@ where
             trigger: job.trigger.clone(),
             environment_id: env.clone(),
             session: session.clone(),
-            environment_status: gathered.status.clone(),
+            environment_status: gathered.status,
             record: locked.record.clone(),
             inventory,
             latest_turn: gathered.turn.clone(),
@@ -451,11 +448,14 @@ where
         job: &Job,
         env: EnvironmentId,
         session: SessionView,
-        locked: Locked,
-        fence: Fence,
-        not_after: u64,
+        held: Held,
         prefetched: Option<Prefetched>,
     ) -> Result<Processed, PortError> {
+        let Held {
+            locked,
+            fence,
+            not_after,
+        } = held;
         let now = self.clock.now();
         // A sweep job's lock-free read (issue 22) is reused when the lock read the same
         // record and no unclean holder came before: the same evidence, read once.
@@ -1558,6 +1558,14 @@ enum LockFree {
     Done(Box<Processed>),
     /// The decision has an effect: take the lock (with what was read).
     Act(Prefetched),
+}
+
+/// The lock a job holds: what it read, the fence of every write under it, and when no
+/// start or stop may be sent any more (Unix seconds).
+struct Held {
+    locked: Locked,
+    fence: Fence,
+    not_after: u64,
 }
 
 /// A sweep job's lock-free read, reused under the lock when the record is unchanged.
