@@ -68,6 +68,9 @@ enum Command {
         /// Deployment sizes, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
         sizes: Vec<usize>,
+        /// Days of simulated history per size, comma-separated (issue 22).
+        #[arg(long, value_delimiter = ',', default_value = "0,30")]
+        history_days: Vec<u64>,
     },
     /// Prints the table and writes `bench.json` from the step outputs in `dir`.
     Report {
@@ -190,12 +193,24 @@ fn main() -> anyhow::Result<()> {
             anyhow::ensure!(result.exactly_once, "exactly-once broken: {result:?}");
         }
         Command::Transitions { out } => write_json(&out, &transitions::measure())?,
-        Command::Scale { out, sizes } => {
-            let rows = scale::measure(&sizes);
+        Command::Scale {
+            out,
+            sizes,
+            history_days,
+        } => {
+            let rows = scale::measure(&sizes, &history_days);
             for r in &rows {
                 eprintln!(
-                    "scale: N = {}: sweep {} ECS calls in {:.1} ms",
-                    r.environments, r.sweep.total, r.sweep_ms
+                    "scale: N = {}, {} days of history: sweep {} ECS calls in {:.1} ms; registry items read {} (open records {}), per job {}, writes {}; queue calls {}",
+                    r.environments,
+                    r.history_days,
+                    r.sweep.total,
+                    r.sweep_ms,
+                    r.sweep_items_read,
+                    r.open_records,
+                    r.job_items_read,
+                    r.sweep_registry_writes,
+                    r.fan_out_queue_calls
                 );
             }
             write_json(&out, &rows)?;

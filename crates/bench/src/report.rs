@@ -321,7 +321,15 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
 /// The scale rows: per N, the ECS calls of each job (target: the same as at the smallest
 /// N) and of a sweep with nothing to do (target: ≤ 3 × ⌈N/100⌉), with its wall time; then
 /// the growth from the smallest to the largest N.
-fn scale_rows(list: &[Scaled]) -> Vec<Row> {
+fn scale_rows(all: &[Scaled]) -> Vec<Row> {
+    // The ECS rows and the growth are about the deployment without history; the registry
+    // and queue rows cover every history.
+    let fresh: Vec<Scaled> = all
+        .iter()
+        .filter(|s| s.history_days == 0)
+        .cloned()
+        .collect();
+    let list: &[Scaled] = if fresh.is_empty() { all } else { &fresh };
     let jobs = |s: &Scaled| {
         [
             s.start.total,
@@ -387,6 +395,68 @@ fn scale_rows(list: &[Scaled]) -> Vec<Row> {
             ),
             Some(sweep),
             "ratio",
+        ));
+        rows.push(with_target(
+            row(
+                &format!(
+                    "sweep wall time growth N = {} → {}",
+                    first.environments, last.environments
+                ),
+                format!(
+                    "×{time:.1} ({:.1} ms → {:.1} ms)",
+                    first.sweep_ms, last.sweep_ms
+                ),
+                Some(time),
+                "ratio",
+            ),
+            "≤ ×150 for ×100 environments",
+            last.environments != first.environments * 100 || time <= 150.0,
+        ));
+    }
+    rows.extend(registry_rows(all));
+    rows
+}
+
+/// Issue 22: per N and days of history, the registry items the sweep reads (target ≤ 1.1 ×
+/// the open records and the same with and without history), per job (flat), the
+/// no-effect sweep's registry writes (0) and the fan-out's queue calls (≤ ⌈N/10⌉).
+fn registry_rows(all: &[Scaled]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for s in all {
+        let without = all
+            .iter()
+            .find(|o| o.environments == s.environments && o.history_days == 0);
+        let same = without.is_none_or(|o| {
+            o.sweep_items_read == s.sweep_items_read && o.job_items_read == s.job_items_read
+        });
+        let bound = (s.open_records as f64 * 1.1).floor() as u64;
+        let queue_bound = s.environments.div_ceil(10);
+        let r = row(
+            &format!(
+                "registry and queue per sweep, N = {}, {} days of history",
+                s.environments, s.history_days
+            ),
+            format!(
+                "sweep read {} items ({} open records; in place with its jobs {}), per job {}; no-effect sweep writes {}; fan-out queue calls {}",
+                s.sweep_items_read,
+                s.open_records,
+                s.sweep_with_jobs_items_read,
+                s.job_items_read,
+                s.sweep_registry_writes,
+                s.fan_out_queue_calls
+            ),
+            Some(s.sweep_items_read as f64),
+            "items",
+        );
+        rows.push(with_target(
+            r,
+            &format!(
+                "≤ {bound} items (1.1 × open), same as without history; 0 writes; ≤ {queue_bound} queue calls"
+            ),
+            s.sweep_items_read <= bound
+                && same
+                && s.sweep_registry_writes == 0
+                && s.fan_out_queue_calls <= queue_bound,
         ));
     }
     rows

@@ -1,10 +1,13 @@
 //! ECS calls per worker job and per sweep at N environments, and the sweep's wall time on
 //! the twins, from [`sandbox_testkit::scale::measure_scale_table`] (issue 11). ECS calls
 //! are counted as the AWS adapter makes them (`ListTasks` pages and `DescribeTasks` per
-//! 100 tasks; see `sandbox_testkit::compute`).
+//! 100 tasks; see `sandbox_testkit::compute`). Issue 22: registry items read per sweep and
+//! per job, registry writes of the no-effect sweep and queue calls of the fan-out, each
+//! with no history and with days of simulated history
+//! ([`sandbox_testkit::scale::measure_scale_with_history`]).
 
 use sandbox_testkit::compute::EcsCalls;
-use sandbox_testkit::scale::measure_scale_table;
+use sandbox_testkit::scale::measure_scale_table_with_history;
 use serde::{Deserialize, Serialize};
 
 /// ECS calls by action.
@@ -59,11 +62,32 @@ pub struct Scaled {
     pub fan_out: Calls,
     /// Its wall time, milliseconds.
     pub fan_out_ms: f64,
+    /// Days of simulated history before the measurement (0: none).
+    #[serde(default)]
+    pub history_days: u64,
+    /// Records that are not closed.
+    #[serde(default)]
+    pub open_records: usize,
+    /// Registry items the fanned-out sweep read (the sweeper's own read).
+    #[serde(default)]
+    pub sweep_items_read: u64,
+    /// Registry items the in-place sweep read, its N jobs included.
+    #[serde(default)]
+    pub sweep_with_jobs_items_read: u64,
+    /// Registry items read by the most expensive of the measured jobs.
+    #[serde(default)]
+    pub job_items_read: u64,
+    /// Registry writes of the no-effect sweep.
+    #[serde(default)]
+    pub sweep_registry_writes: usize,
+    /// Queue calls of the fanned-out sweep.
+    #[serde(default)]
+    pub fan_out_queue_calls: usize,
 }
 
-/// Measures one row per size.
-pub fn measure(sizes: &[usize]) -> Vec<Scaled> {
-    measure_scale_table(sizes)
+/// Measures one row per size and days of history.
+pub fn measure(sizes: &[usize], history_days: &[u64]) -> Vec<Scaled> {
+    measure_scale_table_with_history(sizes, history_days)
         .into_iter()
         .map(|r| Scaled {
             environments: r.environments,
@@ -77,6 +101,13 @@ pub fn measure(sizes: &[usize]) -> Vec<Scaled> {
             sweep_ms: r.sweep_ms,
             fan_out: r.fan_out.into(),
             fan_out_ms: r.fan_out_ms,
+            history_days: r.history_days,
+            open_records: r.open_records,
+            sweep_items_read: r.fan_out_items_read,
+            sweep_with_jobs_items_read: r.sweep_items_read,
+            job_items_read: r.job_items_read.iter().copied().max().unwrap_or(0),
+            sweep_registry_writes: r.sweep_registry_writes,
+            fan_out_queue_calls: r.fan_out_queue_calls,
         })
         .collect()
 }

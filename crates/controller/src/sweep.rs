@@ -590,6 +590,25 @@ mod tests {
     }
 
     #[test]
+    fn fan_out_delays_stay_within_the_interval() {
+        for jobs in [1, 10, 100, 6_000, 6_001, 10_000, 100_000] {
+            let delays: Vec<u32> = (0..jobs).map(|i| fan_out_delay(i, jobs, 20, 300)).collect();
+            assert!(delays.iter().all(|&d| d < 300), "{jobs} jobs");
+            assert!(
+                delays.windows(2).all(|w| w[0] <= w[1]),
+                "{jobs} jobs in order"
+            );
+        }
+        // Fits at 20 jobs/s: 100 jobs over 5 s.
+        assert_eq!(fan_out_delay(99, 100, 20, 300), 4);
+        // 10,000 jobs do not fit (500 s): spread over the 300 s interval.
+        assert_eq!(fan_out_delay(9_999, 10_000, 20, 300), 299);
+        assert_eq!(fan_out_delay(5_000, 10_000, 20, 300), 150);
+        // The SQS delay limit caps a longer interval.
+        assert!(fan_out_delay(99_999, 100_000, 20, 3_600) < 900);
+    }
+
+    #[test]
     fn stable_hash_is_fnv1a() {
         assert_eq!(stable_hash(""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(stable_hash("a"), 0xaf63_dc4c_8601_ec8c);

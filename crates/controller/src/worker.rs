@@ -7,7 +7,7 @@
 //! 2. retrieve the session (404 = deleted; errors = unavailable evidence) and resolve the
 //!    environment (event, session or record);
 //! 3. a sweep job first decides on a lock-free, consistent read of its record (issue 22
-//!    item 3): when that decision has no effect — no effect, no recheck, nothing for the
+//!    item 3; fanned-out ones, carrying the sweep's evidence): when that decision has no effect — no effect, no recheck, nothing for the
 //!    record — the job is done with nothing written (no lock, no audit entry; the
 //!    `sweep_no_effect` counter), see [`Controller::no_effect_without_lock`]; otherwise,
 //!    and for every other job, take the lock on `agents-api:environment:{id}:compute` (a
@@ -218,13 +218,17 @@ where
                 }
             },
         };
-        if job.trigger == Trigger::Sweep
-            && let Some(done) = self
+        let prefetched = if job.trigger == Trigger::Sweep && job.swept.is_some() {
+            match self
                 .no_effect_without_lock(job, &env, &session, now)
                 .await?
-        {
-            return Ok(done);
-        }
+            {
+                LockFree::Done(done) => return Ok(*done),
+                LockFree::Act(read) => Some(read),
+            }
+        } else {
+            None
+        };
         let key = env.effect_key();
         let owner = format!(
             "{}#{}",
@@ -261,20 +265,28 @@ where
         // request's own transit and the release.
         let ttl = self.config.lock_ttl_secs;
         let not_after = now + ttl - (ttl / 8).min(EFFECT_MARGIN_SECS);
-        self.decide_and_act(job, env, session, locked, Fence { key, owner }, not_after)
+        let held = Held {
+            locked,
+            fence: Fence { key, owner },
+            not_after,
+        };
+        self.decide_and_act(job, env, session, held, prefetched)
             .await
     }
 
-    /// Issue 22 item 3: a sweep job's decision on a lock-free, consistent read of its
-    /// record ([`Registry::get`]), with the same inventory and evidence rules as under the
-    /// lock. `Some` (done, nothing written) only when acting on it would change nothing:
-    /// no effect, no recheck, not `uncertain`, nothing the record would keep
-    /// ([`Controller::keep_mapping`]), and — with the executor cap on — a compute live, so
-    /// no slot to give back. Anything else is `None`: the caller takes the lock and
-    /// decides again on what the lock reads, exactly as before, so the invariants (one
-    /// compute per environment, the record written before the release) are the lock
-    /// path's. Deciding without the lock is safe because a no-effect decision acts on
-    /// nothing: whatever changed since the read is seen by the next trigger.
+    /// Issue 22 item 3: a fanned-out sweep job's decision on a lock-free, consistent read
+    /// of its record ([`Registry::get`]), with the same inventory and evidence rules as
+    /// under the lock. [`LockFree::Done`] (nothing written) only when acting on it would
+    /// change nothing: no effect, no recheck, not `uncertain`, nothing the record would
+    /// keep ([`Controller::keep_mapping`]), and — with the executor cap on — a compute
+    /// live, so no slot to give back. Anything else is [`LockFree::Act`]: the caller takes
+    /// the lock and decides again on what the lock reads, exactly as before (reusing this
+    /// read's evidence when the lock read the same record version and no unclean holder),
+    /// so the invariants (one compute per environment, the record written before the
+    /// release) are the lock path's. Deciding without the lock is safe because a
+    /// no-effect decision acts on nothing: whatever changed since the read is seen by the
+    /// next trigger. Rechecks (sweep jobs without the sweep's evidence) take the lock
+    /// directly.
     ///
     /// # Errors
     /// A [`PortError`] when the record cannot be read (the job is retried).
@@ -284,7 +296,7 @@ where
         env: &EnvironmentId,
         session: &SessionView,
         now: u64,
-    ) -> Result<Option<Processed>, PortError> {
+    ) -> Result<LockFree, PortError> {
         let locked = Locked {
             record: self.registry.get(&env.effect_key()).await?,
             recovered: false,
@@ -297,7 +309,7 @@ where
             trigger: job.trigger.clone(),
             environment_id: env.clone(),
             session: session.clone(),
-            environment_status: gathered.status.clone(),
+            environment_status: gathered.status,
             record: locked.record.clone(),
             inventory,
             latest_turn: gathered.turn.clone(),
@@ -307,17 +319,24 @@ where
             turn_not_found: gathered.turn_not_found,
         };
         let decision = decide(&observed);
+        let read = |observed: Observed, gathered: Gathered| {
+            LockFree::Act(Prefetched {
+                record_version: observed.record.as_ref().map(|r| r.version),
+                inventory: observed.inventory,
+                gathered,
+            })
+        };
         if !decision.effects.is_empty()
             || decision.recheck_after_secs.is_some()
             || decision.outcome == Outcome::Uncertain
         {
-            return Ok(None);
+            return Ok(read(observed, gathered));
         }
         if self.config.policy.max_executors > 0 {
             let live = matches!(&observed.inventory, Inventory::Known { instances }
                 if instances.iter().any(|i| i.status.is_live()));
             if !live {
-                return Ok(None);
+                return Ok(read(observed, gathered));
             }
         }
         let mut probe = Act {
@@ -349,17 +368,17 @@ where
             &mut probe,
         );
         if probe.dirty {
-            return Ok(None);
+            return Ok(read(observed, gathered));
         }
         tracing::debug!(environment_id = %env, outcome = %decision.outcome, reason = %decision.reason, "sweep job: no effect, decided without the lock");
         crate::metrics::sweep_no_effect();
-        Ok(Some(Processed {
+        Ok(LockFree::Done(Box::new(Processed {
             decision: Some(decision),
             applied: vec![],
             error: None,
             disposition: Disposition::Done,
             note: Some("no effect: decided without the lock, nothing written"),
-        }))
+        })))
     }
 
     /// What the provider says about `env` for this decision (DESIGN.md principle 7).
@@ -444,19 +463,34 @@ where
         job: &Job,
         env: EnvironmentId,
         session: SessionView,
-        locked: Locked,
-        fence: Fence,
-        not_after: u64,
+        held: Held,
+        prefetched: Option<Prefetched>,
     ) -> Result<Processed, PortError> {
+        let Held {
+            locked,
+            fence,
+            not_after,
+        } = held;
         let now = self.clock.now();
-        let inventory = self.inventory(job, &env, &locked, now).await;
+        // A sweep job's lock-free read (issue 22) is reused when the lock read the same
+        // record and no unclean holder came before: the same evidence, read once.
+        let reuse = prefetched.filter(|p| {
+            !locked.recovered && p.record_version == locked.record.as_ref().map(|r| r.version)
+        });
+        let (inventory, gathered) = match reuse {
+            Some(p) => (p.inventory, p.gathered),
+            None => {
+                let inventory = self.inventory(job, &env, &locked, now).await;
+                let gathered = self
+                    .evidence(job, &env, &session, &inventory, locked.record.as_ref(), now)
+                    .await;
+                (inventory, gathered)
+            }
+        };
         if locked.recovered {
             tracing::info!(effect_key = %env.effect_key(), "lock recovered from an unclean holder: the environment's live instances were read");
         }
         let record = locked.record;
-        let gathered = self
-            .evidence(job, &env, &session, &inventory, record.as_ref(), now)
-            .await;
         let (environment_status, latest_turn) = (gathered.status, gathered.turn.clone());
         let observed = Observed {
             trigger: job.trigger.clone(),
@@ -1540,6 +1574,32 @@ pub(crate) struct Gathered {
     pub(crate) detail: Option<TurnDetail>,
     /// A reported submission's turns were read and none matched.
     pub(crate) turn_not_found: bool,
+}
+
+/// What [`Controller::no_effect_without_lock`] found.
+enum LockFree {
+    /// Nothing to do: the job is done, nothing written.
+    Done(Box<Processed>),
+    /// The decision has an effect: take the lock (with what was read).
+    Act(Prefetched),
+}
+
+/// The lock a job holds: what it read, the fence of every write under it, and when no
+/// start or stop may be sent any more (Unix seconds).
+struct Held {
+    locked: Locked,
+    fence: Fence,
+    not_after: u64,
+}
+
+/// A sweep job's lock-free read, reused under the lock when the record is unchanged.
+struct Prefetched {
+    /// The version of the record read (`None`: no record).
+    record_version: Option<u64>,
+    /// The inventory it decided on.
+    inventory: Inventory,
+    /// The evidence it gathered.
+    gathered: Gathered,
 }
 
 /// The record being changed by one decision, and what was applied.

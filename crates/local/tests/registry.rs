@@ -179,7 +179,10 @@ async fn audit_entries_list_per_key_in_order_and_everything_survives_a_reopen() 
         r.remember_delivery("msg_1", 500).await.unwrap();
         r.remember_delivery("msg_2", 50).await.unwrap();
     }
-    let r = SqliteRegistry::open(&path).unwrap();
+    // Entries written at Unix second 100: kept with a retention that reaches back there.
+    let r = SqliteRegistry::open(&path)
+        .unwrap()
+        .with_history_retention(u64::MAX);
     let entries = r.audit_entries(&key).await.unwrap();
     let outcomes: Vec<&str> = entries.iter().map(|e| e.outcome.as_str()).collect();
     assert_eq!(outcomes, ["start", "schedule-stop"]);
@@ -189,4 +192,61 @@ async fn audit_entries_list_per_key_in_order_and_everything_survives_a_reopen() 
     assert_eq!(r.purge_expired_deliveries(100).await.unwrap(), 1);
     assert!(r.seen_delivery("msg_1", 100).await.unwrap());
     assert!(!r.seen_delivery("msg_2", 10).await.unwrap(), "purged");
+}
+
+/// Issue 22 item 2: audit entries and receipts older than the retention read as absent
+/// (before any prune) and `prune_history` deletes them in bounded batches, oldest first,
+/// leaving what is within the retention.
+#[tokio::test]
+async fn history_past_its_retention_reads_absent_and_is_pruned_in_batches() {
+    use sandbox_controller::ports::{Receipt, ReceiptKind};
+    let dir = tempfile::tempdir().unwrap();
+    let r = SqliteRegistry::open(dir.path().join("state.db"))
+        .unwrap()
+        .with_history_retention(10 * 86_400);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let key = EnvironmentId::new("env_old").effect_key();
+    for day in 0..20u64 {
+        let at = now - day * 86_400 - 60;
+        r.audit(&AuditEntry {
+            at,
+            effect_key: key.clone(),
+            session_id: SessionId::new("sess_old"),
+            trigger: serde_json::json!({"kind": "idle"}),
+            observed: serde_json::json!({}),
+            outcome: "ignore".to_owned(),
+            reason: format!("day {day}"),
+            applied: vec![],
+            error: None,
+        })
+        .await
+        .unwrap();
+        r.receipt(&Receipt {
+            at,
+            effect_key: key.clone(),
+            kind: ReceiptKind::SessionDeleted {
+                session_id: SessionId::new("sess_old"),
+            },
+        })
+        .await
+        .unwrap();
+    }
+    // Days 0..9 are within the 10 days; 10..19 have expired.
+    assert_eq!(r.audit_entries(&key).await.unwrap().len(), 10);
+    assert_eq!(r.receipts(&key).await.unwrap().len(), 10);
+    assert_eq!(r.audit_log().await.unwrap().len(), 20, "still stored");
+    assert_eq!(r.prune_history(now, 4).await.unwrap(), 8, "4 per table");
+    assert_eq!(r.audit_log().await.unwrap().len(), 16);
+    assert_eq!(r.prune_history(now, 100).await.unwrap(), 12);
+    assert_eq!(r.prune_history(now, 100).await.unwrap(), 0);
+    assert_eq!(r.audit_log().await.unwrap().len(), 10);
+    assert_eq!(r.receipt_log().await.unwrap().len(), 10);
+    assert_eq!(
+        r.audit_entries(&key).await.unwrap().len(),
+        10,
+        "the kept ones"
+    );
 }

@@ -810,6 +810,7 @@ export class SandboxLifecycle extends Construct {
             labelled(lifecycle("sweep_duration_seconds", {}, "Maximum"), "duration max (s)"),
             labelled(lifecycle("environments_swept"), "environments swept"),
             labelled(lifecycle("sweep_deferred"), "deferred"),
+            labelled(lifecycle("sweep_no_effect"), "jobs with no effect (nothing written)"),
             labelled(lifecycle("held_environments", {}, "Maximum"), "held for an owner"),
             labelled(lifecycle("executor_slots", {}, "Maximum"), "executor slots in use"),
           ]),

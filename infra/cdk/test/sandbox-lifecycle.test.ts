@@ -136,7 +136,7 @@ describe("SandboxLifecycle", () => {
     }
   });
 
-  it("stores the registry on demand with TTL, point-in-time recovery and the by_session index", () => {
+  it("stores the registry on demand with TTL, point-in-time recovery, the by_session and by_open indexes", () => {
     template.hasResourceProperties("AWS::DynamoDB::Table", {
       BillingMode: "PAY_PER_REQUEST",
       KeySchema: [
@@ -151,12 +151,33 @@ describe("SandboxLifecycle", () => {
           KeySchema: [{ AttributeName: "session_id", KeyType: "HASH" }],
           Projection: { ProjectionType: "KEYS_ONLY" },
         },
+        {
+          IndexName: "by_open",
+          KeySchema: [
+            { AttributeName: "open_shard", KeyType: "HASH" },
+            { AttributeName: "pk", KeyType: "RANGE" },
+          ],
+          Projection: { ProjectionType: "ALL" },
+        },
       ],
     });
   });
 
   it("sweeps every 5 minutes", () => {
     template.hasResourceProperties("AWS::Events::Rule", { ScheduleExpression: "rate(5 minutes)" });
+  });
+
+  it("runs one sweep at a time, without retries (issue 22)", () => {
+    template.hasResourceProperties("AWS::Lambda::Function", {
+      Description: "sandbox-lifecycle sweeper (scheduled reconciliation)",
+      ReservedConcurrentExecutions: 1,
+    });
+    template.hasResourceProperties("AWS::Lambda::EventInvokeConfig", {
+      MaximumRetryAttempts: 0,
+      MaximumEventAgeInSeconds: 60,
+    });
+    const [rule] = Object.values(template.findResources("AWS::Events::Rule"));
+    assert.equal(rule.Properties.Targets[0].RetryPolicy.MaximumRetryAttempts, 0);
   });
 
   it("gives the executor only CODEX_API_KEY from Secrets Manager, in /workspace, with logs", () => {

@@ -182,3 +182,46 @@ async fn a_queue_without_dlq_counts_zero_dead_letters() {
     let plain = SqsQueue::new(sqs, q.queue_url(), SqsQueueOptions::default());
     assert_eq!(plain.dead_letter_count().await.unwrap(), 0);
 }
+
+/// Issue 22 item 4: `SendMessageBatch` stores up to 10 messages in one call, each with its
+/// own `DelaySeconds`; a message `send` would refuse (a delay beyond 900 s) is refused
+/// alone and the others are still stored; more than 10 is refused before any call.
+#[tokio::test]
+async fn a_batch_send_stores_each_message_with_its_delay_and_refuses_only_the_bad_one() {
+    let (q, _) = queue(false, 3).await;
+    let u = unique();
+    let mut batch: Vec<Outgoing> = (0..10)
+        .map(|i| {
+            let mut m = msg(&format!("b{u}_{i}"), &format!("d{u}_{i}"), "g");
+            m.delay_secs = if i < 5 { 0 } else { 600 };
+            m
+        })
+        .collect();
+    batch[9].delay_secs = 901;
+    let results = q.send_batch(batch).await;
+    assert_eq!(results.len(), 10);
+    assert!(
+        results[..9].iter().all(|r| matches!(r, Ok(Sent::Queued))),
+        "{results:?}"
+    );
+    let refused = results[9].as_ref().unwrap_err();
+    assert!(
+        !refused.retryable && refused.message.contains("901"),
+        "{refused}"
+    );
+    // The five undelayed ones are visible now; the delayed ones are not.
+    let got = q.receive(10, 30, 1000).await.unwrap();
+    let mut labels: Vec<String> = got
+        .iter()
+        .filter_map(|r| r.job.webhook_id.clone())
+        .collect();
+    labels.sort();
+    assert_eq!(
+        labels,
+        (0..5).map(|i| format!("b{u}_{i}")).collect::<Vec<_>>()
+    );
+    let eleven: Vec<Outgoing> = (0..11)
+        .map(|i| msg(&format!("x{u}_{i}"), &format!("x{u}_{i}"), "g"))
+        .collect();
+    assert!(q.send_batch(eleven).await.iter().all(|r| r.is_err()));
+}

@@ -525,6 +525,9 @@ async fn registry_reads_do_not_grow_with_history() {
     );
     r.list().await.unwrap();
     let scan_after = counter.take();
+    eprintln!(
+        "moto: sweep reads {before} items before history, {after} after; a Scan reads {scan_before} → {scan_after}"
+    );
     assert!(
         scan_after > scan_before + 30 * OPEN as u64,
         "the interceptor counts what a Scan reads ({scan_before} → {scan_after} items)"
