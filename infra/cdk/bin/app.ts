@@ -7,7 +7,7 @@
  * Optional: stackName (default sandbox-lifecycle), deploymentId, executorCpuArchitecture,
  * executorCpu, executorMemory, assignPublicIp (true/false), agentIds (comma-separated),
  * workspaceDirectory, shutdownGraceSecs, connectDeadlineSecs, snapshotKeep, closeWorkspace,
- * workspaceVolumeGiB, workspaceVolumeType, agentsApiBaseUrl,
+ * workspaceVolumeGiB, workspaceVolumeType, workspaceVolumeIops, workspaceVolumeThroughput, agentsApiBaseUrl,
  * maxLifetimeSecs, lifetimeHardCapSecs, noWorkSecs, maxReplacements, replacementWindowSecs, maxExecutors,
  * remoteUrlAllowlist (comma-separated), webhookToleranceSecs, previousWebhookSecretArn,
  * workerBatchSize, workerMaximumConcurrency, logRetentionDays, alarmTopicArn, lambdaDir.
@@ -107,6 +107,8 @@ new SandboxLifecycle(stack, "Sandbox", {
   closeWorkspace: context("closeWorkspace"),
   workspaceVolumeGiB: integer("workspaceVolumeGiB"),
   workspaceVolumeType: context("workspaceVolumeType"),
+  workspaceVolumeIops: integer("workspaceVolumeIops"),
+  workspaceVolumeThroughput: integer("workspaceVolumeThroughput"),
   agentsApiBaseUrl: context("agentsApiBaseUrl"),
   maxLifetimeSecs: integer("maxLifetimeSecs"),
   lifetimeHardCapSecs: integer("lifetimeHardCapSecs"),
