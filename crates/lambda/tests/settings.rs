@@ -484,7 +484,8 @@ fn workspace_volumes_run_task_would_refuse_fail_at_start_up_naming_the_mistake()
             "{set:?}: {err:?}"
         );
     }
-    let accepted: &[(&[(&str, &str)], Option<i32>, Option<i32>)] = &[
+    type Accepted<'a> = (&'a [(&'a str, &'a str)], Option<i32>, Option<i32>);
+    let accepted: &[Accepted<'_>] = &[
         (
             &[
                 ("WORKSPACE_VOLUME_TYPE", "io1"),

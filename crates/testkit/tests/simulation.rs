@@ -129,7 +129,7 @@ fn a_job_past_the_lambda_deadline_loses_nothing() {
     let mut kills = 0;
     let mut crashes = 0;
     for index in 0..schedules {
-        let seed = schedule_seed(0xdead_11e, index);
+        let seed = schedule_seed(0x0dea_d11e, index);
         match rt.block_on(run_schedule(seed, &cfg)) {
             Ok(r) => {
                 kills += r.deadline_kills;
