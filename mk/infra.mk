@@ -102,7 +102,7 @@ deploy-help:
 	@echo "Optional: STACK_NAME (default sandbox-lifecycle, <= 36 characters unless DEPLOYMENT_ID is set),"
 	@echo "  DEPLOYMENT_ID, ASSIGN_PUBLIC_IP (ENABLED/DISABLED), AGENT_IDS (comma-separated),"
 	@echo "  WORKSPACE_DIRECTORY, SHUTDOWN_GRACE_SECS, CONNECT_DEADLINE_SECS, SNAPSHOT_KEEP, CLOSE_WORKSPACE,"
-	@echo "  WORKSPACE_VOLUME_GIB (0 = off), WORKSPACE_VOLUME_TYPE,"
+	@echo "  WORKSPACE_VOLUME_GIB (0 = off), WORKSPACE_VOLUME_TYPE, WORKSPACE_VOLUME_IOPS, WORKSPACE_VOLUME_THROUGHPUT,"
 	@echo "  AGENTS_API_BASE_URL, MAX_LIFETIME_SECS, LIFETIME_HARD_CAP_SECS, NO_WORK_SECS, MAX_REPLACEMENTS,"
 	@echo "  REPLACEMENT_WINDOW_SECS, REMOTE_URL_ALLOWLIST (comma-separated), WEBHOOK_TOLERANCE_SECS,"
 	@echo "  WEBHOOK_PREVIOUS_SECRET_ARN, MAX_EXECUTORS (concurrency cap, 0 = off),"
@@ -140,6 +140,8 @@ SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=
 	$(call sam-param,HistoryRetentionDays,HISTORY_RETENTION_DAYS) \
 	$(call sam-param,WorkspaceVolumeGiB,WORKSPACE_VOLUME_GIB) \
 	$(call sam-param,WorkspaceVolumeType,WORKSPACE_VOLUME_TYPE) \
+	$(call sam-param,WorkspaceVolumeIops,WORKSPACE_VOLUME_IOPS) \
+	$(call sam-param,WorkspaceVolumeThroughput,WORKSPACE_VOLUME_THROUGHPUT) \
 	$(call sam-param,AgentsApiBaseUrl,AGENTS_API_BASE_URL) \
 	$(call sam-param,MaxLifetimeSecs,MAX_LIFETIME_SECS) \
 	$(call sam-param,LifetimeHardCapSecs,LIFETIME_HARD_CAP_SECS) \
@@ -184,6 +186,8 @@ CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' 
 	$(call cdk-context,historyRetentionDays,HISTORY_RETENTION_DAYS) \
 	$(call cdk-context,workspaceVolumeGiB,WORKSPACE_VOLUME_GIB) \
 	$(call cdk-context,workspaceVolumeType,WORKSPACE_VOLUME_TYPE) \
+	$(call cdk-context,workspaceVolumeIops,WORKSPACE_VOLUME_IOPS) \
+	$(call cdk-context,workspaceVolumeThroughput,WORKSPACE_VOLUME_THROUGHPUT) \
 	$(call cdk-context,agentsApiBaseUrl,AGENTS_API_BASE_URL) \
 	$(call cdk-context,maxLifetimeSecs,MAX_LIFETIME_SECS) \
 	$(call cdk-context,lifetimeHardCapSecs,LIFETIME_HARD_CAP_SECS) \

@@ -96,6 +96,11 @@ pub struct EbsConfig {
     pub size_gib: i32,
     /// Volume type (`volumeType`), default `gp3`.
     pub volume_type: String,
+    /// Provisioned IOPS (`iops`), checked at start-up
+    /// (`crate::settings::check_workspace_volume`); `None`: not sent.
+    pub iops: Option<i32>,
+    /// Provisioned throughput, MiB/s (`throughput`, gp3 only); `None`: not sent.
+    pub throughput: Option<i32>,
     /// How long a save or discard waits for a just-stopped task's volume to be detached
     /// (`available`) before it fails transiently (the job is retried).
     pub detach_wait: Duration,
@@ -114,6 +119,8 @@ impl EbsConfig {
             infrastructure_role_arn: infrastructure_role_arn.into(),
             size_gib,
             volume_type: DEFAULT_VOLUME_TYPE.to_owned(),
+            iops: None,
+            throughput: None,
             detach_wait: Duration::from_secs(15),
             snapshot_wait: Duration::from_secs(10),
         }
@@ -165,6 +172,8 @@ pub fn volume_configuration(
         .encrypted(true)
         .volume_type(&config.volume_type)
         .size_in_gib(config.size_gib)
+        .set_iops(config.iops)
+        .set_throughput(config.throughput)
         .filesystem_type(TaskFilesystemType::Xfs)
         .set_snapshot_id(spec.restore.as_ref().map(|r| r.snapshot_id.clone()))
         .tag_specifications(tags)

@@ -10,8 +10,9 @@
 //!
 //! FIFO queues: order within a message group must hold, so the worker stops at the first
 //! message that does not succeed, and that message **and every later message of the
-//! batch** are reported (the AWS guidance for FIFO partial batch responses). Later
-//! messages are not processed at all; they come back after the queue's visibility timeout.
+//! batch** are reported (the AWS guidance for FIFO partial batch responses), unless the
+//! worker deferred them (their jobs sent again as new messages; worker_handler.rs): a
+//! deferred message succeeded as far as its queue is concerned.
 //!
 //! A record without a `messageId` is reported with an empty identifier, which makes Lambda
 //! treat the whole batch as failed: nothing is lost.
@@ -25,8 +26,12 @@ pub enum ItemOutcome {
     Succeeded,
     /// Processing failed or must be retried: it stays on the queue.
     Failed,
-    /// Not attempted (after a FIFO failure, or too close to the function's deadline).
+    /// Not attempted (after a FIFO failure, or too close to the function's deadline) and
+    /// left on its queue (made visible again at once): it stays on the queue.
     NotAttempted,
+    /// Not attempted, its job sent again as a new message (worker_handler.rs `defer`):
+    /// Lambda deletes it — also after a FIFO failure, since its job lives on elsewhere.
+    Deferred,
 }
 
 /// Whether the batch comes from a FIFO queue: its records carry a `MessageGroupId`, or
@@ -47,7 +52,8 @@ pub fn is_fifo_record(record: &SqsMessage) -> bool {
 /// The partial batch response for `outcomes` (message id and outcome, in batch order).
 ///
 /// Standard queues report every message that did not succeed; FIFO queues report the
-/// first such message and every message after it, whatever their outcome.
+/// first such message and every message after it, whatever their outcome, except a
+/// [`ItemOutcome::Deferred`] one (its job was sent again as a new message).
 pub fn partial_batch_response<'a, I>(outcomes: I, fifo: bool) -> SqsBatchResponse
 where
     I: IntoIterator<Item = (&'a str, ItemOutcome)>,
@@ -55,8 +61,8 @@ where
     let mut response = SqsBatchResponse::default();
     let mut stopped = false;
     for (message_id, outcome) in outcomes {
-        let failed = outcome != ItemOutcome::Succeeded;
-        if failed || (fifo && stopped) {
+        let failed = matches!(outcome, ItemOutcome::Failed | ItemOutcome::NotAttempted);
+        if failed || (fifo && stopped && outcome != ItemOutcome::Deferred) {
             response.add_failure(message_id);
         }
         stopped |= fifo && failed;

@@ -26,27 +26,56 @@
 //! returns after the queue's visibility timeout.
 //!
 //! FIFO batches stop at the first record that does not succeed (see
-//! [`crate::batch_response`]). A record is also not attempted when fewer than
-//! [`RECORD_RESERVE`] remain before the invocation's deadline (the first record is always
-//! attempted, so a short function timeout still makes progress): a timeout mid-record
-//! would kill an effect half-way and return the whole batch.
+//! [`crate::batch_response`]).
+//!
+//! **The budget** comes from the invocation's deadline (the Lambda runtime `Context`
+//! `deadline`, Unix milliseconds): a record is attempted only while at least
+//! [`record_budget`] remains — the effect-key lock lease (`ControllerConfig::lock_ttl_secs`,
+//! which bounds the longest job: no start or stop is sent after the lease's
+//! `not_after`, and every write after the lease is refused) plus [`SETTLE_SECS`] for the
+//! release and for deferring the records after it. The first record is always attempted;
+//! the templates set the function timeout ≥ that budget (infra/sam/template.yaml,
+//! `WorkerFunction`), so a record never outlives its invocation.
+//!
+//! **Records not attempted** (past the budget, or after a FIFO record that did not
+//! succeed) are never left to the visibility timeout and never count toward the
+//! dead-letter threshold: each is **deferred** ([`defer`]) — its job sent again as a new
+//! message on the timers queue with `DelaySeconds` 0 (visible at once, receive count 1)
+//! and [`Job::handoffs`] one higher, and the record reported a success (Lambda deletes
+//! it). SQS counts a receive whether or not the consumer looked at the message, so a
+//! record kept on its queue would count toward `maxReceiveCount`; a new message does not.
+//! The deferral counter is the hand-off counter, capped by
+//! [`sandbox_controller::consume::MAX_HANDOFFS`]: a job deferred (or handed off) that many
+//! times is not sent again but made visible again at once on its own queue
+//! (`ChangeMessageVisibility` to 0) and reported, so only then do its receives count
+//! toward the dead-letter queue, where an operator sees it. The same applies when the
+//! deferral's `SendMessage` fails, and to an undecodable body (nothing to defer).
 
 use crate::batch_response::{ItemOutcome, is_fifo_batch, is_fifo_record, partial_batch_response};
 use crate::settings::queue_name_of_url;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use lambda_runtime::{LambdaEvent, service_fn};
 use sandbox_agents_api::SessionsApi;
-use sandbox_controller::consume::Settled;
-use sandbox_controller::ports::{Compute, Queue, Registry};
-use sandbox_controller::{Controller, Job};
+use sandbox_controller::consume::{MAX_HANDOFFS, Settled};
+use sandbox_controller::ports::{Compute, Outgoing, Queue, Registry};
+use sandbox_controller::{Controller, ControllerConfig, Job};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::Instrument;
 
-/// Time kept in hand before starting another record: the longest plausible record (a
-/// stop's read-back of up to 60 s, API retries, registry writes), seconds.
-pub const RECORD_RESERVE: Duration = Duration::from_secs(90);
+/// Time a record's settlement may take after its job, seconds: the release, a hand-off
+/// or a visibility change, and the deferral of the records after it (one `SendMessage`
+/// each, a batch holds at most 10).
+pub const SETTLE_SECS: u64 = 10;
+
+/// The time a record needs before the invocation's deadline to be attempted: the
+/// effect-key lock lease (the longest a job can act, [`ControllerConfig::lock_ttl_secs`])
+/// plus [`SETTLE_SECS`]. With the defaults, 120 + 10 = 130 s; the worker's function
+/// timeout (150 s) is at least this.
+pub fn record_budget(config: &ControllerConfig) -> Duration {
+    Duration::from_secs(config.lock_ttl_secs.saturating_add(SETTLE_SECS))
+}
 
 /// Which of the controller's two queues a record came from, by queue name (the last part
 /// of both the queue URL and the record's `eventSourceARN`).
@@ -104,13 +133,14 @@ where
     S: SessionsApi,
 {
     let fifo = is_fifo_batch(event);
+    let budget = record_budget(&controller.config);
     let mut outcomes = Vec::with_capacity(event.records.len());
     let mut stop = false;
     for (n, record) in event.records.iter().enumerate() {
         let id = record.message_id.as_deref().unwrap_or_default();
-        let out_of_time = n > 0 && deadline.is_some_and(|d| SystemTime::now() + RECORD_RESERVE > d);
+        let out_of_time = n > 0 && deadline.is_some_and(|d| SystemTime::now() + budget > d);
         let outcome = if stop || out_of_time {
-            ItemOutcome::NotAttempted
+            defer(controller, routes, record).await
         } else {
             handle_record(controller, routes, record).await
         };
@@ -122,14 +152,100 @@ where
         .iter()
         .filter(|(_, o)| *o == ItemOutcome::NotAttempted)
         .count();
+    let deferred = outcomes
+        .iter()
+        .filter(|(_, o)| *o == ItemOutcome::Deferred)
+        .count();
     tracing::info!(
         records = event.records.len(),
         failures = response.batch_item_failures.len(),
         not_attempted,
+        deferred,
         fifo,
         "batch done"
     );
     response
+}
+
+/// Defers one record the batch does not attempt (see the module docs): its job goes to
+/// the timers queue as a new message visible at once (`DelaySeconds` 0, de-duplication id
+/// `defer:{message_id}:{receive_count}`, `handoffs` + 1) → [`ItemOutcome::Deferred`]
+/// (Lambda deletes the record). When the job cannot be decoded, has reached
+/// [`MAX_HANDOFFS`], or the send fails: `ChangeMessageVisibility` to 0 on the record's own
+/// queue → [`ItemOutcome::NotAttempted`] (reported; a failed visibility change is logged
+/// and the queue's timeout applies).
+pub async fn defer<Q, R, C, S>(
+    controller: &Controller<Q, R, C, S>,
+    routes: &QueueRoutes,
+    record: &SqsMessage,
+) -> ItemOutcome
+where
+    Q: Queue,
+    R: Registry,
+    C: Compute,
+    S: SessionsApi,
+{
+    let message_id = record.message_id.as_deref().unwrap_or_default();
+    let receive_count = receive_count(record);
+    let job = record
+        .body
+        .as_deref()
+        .and_then(|b| serde_json::from_str::<Job>(b).ok());
+    if let Some(job) = job {
+        if job.handoffs < MAX_HANDOFFS {
+            let mut next = job;
+            next.handoffs = next.handoffs.saturating_add(1);
+            let sent = controller
+                .timers
+                .send(Outgoing {
+                    group: next.group().to_owned(),
+                    dedup_id: format!("defer:{message_id}:{receive_count}"),
+                    delay_secs: 0,
+                    job: next,
+                })
+                .await;
+            match sent {
+                Ok(_) => {
+                    tracing::info!(
+                        message_id,
+                        receive_count,
+                        "record not attempted: deferred to the timers queue, visible at once"
+                    );
+                    return ItemOutcome::Deferred;
+                }
+                Err(e) => tracing::warn!(message_id, error = %e,
+                    "deferral failed; the record is made visible again at once"),
+            }
+        } else {
+            tracing::warn!(
+                message_id,
+                receive_count,
+                "record not attempted and its hand-off cap reached: visible again at once on its own queue"
+            );
+        }
+    }
+    let queue = match routes.source_of(record) {
+        SourceQueue::Events => &controller.events,
+        SourceQueue::Timers => &controller.timers,
+    };
+    match record.receipt_handle.as_deref() {
+        Some(receipt) => {
+            if let Err(e) = queue.retry_after(receipt, 0).await {
+                tracing::warn!(message_id, error = %e, "visibility change failed; the queue's timeout applies");
+            }
+        }
+        None => tracing::warn!(message_id, "no receipt handle; the queue's timeout applies"),
+    }
+    ItemOutcome::NotAttempted
+}
+
+/// The record's `ApproximateReceiveCount` (1 when absent).
+fn receive_count(record: &SqsMessage) -> u32 {
+    record
+        .attributes
+        .get("ApproximateReceiveCount")
+        .and_then(|c| c.parse::<u32>().ok())
+        .unwrap_or(1)
 }
 
 /// Processes one record; see the module docs.
@@ -163,11 +279,7 @@ where
         SourceQueue::Events => &controller.events,
         SourceQueue::Timers => &controller.timers,
     };
-    let receive_count = record
-        .attributes
-        .get("ApproximateReceiveCount")
-        .and_then(|c| c.parse::<u32>().ok())
-        .unwrap_or(1);
+    let receive_count = receive_count(record);
     let span = tracing::info_span!(
         "job",
         message_id,

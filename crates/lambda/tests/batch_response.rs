@@ -83,3 +83,20 @@ fn batch_without_group_ids_from_a_standard_queue_is_not_fifo() {
         Some("arn:aws:sqs:us-east-1:123456789012:sandbox-lifecycle-jobs.fifo".into());
     assert!(is_fifo_batch(&event));
 }
+
+/// A deferred message (its job sent again as a new message, worker_handler.rs `defer`) is
+/// never reported, even after a FIFO failure: Lambda deletes it.
+#[test]
+fn deferred_messages_are_never_reported_even_after_a_fifo_failure() {
+    use ItemOutcome::Deferred;
+    for fifo in [false, true] {
+        assert_eq!(
+            json([Failed, Deferred, Deferred], fifo),
+            format!(r#"{{"batchItemFailures":[{{"itemIdentifier":"{A}"}}]}}"#)
+        );
+        assert_eq!(
+            json([Succeeded, Deferred, NotAttempted], fifo),
+            format!(r#"{{"batchItemFailures":[{{"itemIdentifier":"{C}"}}]}}"#)
+        );
+    }
+}

@@ -365,8 +365,185 @@ fn workspace_volume_settings_are_read_with_their_default_type() {
     assert_eq!(ws.size_gib, 30);
     assert_eq!(ws.volume_type, "gp3");
     env.insert("WORKSPACE_VOLUME_TYPE", "io2".into());
+    env.insert("WORKSPACE_VOLUME_IOPS", "3000".into());
     let ws = controller(&env).unwrap().ecs.workspace.unwrap();
     assert_eq!(ws.volume_type, "io2");
+    assert_eq!(ws.iops, Some(3000));
+}
+
+/// Issue 23 item 5: only volumes `RunTask` accepts (ECS API reference,
+/// TaskManagedEBSVolumeConfiguration): each type's size range, `iops` where the type needs
+/// or takes it, `throughput` on gp3 only; every mistake fails at start-up naming the
+/// variable at fault.
+#[test]
+fn workspace_volumes_run_task_would_refuse_fail_at_start_up_naming_the_mistake() {
+    let refused: &[(&[(&str, &str)], &str)] = &[
+        (&[("WORKSPACE_VOLUME_TYPE", "io1")], "WORKSPACE_VOLUME_IOPS"),
+        (&[("WORKSPACE_VOLUME_TYPE", "io2")], "WORKSPACE_VOLUME_IOPS"),
+        (&[("WORKSPACE_VOLUME_TYPE", "st1")], "WORKSPACE_VOLUME_GIB"),
+        (
+            &[
+                ("WORKSPACE_VOLUME_TYPE", "sc1"),
+                ("WORKSPACE_VOLUME_GIB", "124"),
+            ],
+            "WORKSPACE_VOLUME_GIB",
+        ),
+        (
+            &[
+                ("WORKSPACE_VOLUME_TYPE", "io2"),
+                ("WORKSPACE_VOLUME_GIB", "3"),
+                ("WORKSPACE_VOLUME_IOPS", "100"),
+            ],
+            "WORKSPACE_VOLUME_GIB",
+        ),
+        (
+            &[("WORKSPACE_VOLUME_TYPE", "standard")],
+            "WORKSPACE_VOLUME_TYPE",
+        ),
+        (
+            &[
+                ("WORKSPACE_VOLUME_TYPE", "gp2"),
+                ("WORKSPACE_VOLUME_IOPS", "3000"),
+            ],
+            "WORKSPACE_VOLUME_IOPS",
+        ),
+        (
+            &[
+                ("WORKSPACE_VOLUME_TYPE", "st1"),
+                ("WORKSPACE_VOLUME_GIB", "500"),
+                ("WORKSPACE_VOLUME_IOPS", "500"),
+            ],
+            "WORKSPACE_VOLUME_IOPS",
+        ),
+        (
+            &[("WORKSPACE_VOLUME_IOPS", "2999")],
+            "WORKSPACE_VOLUME_IOPS",
+        ),
+        (
+            &[("WORKSPACE_VOLUME_IOPS", "16001")],
+            "WORKSPACE_VOLUME_IOPS",
+        ),
+        (
+            &[
+                ("WORKSPACE_VOLUME_GIB", "5"),
+                ("WORKSPACE_VOLUME_IOPS", "3000"),
+            ],
+            "WORKSPACE_VOLUME_IOPS",
+        ),
+        (
+            &[
+                ("WORKSPACE_VOLUME_TYPE", "io1"),
+                ("WORKSPACE_VOLUME_IOPS", "1501"),
+            ],
+            "WORKSPACE_VOLUME_IOPS",
+        ),
+        (
+            &[
+                ("WORKSPACE_VOLUME_TYPE", "io1"),
+                ("WORKSPACE_VOLUME_IOPS", "99"),
+            ],
+            "WORKSPACE_VOLUME_IOPS",
+        ),
+        (
+            &[("WORKSPACE_VOLUME_IOPS", "lots")],
+            "WORKSPACE_VOLUME_IOPS",
+        ),
+        (
+            &[("WORKSPACE_VOLUME_THROUGHPUT", "124")],
+            "WORKSPACE_VOLUME_THROUGHPUT",
+        ),
+        (
+            &[
+                ("WORKSPACE_VOLUME_THROUGHPUT", "1001"),
+                ("WORKSPACE_VOLUME_IOPS", "16000"),
+                ("WORKSPACE_VOLUME_GIB", "100"),
+            ],
+            "WORKSPACE_VOLUME_THROUGHPUT",
+        ),
+        (
+            &[("WORKSPACE_VOLUME_THROUGHPUT", "751")],
+            "WORKSPACE_VOLUME_THROUGHPUT",
+        ),
+        (
+            &[
+                ("WORKSPACE_VOLUME_TYPE", "io2"),
+                ("WORKSPACE_VOLUME_IOPS", "1000"),
+                ("WORKSPACE_VOLUME_THROUGHPUT", "250"),
+            ],
+            "WORKSPACE_VOLUME_THROUGHPUT",
+        ),
+    ];
+    for (set, var) in refused {
+        let mut env = controller_env();
+        env.insert("ECS_INFRASTRUCTURE_ROLE_ARN", INFRA_ROLE.into());
+        env.insert("WORKSPACE_VOLUME_GIB", "30".into());
+        for (k, v) in *set {
+            env.insert(*k, (*v).into());
+        }
+        let err = controller(&env).unwrap_err();
+        assert!(
+            matches!(err, SettingsError::Invalid { var: v, .. } if v == *var),
+            "{set:?}: {err:?}"
+        );
+    }
+    type Accepted<'a> = (&'a [(&'a str, &'a str)], Option<i32>, Option<i32>);
+    let accepted: &[Accepted<'_>] = &[
+        (
+            &[
+                ("WORKSPACE_VOLUME_TYPE", "io1"),
+                ("WORKSPACE_VOLUME_IOPS", "1500"),
+            ],
+            Some(1500),
+            None,
+        ),
+        (
+            &[
+                ("WORKSPACE_VOLUME_TYPE", "io2"),
+                ("WORKSPACE_VOLUME_IOPS", "15000"),
+            ],
+            Some(15000),
+            None,
+        ),
+        (
+            &[
+                ("WORKSPACE_VOLUME_TYPE", "st1"),
+                ("WORKSPACE_VOLUME_GIB", "125"),
+            ],
+            None,
+            None,
+        ),
+        (
+            &[
+                ("WORKSPACE_VOLUME_IOPS", "6000"),
+                ("WORKSPACE_VOLUME_THROUGHPUT", "500"),
+            ],
+            Some(6000),
+            Some(500),
+        ),
+        (&[("WORKSPACE_VOLUME_THROUGHPUT", "750")], None, Some(750)),
+        (
+            &[
+                ("WORKSPACE_VOLUME_TYPE", "gp2"),
+                ("WORKSPACE_VOLUME_GIB", "1"),
+            ],
+            None,
+            None,
+        ),
+    ];
+    for (set, iops, throughput) in accepted {
+        let mut env = controller_env();
+        env.insert("ECS_INFRASTRUCTURE_ROLE_ARN", INFRA_ROLE.into());
+        env.insert("WORKSPACE_VOLUME_GIB", "30".into());
+        for (k, v) in *set {
+            env.insert(*k, (*v).into());
+        }
+        let ws = controller(&env)
+            .unwrap_or_else(|e| panic!("{set:?}: {e}"))
+            .ecs
+            .workspace
+            .unwrap();
+        assert_eq!((ws.iops, ws.throughput), (*iops, *throughput), "{set:?}");
+    }
 }
 
 #[test]
@@ -382,6 +559,10 @@ fn half_configured_workspace_volumes_fail_naming_the_missing_variable() {
         ),
         (
             vec![("WORKSPACE_VOLUME_TYPE", "gp3")],
+            "ECS_INFRASTRUCTURE_ROLE_ARN",
+        ),
+        (
+            vec![("WORKSPACE_VOLUME_IOPS", "3000")],
             "ECS_INFRASTRUCTURE_ROLE_ARN",
         ),
     ] {

@@ -204,9 +204,14 @@ async fn failed_hand_off_retries_the_events_record_on_its_own_queue() {
         record("m2", &connection_job("msg_2"), true, 1),
     ]);
     assert_eq!(run(&c, &event).await, failures(&["m1", "m2"]));
+    // m2 (not attempted after m1's failure) cannot be deferred either: it is made
+    // visible again at once.
     assert_eq!(
         *c.events.retries.lock().unwrap(),
-        [("receipt-m1".to_owned(), c.config.lock_busy_retry_secs)]
+        [
+            ("receipt-m1".to_owned(), c.config.lock_busy_retry_secs),
+            ("receipt-m2".to_owned(), 0)
+        ]
     );
 }
 
@@ -233,20 +238,38 @@ async fn undecodable_body_is_reported_failed_without_changing_its_visibility() {
 }
 
 #[tokio::test]
-async fn fifo_batch_stops_at_the_first_failure_and_reports_the_rest_unprocessed() {
+async fn fifo_batch_stops_at_the_first_failure_and_defers_the_rest() {
     let c = controller();
+    let m3 = connection_job("msg_3");
     let event = batch(vec![
         record("m1", &connection_job("msg_1"), true, 1),
         record("m2", "not json", true, 1),
-        record("m3", &connection_job("msg_3"), true, 1),
+        record("m3", &m3, true, 2),
     ]);
-    assert_eq!(run(&c, &event).await, failures(&["m2", "m3"]));
+    // m3 is not attempted: its job is sent again as a new timers message visible at once
+    // (so its receives never count toward the dead-letter queue) and it is not reported.
+    assert_eq!(run(&c, &event).await, failures(&["m2"]));
     assert_eq!(
         c.sessions.reads.load(Ordering::SeqCst),
         1,
         "m3 not processed"
     );
     assert_eq!(*c.registry.ledger.lock().unwrap(), ["msg_1"]);
+    let sent: Vec<_> = (c.timers.sent.lock().unwrap().iter())
+        .filter(|o| o.dedup_id.starts_with("defer:"))
+        .cloned()
+        .collect();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let original: Job = serde_json::from_str(&m3).unwrap();
+    assert_eq!(
+        sent[0].job,
+        Job {
+            handoffs: 1,
+            ..original
+        }
+    );
+    assert_eq!(sent[0].delay_secs, 0);
+    assert_eq!(sent[0].dedup_id, "defer:m3:2");
 }
 
 #[tokio::test]
@@ -262,16 +285,50 @@ async fn standard_batch_goes_on_after_a_failure_and_reports_only_it() {
 }
 
 #[tokio::test]
-async fn records_after_the_deadline_reserve_are_left_on_the_queue_but_the_first_runs() {
+async fn records_past_the_budget_are_deferred_at_once_but_the_first_runs() {
     let c = controller();
+    let t2 = sweep_job("sess_gone_2", "env_gone_2");
     let event = batch(vec![
         record("t1", &sweep_job("sess_gone_1", "env_gone_1"), false, 1),
-        record("t2", &sweep_job("sess_gone_2", "env_gone_2"), false, 1),
+        record("t2", &t2, false, 1),
     ]);
-    let deadline = SystemTime::now() + Duration::from_secs(10);
+    // Less than the lock lease plus the settle time is left after t1: t2 is deferred.
+    let budget = sandbox_lambda::worker_handler::record_budget(&c.config);
+    let deadline = SystemTime::now() + budget - Duration::from_secs(1);
+    let response = handle_batch(&c, &QueueRoutes::new(TIMERS_URL), &event, Some(deadline)).await;
+    assert_eq!(serde_json::to_string(&response).unwrap(), failures(&[]));
+    assert_eq!(c.sessions.reads.load(Ordering::SeqCst), 1);
+    let sent = c.timers.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].job.session_id.as_str(), "sess_gone_2");
+    assert_eq!((sent[0].delay_secs, sent[0].job.handoffs), (0, 1));
+    // With the whole budget left, both run.
+    let c = controller();
+    let deadline = SystemTime::now() + budget + Duration::from_secs(30);
+    let response = handle_batch(&c, &QueueRoutes::new(TIMERS_URL), &event, Some(deadline)).await;
+    assert_eq!(serde_json::to_string(&response).unwrap(), failures(&[]));
+    assert_eq!(c.sessions.reads.load(Ordering::SeqCst), 2);
+    assert!(c.timers.sent.lock().unwrap().is_empty());
+}
+
+/// A record not attempted whose job reached the hand-off cap, or whose deferral cannot be
+/// sent, is made visible again at once on its own queue (visibility 0) and reported.
+#[tokio::test]
+async fn a_record_not_attempted_past_the_hand_off_cap_is_visible_again_at_once() {
+    let c = controller();
+    let mut capped: Job = serde_json::from_str(&sweep_job("sess_gone_2", "env_gone_2")).unwrap();
+    capped.handoffs = sandbox_controller::consume::MAX_HANDOFFS;
+    let event = batch(vec![
+        record("t1", &sweep_job("sess_gone_1", "env_gone_1"), false, 1),
+        record("t2", &serde_json::to_string(&capped).unwrap(), false, 3),
+    ]);
+    let deadline = SystemTime::now() + Duration::from_secs(1);
     let response = handle_batch(&c, &QueueRoutes::new(TIMERS_URL), &event, Some(deadline)).await;
     assert_eq!(serde_json::to_string(&response).unwrap(), failures(&["t2"]));
-    assert_eq!(c.sessions.reads.load(Ordering::SeqCst), 1);
+    assert!(c.timers.sent.lock().unwrap().is_empty());
+    let retries = c.timers.retries.lock().unwrap().clone();
+    assert_eq!(retries.len(), 1, "{retries:?}");
+    assert_eq!(retries[0].1, 0, "visible again at once");
 }
 
 #[test]

@@ -83,6 +83,30 @@ pub struct SimConfig {
     /// Percent of sweeps run as [`Controller::sweep_fan_out`] (jobs to the timers queue,
     /// decided by the workers) rather than [`Controller::sweep`] (in place).
     pub fan_out_percent: u64,
+    /// The Lambda timeouts (issue 23 item 1): a worker step dies
+    /// [`Deadlines::worker_secs`] after it began and a sweep [`Deadlines::sweeper_secs`]
+    /// after, at that instant, like a crash (Lambda ends an invocation at its timeout
+    /// wherever it stands). `None`: actors never time out. Default: the templates' 150 s
+    /// and 300 s (infra/sam/template.yaml).
+    pub deadlines: Option<Deadlines>,
+}
+
+/// How long an invocation may run in the simulation, simulated seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    /// The worker function's timeout (the templates: 150 s).
+    pub worker_secs: u64,
+    /// The sweeper function's timeout (the templates: 300 s).
+    pub sweeper_secs: u64,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Self {
+            worker_secs: 150,
+            sweeper_secs: 300,
+        }
+    }
 }
 
 impl Default for SimConfig {
@@ -95,6 +119,7 @@ impl Default for SimConfig {
             crash_weight: 4,
             aws: AwsLike::ecs(0),
             fan_out_percent: 50,
+            deadlines: Some(Deadlines::default()),
         }
     }
 }
@@ -129,6 +154,8 @@ pub struct ScheduleReport {
     pub polls: u64,
     /// Sweeps run fanned out (jobs through the timers queue).
     pub fan_out_sweeps: usize,
+    /// Actors killed at their invocation's deadline ([`SimConfig::deadlines`]).
+    pub deadline_kills: usize,
     /// What the ECS-like compute twin did: reads answered `MISSING` because the task was
     /// new or forgotten, token replays, starts that ended `TaskFailedToStart`.
     pub ecs: crate::compute::EcsAnswers,
@@ -192,6 +219,8 @@ struct Sim {
     /// Lost deliveries the sender retries (at-least-once webhooks): due (Unix ms), env,
     /// trigger, environment, webhook id.
     sender_retries: Vec<(u64, usize, Trigger, Option<EnvironmentId>, String)>,
+    /// Running actor kind → when its invocation's deadline passes (Unix ms).
+    deadlines: std::collections::HashMap<String, u64>,
 }
 
 const TRACE_KEEP: usize = 400;
@@ -282,6 +311,7 @@ impl Sim {
             },
             next_webhook: 0,
             sender_retries: vec![],
+            deadlines: std::collections::HashMap::new(),
         }
         .started()
     }
@@ -486,6 +516,7 @@ impl Sim {
             return;
         }
         let c = self.workers[w].clone();
+        self.set_deadline(&kind, |d| d.worker_secs);
         self.sched.spawn(
             kind,
             Box::pin(async move {
@@ -500,6 +531,7 @@ impl Sim {
             return;
         }
         let c = self.sweeper.clone();
+        self.set_deadline("sweeper", |d| d.sweeper_secs);
         let fan_out = self.rng.chance(self.cfg.fan_out_percent);
         self.report.fan_out_sweeps += usize::from(fan_out);
         self.note(format!(
@@ -518,8 +550,43 @@ impl Sim {
         );
     }
 
+    /// Records when the invocation of actor `kind`, beginning now, times out.
+    fn set_deadline(&mut self, kind: &str, secs: impl Fn(&Deadlines) -> u64) {
+        if let Some(d) = &self.cfg.deadlines {
+            let at = self.clock.now_ms() + secs(d) * 1_000;
+            self.deadlines.insert(kind.to_owned(), at);
+        }
+    }
+
+    /// Kills every running actor whose invocation's deadline has passed, before it makes
+    /// another port call: Lambda ends the invocation at its timeout, so the job's future
+    /// is dropped where it stands, like a crash.
+    fn enforce_deadlines(&mut self) {
+        if self.deadlines.is_empty() {
+            return;
+        }
+        let now = self.clock.now_ms();
+        for i in self.sched.running() {
+            let Some(kind) = self.sched.kind(i).map(str::to_owned) else {
+                continue;
+            };
+            if self.deadlines.get(&kind).is_some_and(|at| now > *at)
+                && let Some(kind) = self.sched.crash(i)
+            {
+                self.deadlines.remove(&kind);
+                self.report.deadline_kills += 1;
+                self.note(format!("DEADLINE {kind} (Lambda timeout)"));
+            }
+        }
+    }
+
     /// Polls actor `i` once (one port call) and checks the invariants.
     async fn poll_actor(&mut self, i: usize) -> Result<(), Violation> {
+        self.enforce_deadlines();
+        if self.sched.kind(i).is_none() {
+            // Killed at its deadline just now.
+            return self.check_one_active("deadline");
+        }
         self.report.polls += 1;
         let kind = self.sched.kind(i).unwrap_or_default().to_owned();
         let sched = &mut self.sched;

@@ -9,7 +9,7 @@
 //! - `SIM_SEED=s` replays exactly the schedule of seed `s` (printed on failure).
 //! - `SIM_BASE=b` changes the base the schedule seeds derive from (default 0).
 
-use sandbox_testkit::sim::{ScheduleReport, SimConfig, run_schedule, schedule_seed};
+use sandbox_testkit::sim::{Deadlines, ScheduleReport, SimConfig, run_schedule, schedule_seed};
 use std::time::Instant;
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -64,6 +64,7 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
                 total.sim_secs += r.sim_secs;
                 total.polls += r.polls;
                 total.fan_out_sweeps += r.fan_out_sweeps;
+                total.deadline_kills += r.deadline_kills;
                 total.ecs.missing_new += r.ecs.missing_new;
                 total.ecs.missing_forgotten += r.ecs.missing_forgotten;
                 total.ecs.replays += r.ecs.replays;
@@ -76,7 +77,7 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
     println!(
         "simulation: {schedules} schedules ok in {:.1?} (base {base}): {} crashes, {} lost and \
          {} duplicated deliveries, {} computes started, {} stops, {} dead letters, {} simulated s, {} port calls, at most {} messages left queued; \
-         {} fanned-out sweeps; ECS twin: {} reads MISSING (new), {} MISSING (forgotten), {} clientToken replays, {} starts failing (TaskFailedToStart)",
+         {} fanned-out sweeps, {} jobs killed at their Lambda deadline; ECS twin: {} reads MISSING (new), {} MISSING (forgotten), {} clientToken replays, {} starts failing (TaskFailedToStart)",
         started.elapsed(),
         total.crashes,
         total.lost,
@@ -88,6 +89,7 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
         total.polls,
         total.queued_at_end,
         total.fan_out_sweeps,
+        total.deadline_kills,
         total.ecs.missing_new,
         total.ecs.missing_forgotten,
         total.ecs.replays,
@@ -104,5 +106,41 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
                 && ecs.replays > 0
                 && ecs.failing_starts > 0),
         "an ECS behaviour never happened: {total:?}"
+    );
+}
+
+/// Issue 23 item 1: every job has its invocation's deadline and dies at that instant,
+/// like a crash. With deadlines far shorter than the templates' (a worker step 20 s, a
+/// sweep 40 s: the chaos clock often jumps past them mid-job), many jobs are killed
+/// mid-effect — after the lock, after a start, mid-stop — and still every schedule keeps
+/// every invariant and loses nothing: the settle finds exactly one live compute per
+/// session that needs one and none for the others.
+#[test]
+fn a_job_past_the_lambda_deadline_loses_nothing() {
+    let cfg = SimConfig {
+        deadlines: Some(Deadlines {
+            worker_secs: 20,
+            sweeper_secs: 40,
+        }),
+        ..SimConfig::default()
+    };
+    let rt = runtime();
+    let schedules = env_u64("SIM_DEADLINE_SCHEDULES").unwrap_or(300);
+    let mut kills = 0;
+    let mut crashes = 0;
+    for index in 0..schedules {
+        let seed = schedule_seed(0x0dea_d11e, index);
+        match rt.block_on(run_schedule(seed, &cfg)) {
+            Ok(r) => {
+                kills += r.deadline_kills;
+                crashes += r.crashes;
+            }
+            Err(v) => panic!("schedule {index} of {schedules} failed\n{v}"),
+        }
+    }
+    println!("{schedules} schedules: {kills} jobs killed at their deadline, {crashes} crashes");
+    assert!(
+        kills as u64 >= schedules / 10,
+        "the deadline must actually kill jobs: {kills} kills in {schedules} schedules"
     );
 }

@@ -29,11 +29,22 @@ import { Construct } from "constructs";
 export const EXECUTOR_CONTAINER_NAME = "executor";
 /** Receives before a message moves to its dead-letter queue (crates/aws/src/bootstrap.rs). */
 export const MAX_RECEIVE_COUNT = 5;
-/** Worker function timeout, seconds: one record may take ~90 s (worker_handler.rs RECORD_RESERVE). */
-export const WORKER_TIMEOUT_SECS = 120;
 /**
- * Visibility timeout of both consumed queues, seconds: 6 x the worker timeout (the Lambda
- * developer guide's rule for SQS event sources).
+ * The effect-key lock lease, seconds (crates/controller/src/config.rs `lock_ttl_secs`): it
+ * bounds the longest job (no start or stop after the lease minus 15 s, no write after it).
+ */
+export const LOCK_LEASE_SECS = 120;
+/** What a record's settlement may take after its job, seconds (worker_handler.rs SETTLE_SECS). */
+export const RECORD_SETTLE_SECS = 10;
+/**
+ * Worker function timeout, seconds: at least the record budget, lease + settle = 130 s
+ * (worker_handler.rs `record_budget`: a record is begun only while that much remains before
+ * the invocation's deadline; the first always is), so no job outlives its invocation.
+ */
+export const WORKER_TIMEOUT_SECS = 150;
+/**
+ * Visibility timeout of both consumed queues, seconds: 6 x the worker timeout = 900 (the
+ * Lambda developer guide's rule for SQS event sources).
  */
 export const QUEUE_VISIBILITY_SECS = 6 * WORKER_TIMEOUT_SECS;
 /** Sweeper period and timeout, seconds. */
@@ -101,8 +112,19 @@ export interface SandboxLifecycleProps {
    * 0 = off: no workspace survives a task. @default 0
    */
   readonly workspaceVolumeGiB?: number;
-  /** `WORKSPACE_VOLUME_TYPE`: EBS volume type of the workspace volume. @default "gp3" */
+  /**
+   * `WORKSPACE_VOLUME_TYPE`: EBS volume type of the workspace volume: gp3, gp2, io1, io2,
+   * st1 or sc1 (sizes: gp2/gp3 1-16384, io1/io2 4-16384, st1/sc1 125-16384 GiB; ECS API
+   * reference, TaskManagedEBSVolumeConfiguration). @default "gp3"
+   */
   readonly workspaceVolumeType?: string;
+  /**
+   * `WORKSPACE_VOLUME_IOPS`: provisioned IOPS; required for io1 (100-64000) and io2
+   * (100-256000), optional for gp3 (3000-16000), refused otherwise. @default unset
+   */
+  readonly workspaceVolumeIops?: number;
+  /** `WORKSPACE_VOLUME_THROUGHPUT`: gp3 throughput, MiB/s, 125-1000. @default unset */
+  readonly workspaceVolumeThroughput?: number;
   /** `AGENTS_API_BASE_URL`. @default https://api.openai.com/v1 */
   readonly agentsApiBaseUrl?: string;
   /** `MAX_LIFETIME_SECS`: maximum executor lifetime, seconds (0 = off). @default 28800 */
@@ -624,6 +646,9 @@ export class SandboxLifecycle extends Construct {
       ECS_INFRASTRUCTURE_ROLE_ARN: infrastructureRole ? infrastructureRole.roleArn : "",
       WORKSPACE_VOLUME_GIB: workspaces ? String(workspaceGiB) : "",
       WORKSPACE_VOLUME_TYPE: workspaces ? (props.workspaceVolumeType ?? "gp3") : "",
+      WORKSPACE_VOLUME_IOPS: workspaces && props.workspaceVolumeIops !== undefined ? String(props.workspaceVolumeIops) : "",
+      WORKSPACE_VOLUME_THROUGHPUT:
+        workspaces && props.workspaceVolumeThroughput !== undefined ? String(props.workspaceVolumeThroughput) : "",
       AGENTS_API_BASE_URL: props.agentsApiBaseUrl ?? "https://api.openai.com/v1",
       OPENAI_API_KEY_SECRET_ARN: props.openAIApiKeySecretArn,
     };
@@ -918,8 +943,25 @@ function validate(props: SandboxLifecycleProps): void {
   if (!Number.isInteger(historyDays) || historyDays < 1 || historyDays > 36500) problems.push("historyRetentionDays must be a whole number 1-36500");
   const gib = props.workspaceVolumeGiB ?? 0;
   if (!Number.isInteger(gib) || gib < 0 || gib > 16384) problems.push("workspaceVolumeGiB must be a whole number 0-16384 (0 = off)");
-  if (!["gp3", "gp2", "io1", "io2", "st1", "sc1", "standard"].includes(props.workspaceVolumeType ?? "gp3")) {
-    problems.push("workspaceVolumeType must be one of gp3, gp2, io1, io2, st1, sc1, standard");
+  const volumeType = props.workspaceVolumeType ?? "gp3";
+  if (!["gp3", "gp2", "io1", "io2", "st1", "sc1"].includes(volumeType)) {
+    problems.push("workspaceVolumeType must be one of gp3, gp2, io1, io2, st1, sc1 (standard is not supported on Fargate)");
+  }
+  if (gib > 0) {
+    // The per-type rules of crates/aws/src/settings.rs (VOLUME_TYPE_RULES), which the
+    // worker checks again at start-up.
+    const minGib = volumeType.startsWith("io") ? 4 : volumeType === "st1" || volumeType === "sc1" ? 125 : 1;
+    if (gib < minGib) problems.push(`workspaceVolumeGiB must be at least ${minGib} for ${volumeType}`);
+    const iops = props.workspaceVolumeIops;
+    if ((volumeType === "io1" || volumeType === "io2") && iops === undefined) {
+      problems.push(`workspaceVolumeIops is required for ${volumeType}`);
+    }
+    if (iops !== undefined && !["gp3", "io1", "io2"].includes(volumeType)) {
+      problems.push("workspaceVolumeIops is only for gp3, io1 and io2");
+    }
+    if (props.workspaceVolumeThroughput !== undefined && volumeType !== "gp3") {
+      problems.push("workspaceVolumeThroughput is only for gp3");
+    }
   }
   if (props.agentIds?.some((a) => a.trim() === "" || a.includes(","))) {
     problems.push("agentIds must be non-empty ids without commas");
