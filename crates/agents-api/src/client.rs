@@ -324,6 +324,20 @@ fn parse_base_url(raw: &str) -> Result<Url, ConfigError> {
     if url.cannot_be_a_base() || url.host().is_none() {
         return Err(invalid("URL has no host"));
     }
+    // Issue 24: the bearer key never travels in clear text, except to this machine (a
+    // local simulator or a TLS proxy on loopback).
+    let loopback = url.host_str().is_some_and(|h| {
+        h.eq_ignore_ascii_case("localhost")
+            || h.trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|a| a.is_loopback())
+    });
+    if url.scheme() == "http" && !loopback {
+        return Err(invalid(
+            "http is allowed only for a loopback host; use https",
+        ));
+    }
     if !url.username().is_empty() || url.password().is_some() {
         return Err(invalid("URL must not contain credentials"));
     }
@@ -444,7 +458,12 @@ mod tests {
             parse_base_url("http://127.0.0.1:9/").unwrap().as_str(),
             "http://127.0.0.1:9/"
         );
+        assert!(parse_base_url("http://localhost:9/v1").is_ok());
+        assert!(parse_base_url("http://[::1]:9/v1").is_ok());
         for bad in [
+            "http://api.openai.com/v1",
+            "http://10.0.0.1/v1",
+            "http://127.0.0.1.evil.test/v1",
             "api.openai.com/v1",
             "ftp://example.com/",
             "https://user:pw@example.com/v1",

@@ -755,7 +755,7 @@ fn ceilings<F: Fn(&str) -> Option<String>>(
                 reason: "comma-separated entries, each a host, *.domain or scheme://host",
             }
         })?;
-        policy.remote_url_allowlist = allowlist;
+        policy.remote_url_allowlist = allowlist.into();
     }
     Ok(())
 }

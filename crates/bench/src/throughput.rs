@@ -124,7 +124,7 @@ pub async fn measure(opts: &Options) -> anyhow::Result<Throughput> {
         {
             let mut c = ControllerConfig::new(DeploymentId::new("bench")?);
             // The simulator's remote_url is http://127.0.0.1:PORT/...
-            c.policy.remote_url_allowlist = vec!["http://127.0.0.1".to_owned()];
+            c.policy.remote_url_allowlist = vec!["http://127.0.0.1"].into();
             c
         },
     ));

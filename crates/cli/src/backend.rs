@@ -487,7 +487,7 @@ mod tests {
         let mut ran = ControllerConfig::new(DeploymentId::new("local").unwrap());
         ran.policy.shutdown_grace_secs = 5;
         ran.policy.max_lifetime_secs = 600;
-        ran.policy.remote_url_allowlist = vec!["example.test".into()];
+        ran.policy.remote_url_allowlist = vec!["example.test"].into();
         sandbox_local::settings_file::write(dir.path(), &ran).unwrap();
         let ops = LocalOps::open(&local_args(dir.path())).unwrap();
         assert_eq!(ops.config.policy, ran.policy);

@@ -139,7 +139,11 @@ pub async fn run<O: Ops>(
                 for q in queues(args) {
                     for letter in ops.dead_letters(q, args.max).await? {
                         if let Some(job) = letter.job
-                            && ops.registry().find_by_session(&job.session_id).await?.is_none()
+                            && ops
+                                .registry()
+                                .find_by_session(&job.session_id)
+                                .await?
+                                .is_none()
                         {
                             unknown.push(job.session_id.to_string());
                         }

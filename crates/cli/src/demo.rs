@@ -111,7 +111,10 @@ impl Demo {
         sim_cfg.seed = seed;
         let sim = agents_sim::spawn(sim_cfg).await?;
         let key_file = data_dir.join("executor.key");
-        std::fs::create_dir_all(data_dir)?;
+        sandbox_local::private::create_private_dir(data_dir)?;
+        // 0600 before the key is written (issue 24).
+        let _ = std::fs::remove_file(&key_file);
+        sandbox_local::private::create_private_file(&key_file)?;
         std::fs::write(&key_file, agents_sim::DEFAULT_EXECUTOR_KEY)?;
 
         let mut controller = ControllerConfig::new(DeploymentId::new(DEPLOYMENT)?);
@@ -122,7 +125,7 @@ impl Demo {
             uncertain_retry_secs: 2,
             // The simulator's remote_url is http://127.0.0.1:PORT/...: local mode applies
             // the same allowlist check, with the loopback host allowed over plain http.
-            remote_url_allowlist: vec![LOOPBACK_REMOTE_URL.to_owned()],
+            remote_url_allowlist: vec![LOOPBACK_REMOTE_URL].into(),
             ..Policy::default()
         };
         controller.stop_readback_interval = Duration::from_millis(100);

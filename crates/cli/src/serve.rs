@@ -14,7 +14,7 @@ use sandbox_core::observed::Policy;
 use sandbox_local::embedded::{EmbeddedConfig, EmbeddedStack};
 use sandbox_local::process_compute::{ExecutorCommand, KeySource};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Arguments of `sandboxctl serve`.
@@ -26,10 +26,17 @@ pub struct ServeArgs {
     /// Environment variable holding the API key.
     #[arg(long, default_value = "OPENAI_API_KEY")]
     api_key_env: String,
+    /// File holding the API key instead (mode 0600 or narrower, else refused).
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
     /// Environment variable holding the webhook signing secret (`whsec_...`).
     #[arg(long, default_value = "OPENAI_WEBHOOK_SECRET")]
     webhook_secret_env: String,
-    /// File holding the executor's restricted key (takes precedence over the env var).
+    /// File holding the webhook signing secret instead (mode 0600 or narrower).
+    #[arg(long)]
+    webhook_secret_file: Option<PathBuf>,
+    /// File holding the executor's restricted key (takes precedence over the env var;
+    /// mode 0600 or narrower, else refused).
     #[arg(long)]
     executor_key_file: Option<PathBuf>,
     /// Environment variable holding the executor's restricted key.
@@ -133,6 +140,29 @@ fn secret_env(name: &str) -> anyhow::Result<String> {
     }
 }
 
+/// A secret from the file `path` (issue 24): refused unless only its owner may read it
+/// (mode `& 0o077 == 0`), so a key file left world-readable is caught at start-up. The
+/// error names the file and its mode, never the content.
+fn secret_file(path: &Path, what: &str) -> anyhow::Result<String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("{what} file {}", path.display()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        bail!(
+            "{what} file {} has mode {mode:o}: others can read it; chmod 600 it",
+            path.display()
+        );
+    }
+    let value =
+        std::fs::read_to_string(path).with_context(|| format!("{what} file {}", path.display()))?;
+    let value = value.trim();
+    if value.is_empty() {
+        bail!("{what} file {} is empty", path.display());
+    }
+    Ok(value.to_owned())
+}
+
 /// A webhook signing secret from the environment variable `name`, checked on its own so a
 /// malformed one is refused naming its variable and the mistake, never the value.
 fn webhook_secret_env(name: &str, what: &str) -> anyhow::Result<String> {
@@ -159,24 +189,41 @@ fn ceilings(args: &ServeArgs, policy: &mut Policy) -> anyhow::Result<()> {
     if !args.remote_url_allow.is_empty() {
         sandbox_core::remote_url::validate_allowlist(&args.remote_url_allow)
             .map_err(|problem| anyhow::anyhow!("--remote-url-allow: {problem}"))?;
-        policy.remote_url_allowlist = args.remote_url_allow.clone();
+        policy.remote_url_allowlist = args.remote_url_allow.clone().into();
     }
     Ok(())
 }
 
 /// Runs the stack until Ctrl-C.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let api_key = secret_env(&args.api_key_env)?;
+    // Before any secret is read (issue 24): a same-user process cannot read this one's
+    // environment or memory from /proc.
+    sandbox_local::private::make_non_dumpable().context("prctl(PR_SET_DUMPABLE, 0)")?;
+    let api_key = match &args.api_key_file {
+        Some(path) => secret_file(path, "API key")?,
+        None => secret_env(&args.api_key_env)?,
+    };
     // Settings first: a misconfiguration fails before any secret is read.
     let mut policy = Policy::default();
     ceilings(&args, &mut policy)?;
-    let webhook_secret = webhook_secret_env(&args.webhook_secret_env, "webhook secret")?;
+    let webhook_secret = match &args.webhook_secret_file {
+        Some(path) => {
+            let value = secret_file(path, "webhook secret")?;
+            sandbox_core::webhook::WebhookVerifier::new(&value)
+                .map_err(|e| anyhow::anyhow!("{} (webhook secret): {e}", path.display()))?;
+            value
+        }
+        None => webhook_secret_env(&args.webhook_secret_env, "webhook secret")?,
+    };
     let previous_webhook_secrets = match &args.webhook_previous_secret_env {
         Some(var) => vec![webhook_secret_env(var, "previous webhook secret")?],
         None => vec![],
     };
     let key = match args.executor_key_file {
-        Some(path) => KeySource::File(path),
+        Some(path) => {
+            secret_file(&path, "executor key")?;
+            KeySource::File(path)
+        }
         None => {
             secret_env(&args.executor_key_env)?;
             KeySource::EnvVar(args.executor_key_env)

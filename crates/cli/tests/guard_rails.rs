@@ -50,34 +50,64 @@ async fn close_refuses_a_session_no_record_names() {
     let data_dir = dir.path().to_str().unwrap();
 
     // No record names it: refused, nothing enqueued, even with --yes.
-    let o = sandboxctl(&["close", "sess_typo", "--data-dir", data_dir, "--yes"], &[]);
+    let o = sandboxctl(
+        &["close", "sess_typo", "--data-dir", data_dir, "--yes"],
+        &[],
+    );
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     let err = stderr(&o);
-    assert!(err.contains("no record of deployment local names session sess_typo"), "{err}");
+    assert!(
+        err.contains("no record of deployment local names session sess_typo"),
+        "{err}"
+    );
     assert!(err.contains("--force"), "{err}");
     assert_eq!(queued_jobs(dir.path()).await, 0, "nothing enqueued");
 
     // --force without --yes, stdin not a terminal: refused after naming the target.
-    let o = sandboxctl(&["close", "sess_typo", "--data-dir", data_dir, "--force"], &[]);
+    let o = sandboxctl(
+        &["close", "sess_typo", "--data-dir", data_dir, "--force"],
+        &[],
+    );
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     let err = stderr(&o);
-    assert!(err.contains("close: backend local, deployment local, data directory"), "{err}");
+    assert!(
+        err.contains("close: backend local, deployment local, data directory"),
+        "{err}"
+    );
     assert!(err.contains("stdin is not a terminal; pass --yes"), "{err}");
     assert_eq!(queued_jobs(dir.path()).await, 0, "nothing enqueued");
 
     // --force --yes: enqueued, and the target was printed first.
     let o = sandboxctl(
-        &["close", "sess_typo", "--data-dir", data_dir, "--force", "--yes"],
+        &[
+            "close",
+            "sess_typo",
+            "--data-dir",
+            data_dir,
+            "--force",
+            "--yes",
+        ],
         &[],
     );
     assert_eq!(o.status.code(), Some(0), "{o:?}");
-    assert!(stderr(&o).contains("backend local, deployment local"), "{o:?}");
+    assert!(
+        stderr(&o).contains("backend local, deployment local"),
+        "{o:?}"
+    );
     assert!(String::from_utf8_lossy(&o.stdout).contains("close of sess_typo enqueued"));
     assert_eq!(queued_jobs(dir.path()).await, 1);
 
     // resolve: a record is needed whatever the flags.
     let o = sandboxctl(
-        &["resolve", "sess_typo", "--effect", "observed", "--data-dir", data_dir, "--yes"],
+        &[
+            "resolve",
+            "sess_typo",
+            "--effect",
+            "observed",
+            "--data-dir",
+            data_dir,
+            "--yes",
+        ],
         &[],
     );
     assert_eq!(o.status.code(), Some(2), "{o:?}");
@@ -101,8 +131,8 @@ fn destructive_commands_never_take_the_backend_from_table_name_alone() {
     }
 }
 
-#[test]
-fn redrive_refuses_jobs_of_sessions_no_record_names() {
+#[tokio::test]
+async fn redrive_refuses_jobs_of_sessions_no_record_names() {
     let dir = tempfile::tempdir().unwrap();
     empty_data_dir(dir.path());
     let data_dir = dir.path().to_str().unwrap();
@@ -113,4 +143,57 @@ fn redrive_refuses_jobs_of_sessions_no_record_names() {
     let o = sandboxctl(&["dlq", "redrive", "--data-dir", data_dir], &[]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     assert!(stderr(&o).contains("pass --yes"), "{o:?}");
+
+    // A dead-lettered job of a session no record names: refused without --force.
+    let events = sandbox_local::SqliteQueue::open(
+        dir.path().join("queues.db"),
+        sandbox_local::embedded::EVENTS_QUEUE,
+        sandbox_local::QueueOptions::fifo().with_max_receive_count(1),
+    )
+    .unwrap();
+    let job = sandbox_controller::job::Job {
+        handoffs: 0,
+        trigger: sandbox_core::observed::Trigger::Close,
+        session_id: sandbox_core::ids::SessionId::new("sess_foreign"),
+        environment_id: None,
+        webhook_id: None,
+        enqueued_at: 1,
+        swept: None,
+    };
+    use sandbox_controller::ports::Queue as _;
+    events
+        .send(sandbox_controller::ports::Outgoing {
+            group: "sess_foreign".into(),
+            dedup_id: "d1".into(),
+            job,
+            delay_secs: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(events.receive(1, 0, 0).await.unwrap().len(), 1);
+    assert!(
+        events.receive(1, 0, 0).await.unwrap().is_empty(),
+        "dead-lettered"
+    );
+    let o = sandboxctl(&["dlq", "redrive", "--data-dir", data_dir, "--yes"], &[]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(
+        stderr(&o).contains("no record names session(s) sess_foreign"),
+        "{o:?}"
+    );
+    assert_eq!(
+        events.stats().await.unwrap().dead_letters,
+        1,
+        "nothing moved"
+    );
+    let o = sandboxctl(
+        &["dlq", "redrive", "--data-dir", data_dir, "--yes", "--force"],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert_eq!(
+        events.stats().await.unwrap().dead_letters,
+        0,
+        "moved with --force"
+    );
 }

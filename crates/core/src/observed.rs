@@ -266,7 +266,10 @@ pub struct Policy {
     /// (`api.openai.com`), a wildcard for its subdomains (`*.example.com`), or
     /// `scheme://host` to allow exactly that scheme for that host (local mode:
     /// `http://127.0.0.1`). Default: `["api.openai.com"]`.
-    pub remote_url_allowlist: Vec<String>,
+    ///
+    /// Parsed once, when the policy is built or read ([`crate::remote_url::Allowlist`]);
+    /// serialised as the list of entries.
+    pub remote_url_allowlist: crate::remote_url::Allowlist,
     /// Workspace snapshots kept per environment, newest first (default 1; at least 1: the
     /// latest is what the next generation restores). Older ones are deleted after each
     /// new snapshot.
@@ -307,7 +310,7 @@ impl Default for Policy {
             no_work_secs: 3_600,
             max_replacements: 3,
             replacement_window_secs: 3_600,
-            remote_url_allowlist: vec![DEFAULT_REMOTE_URL_HOST.to_owned()],
+            remote_url_allowlist: vec![DEFAULT_REMOTE_URL_HOST].into(),
             snapshot_keep: 1,
             close_workspace: crate::workspace::CloseWorkspace::default(),
             max_executors: 0,

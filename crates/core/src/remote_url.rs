@@ -122,9 +122,11 @@ impl Entry {
         };
         if raw.is_empty()
             || raw.contains(|c: char| c.is_whitespace() || c == '@' || c == '\\')
-            || !scheme.as_deref().unwrap_or("https").bytes().all(|b| {
-                b.is_ascii_alphanumeric() || b == b'+' || b == b'-' || b == b'.'
-            })
+            || !scheme
+                .as_deref()
+                .unwrap_or("https")
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'-' || b == b'.')
         {
             return invalid(scheme);
         }
@@ -327,17 +329,11 @@ mod tests {
         // The shape the API gives (events/sessions/ fixtures).
         let allow = crate::observed::Policy::default().remote_url_allowlist;
         assert_eq!(
-            check(
-                "wss://api.openai.com/v1/agents/environments/env_1/connect",
-                &allow
-            ),
+            allow.check("wss://api.openai.com/v1/agents/environments/env_1/connect"),
             Ok(())
         );
         assert_eq!(
-            check(
-                "ws://api.openai.com/v1/agents/environments/env_1/connect",
-                &allow
-            ),
+            allow.check("ws://api.openai.com/v1/agents/environments/env_1/connect"),
             Err(RemoteUrlRefusal::SchemeNotAllowed {
                 scheme: "ws".into(),
                 host: "api.openai.com".into()
@@ -384,7 +380,10 @@ mod tests {
             ("wss://api%2eopenai%2ecom/x", "percent-encoded dots"),
             ("wss://api.open\tai.com/x", "tab inside the host"),
             ("wss://api.openai\n.com/x", "newline inside the host"),
-            ("wss://api\r.openai.com/x", "carriage return inside the host"),
+            (
+                "wss://api\r.openai.com/x",
+                "carriage return inside the host",
+            ),
             ("wss://api\u{ff0e}openai\u{ff0e}com/x", "full-width dots"),
             ("wss://api\u{3002}openai.com/x", "ideographic full stop"),
             ("WSS://api.openai.com/x", "upper-case scheme"),
@@ -422,14 +421,14 @@ mod tests {
         let allow = list(&["http://127.0.0.1"]);
         assert_eq!(check("http://127.0.0.1:4010/v1/x", &allow), Ok(()));
         for text in [
-            "http://2130706433:4010/v1/x",    // decimal
-            "http://0x7f000001:4010/v1/x",    // hex
-            "http://0x7f.0.0.1:4010/v1/x",    // hex part
-            "http://0177.0.0.1:4010/v1/x",    // octal
-            "http://017700000001:4010/v1/x",  // octal, one number
-            "http://127.1:4010/v1/x",         // short form
-            "http://127.0.0.1.:4010/v1/x",    // trailing dot
-            "http://%31%32%37.0.0.1:4010/x",  // percent-encoded digits
+            "http://2130706433:4010/v1/x",   // decimal
+            "http://0x7f000001:4010/v1/x",   // hex
+            "http://0x7f.0.0.1:4010/v1/x",   // hex part
+            "http://0177.0.0.1:4010/v1/x",   // octal
+            "http://017700000001:4010/v1/x", // octal, one number
+            "http://127.1:4010/v1/x",        // short form
+            "http://127.0.0.1.:4010/v1/x",   // trailing dot
+            "http://%31%32%37.0.0.1:4010/x", // percent-encoded digits
         ] {
             assert_eq!(check(text, &allow), not_canonical("127.0.0.1"), "{text}");
         }

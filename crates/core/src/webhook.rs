@@ -471,7 +471,8 @@ mod tests {
         let v = WebhookVerifier::with_secrets(&[
             "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
             "whsec_b3RoZXItc2VjcmV0LWZvci1yb3RhdGlvbg==",
-        ]).unwrap();
+        ])
+        .unwrap();
         let body = vec![b'x'; 1 << 20];
         let now = 1_800_000_000;
         let ts = now.to_string();
@@ -483,14 +484,18 @@ mod tests {
             ("v1,AAAA", VerifyError::SignatureMismatch), // 3 bytes, not 32
         ] {
             let before = tags();
-            assert_eq!(v.verify_parts("msg_1", &ts, sig, &body, now).unwrap_err(), want);
+            assert_eq!(
+                v.verify_parts("msg_1", &ts, sig, &body, now).unwrap_err(),
+                want
+            );
             assert_eq!(tags(), before, "{sig:?}: no HMAC computed");
         }
         // A well-formed entry costs one HMAC per secret, and a right one passes.
         let before = tags();
         let wrong = format!("v1,{}", BASE64.encode([0u8; 32]));
         assert_eq!(
-            v.verify_parts("msg_1", &ts, &wrong, &body, now).unwrap_err(),
+            v.verify_parts("msg_1", &ts, &wrong, &body, now)
+                .unwrap_err(),
             VerifyError::SignatureMismatch
         );
         assert_eq!(tags(), before + 2);

@@ -59,21 +59,38 @@ fn candidate() -> impl Strategy<Value = String> {
         "",
     ]);
     let tricky = prop::sample::select(vec![
-        "", "", "", "\t", "\n", "\\", "@", "%2e", "\u{ff0e}", ":", "/", "#", "?", "%40",
-        "evil.test@", " ",
+        "",
+        "",
+        "",
+        "\t",
+        "\n",
+        "\\",
+        "@",
+        "%2e",
+        "\u{ff0e}",
+        ":",
+        "/",
+        "#",
+        "?",
+        "%40",
+        "evil.test@",
+        " ",
     ]);
-    (scheme, host, port, path, tricky, any::<prop::sample::Index>()).prop_map(
-        |(scheme, host, port, path, tricky, at)| {
+    (
+        scheme,
+        host,
+        port,
+        path,
+        tricky,
+        any::<prop::sample::Index>(),
+    )
+        .prop_map(|(scheme, host, port, path, tricky, at)| {
             let mut s = format!("{scheme}{host}{port}{path}");
-            let boundaries: Vec<usize> = s
-                .char_indices()
-                .map(|(i, _)| i)
-                .chain([s.len()])
-                .collect();
+            let boundaries: Vec<usize> =
+                s.char_indices().map(|(i, _)| i).chain([s.len()]).collect();
             s.insert_str(boundaries[at.index(boundaries.len())], tricky);
             s
-        },
-    )
+        })
 }
 
 /// The host WHATWG reads, in the form `urlsplit(...).hostname` gives it: lower case,

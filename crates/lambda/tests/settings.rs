@@ -234,7 +234,7 @@ fn ceilings_default_when_unset() {
         ),
         (28_800, 32_400, 3_600, 3, 3_600)
     );
-    assert_eq!(p.remote_url_allowlist, ["api.openai.com"]);
+    assert_eq!(p.remote_url_allowlist.entries(), ["api.openai.com"]);
     assert_eq!(p.max_executors, 0, "the concurrency cap is off by default");
 }
 
@@ -259,7 +259,10 @@ fn ceilings_are_read_from_their_variables() {
     assert_eq!(p.no_work_secs, 0);
     assert_eq!(p.max_replacements, 5);
     assert_eq!(p.replacement_window_secs, 600);
-    assert_eq!(p.remote_url_allowlist, ["api.openai.com", "*.corp.example"]);
+    assert_eq!(
+        p.remote_url_allowlist.entries(),
+        ["api.openai.com", "*.corp.example"]
+    );
 }
 
 #[test]

@@ -27,8 +27,9 @@ pub const EVENTS_QUEUE: &str = "events.fifo";
 /// Name of the standard timers queue inside the database.
 pub const TIMERS_QUEUE: &str = "timers";
 
-/// Settings of the embedded stack.
-#[derive(Clone, Debug)]
+/// Settings of the embedded stack. Its `Debug` redacts the webhook secrets (issue 24);
+/// the API key and an executor key given by value redact themselves.
+#[derive(Clone)]
 pub struct EmbeddedConfig {
     /// Holds `sandbox.db` (registry, executor table), `queues.db` (events and timers
     /// queues) and `workspaces/`.
@@ -65,6 +66,29 @@ pub struct EmbeddedConfig {
 
 /// History rows one sweep tick prunes at most (per table).
 const PRUNE_PER_SWEEP: usize = 5_000;
+impl std::fmt::Debug for EmbeddedConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedConfig")
+            .field("data_dir", &self.data_dir)
+            .field("agents_api", &self.agents_api)
+            .field("webhook_secret", &"<redacted>")
+            .field("executor", &self.executor)
+            .field("executor_key", &self.executor_key)
+            .field("controller", &self.controller)
+            .field("workers", &self.workers)
+            .field("sweep_interval", &self.sweep_interval)
+            .field("listen", &self.listen)
+            .field("stop_grace", &self.stop_grace)
+            .field("max_receive_count", &self.max_receive_count)
+            .field(
+                "previous_webhook_secrets",
+                &format_args!("<{} redacted>", self.previous_webhook_secrets.len()),
+            )
+            .field("webhook_tolerance_secs", &self.webhook_tolerance_secs)
+            .field("history_retention_secs", &self.history_retention_secs)
+            .finish()
+    }
+}
 
 impl EmbeddedConfig {
     /// Defaults around the required parts.
@@ -156,7 +180,7 @@ impl EmbeddedStack {
             .collect();
         let verifier = WebhookVerifier::with_secrets(&secrets)?
             .with_tolerance_secs(cfg.webhook_tolerance_secs);
-        std::fs::create_dir_all(&cfg.data_dir).map_err(|source| EmbeddedError::Io {
+        crate::private::create_private_dir(&cfg.data_dir).map_err(|source| EmbeddedError::Io {
             what: "create data dir",
             source,
         })?;

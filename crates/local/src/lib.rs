@@ -26,6 +26,7 @@
 
 mod db;
 pub mod embedded;
+pub mod private;
 pub mod process_compute;
 pub mod settings_file;
 pub mod sqlite_queue;

@@ -485,7 +485,19 @@ fn gone(children: &Children, row: &InstanceRow) -> Option<Option<ExitInfo>> {
     }
 }
 
-fn signal_group(pid: i32, signal: Signal) {
+/// Signals the process group `pid`, unless `/proc` shows that `pid` now belongs to another
+/// process than the one that started at `start_ticks` (issue 24: after pid reuse, a
+/// group id equal to the reused pid would be someone else's group; Linux keeps a pid
+/// number from reuse while it still names a live group, so a reused pid means no
+/// straggler of ours is left to signal).
+fn signal_group(pid: i32, start_ticks: Option<u64>, signal: Signal) {
+    if let (Some(recorded), true) = (start_ticks, proc_available())
+        && let Ok((_, start)) = proc_stat(pid)
+        && start != recorded
+    {
+        tracing::warn!(pid, ?signal, "pid reused by another process; not signalled");
+        return;
+    }
     if pid > 0 {
         // ESRCH (already gone) is the expected race; nothing else can go wrong for a
         // group we created.
@@ -535,7 +547,7 @@ fn refresh(
         Some(exit) => {
             mark_stopped(conn, &row.instance_id, exit)?;
             if row.status == STOPPING {
-                signal_group(row.pid, Signal::SIGKILL); // stragglers of the group
+                signal_group(row.pid, row.proc_start_ticks, Signal::SIGKILL); // stragglers of the group
             }
             Ok(load(conn, &row.instance_id)?.unwrap_or(row))
         }
@@ -547,7 +559,7 @@ fn refresh(
                     .saturating_add(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
                 if now_ms() >= due {
                     tracing::warn!(instance_id = %row.instance_id, pid = row.pid, "stop grace elapsed; sending SIGKILL");
-                    signal_group(row.pid, Signal::SIGKILL);
+                    signal_group(row.pid, row.proc_start_ticks, Signal::SIGKILL);
                 }
             }
             Ok(row)
@@ -653,7 +665,7 @@ impl Inner {
             })
             .await?;
         if gone(&self.children, row).is_none() {
-            signal_group(row.pid, Signal::SIGTERM);
+            signal_group(row.pid, row.proc_start_ticks, Signal::SIGTERM);
         }
         Ok(())
     }
@@ -671,7 +683,7 @@ impl Inner {
         }
         for r in &alive {
             tracing::warn!(instance_id = %r.instance_id, pid = r.pid, "stop grace elapsed; sending SIGKILL");
-            signal_group(r.pid, Signal::SIGKILL);
+            signal_group(r.pid, r.proc_start_ticks, Signal::SIGKILL);
         }
         let kill_deadline = Instant::now() + KILL_WAIT;
         while !alive.is_empty() && Instant::now() < kill_deadline {
@@ -711,7 +723,7 @@ impl Drop for DropGuard {
         };
         for row in rows {
             if gone(&self.inner.children, &row).is_none() {
-                signal_group(row.pid, Signal::SIGKILL);
+                signal_group(row.pid, row.proc_start_ticks, Signal::SIGKILL);
                 tracing::info!(instance_id = %row.instance_id, pid = row.pid, "killed on drop");
             }
             let _ = conn.execute(
@@ -912,7 +924,10 @@ impl Compute for ProcessCompute {
                 if let Err(e) = fresh_workspace(&workspace_p, restore_from.as_deref()) {
                     return Ok(Spawned::Failed(format!("workspace could not be prepared: {e}")));
                 }
-                let log = match std::fs::OpenOptions::new().create(true).append(true).open(&log_s) {
+                // 0600: the log may quote what the executor printed (issue 24).
+                let log = match crate::private::create_private_file(Path::new(&log_s))
+                    .and_then(|()| std::fs::OpenOptions::new().append(true).open(&log_s))
+                {
                     Ok(f) => f,
                     Err(e) => return Ok(Spawned::Failed(format!("log file could not be opened: {e}"))),
                 };
@@ -972,7 +987,7 @@ impl Compute for ProcessCompute {
                     )
                     .and_then(|_| tx.commit());
                 if let Err(e) = inserted {
-                    signal_group(pid, Signal::SIGKILL);
+                    signal_group(pid, None, Signal::SIGKILL);
                     let _ = child.start_kill();
                     return Err(DbError::Sql(e));
                 }
@@ -1346,4 +1361,29 @@ fn list_local(
     }
     out.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(out)
+}
+
+#[cfg(test)]
+mod pid_reuse_tests {
+    use super::*;
+    use std::os::unix::process::CommandExt as _;
+
+    /// Issue 24: a recorded start time that is not the live process's one means the pid
+    /// was reused; the group is not signalled.
+    #[test]
+    fn no_signal_to_a_reused_pid() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let (_, start) = proc_stat(pid).unwrap();
+        signal_group(pid, Some(start + 1), Signal::SIGKILL);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(child.try_wait().unwrap().is_none(), "another start time: not killed");
+        signal_group(pid, Some(start), Signal::SIGKILL);
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "its own start time: killed");
+    }
 }

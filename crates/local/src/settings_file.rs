@@ -47,6 +47,8 @@ pub fn write(data_dir: &Path, config: &ControllerConfig) -> std::io::Result<()> 
     };
     let body = serde_json::to_vec_pretty(&settings).map_err(std::io::Error::other)?;
     let tmp = data_dir.join(format!("{SETTINGS_FILE}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    crate::private::create_private_file(&tmp)?;
     std::fs::write(&tmp, body)?;
     std::fs::rename(&tmp, path(data_dir))
 }
@@ -78,7 +80,7 @@ mod tests {
         let mut config = ControllerConfig::new(DeploymentId::new("dep-1").unwrap());
         config.policy.shutdown_grace_secs = 7;
         config.policy.max_lifetime_secs = 60;
-        config.policy.remote_url_allowlist = vec!["example.test".into()];
+        config.policy.remote_url_allowlist = vec!["example.test"].into();
         config.filter.workspace_directory = Some("/w".into());
         write(dir.path(), &config).unwrap();
         let got = read(dir.path()).unwrap().unwrap();

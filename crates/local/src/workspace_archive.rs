@@ -108,6 +108,8 @@ pub fn archive_dir(dir: &Path, archive: &Path) -> Result<(), PortError> {
             .unwrap_or("archive")
     ));
     let write = || -> io::Result<()> {
+        let _ = fs::remove_file(&tmp);
+        crate::private::create_private_file(&tmp)?;
         let file = fs::File::create(&tmp)?;
         let encoder = zstd::stream::write::Encoder::new(file, ZSTD_LEVEL)?;
         let mut builder = tar::Builder::new(encoder);

@@ -73,8 +73,14 @@ async fn remote_url_the_executor_gets_is_the_one_the_allowlist_checked() {
     let allow = ["api.openai.com", "http://127.0.0.1", "http://[::1]"];
     // (text, starts?) — every form the issue names, plus the canonical ones.
     let cases = [
-        ("wss://api.openai.com/v1/agents/environments/env_url/connect", true),
-        ("http://127.0.0.1:4010/v1/environments/env_url/connect?t=a%20b", true),
+        (
+            "wss://api.openai.com/v1/agents/environments/env_url/connect",
+            true,
+        ),
+        (
+            "http://127.0.0.1:4010/v1/environments/env_url/connect?t=a%20b",
+            true,
+        ),
         ("http://[::1]:4010/v1/x", true),
         ("wss://api.openai.com\\@evil.test/x", false),
         ("wss://api%2eopenai%2ecom/x", false),
@@ -140,14 +146,21 @@ async fn remote_url_the_executor_gets_is_the_one_the_allowlist_checked() {
             {
                 break s;
             }
-            assert!(Instant::now() < deadline, "{} never written", file.display());
+            assert!(
+                Instant::now() < deadline,
+                "{} never written",
+                file.display()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         // Byte for byte the text that was checked, in the variable and the argument, and
         // the text is its own WHATWG serialisation.
         assert_eq!(got, format!("{text}\n{text}\nEND\n"), "{text:?}");
         assert_eq!(url::Url::parse(text).unwrap().as_str(), text);
-        compute.stop(&inst.instance_id, "test", u64::MAX).await.unwrap();
+        compute
+            .stop(&inst.instance_id, "test", u64::MAX)
+            .await
+            .unwrap();
         started += 1;
     }
     assert_eq!(started, 3);

@@ -98,7 +98,7 @@ impl World {
         c.stop_readback_interval = Duration::from_millis(10);
         c.stop_readback_timeout = Duration::from_secs(5);
         // The twin's sessions name `wss://agents.twin.invalid/...` (crate::sessions).
-        c.policy.remote_url_allowlist = vec![TWIN_REMOTE_URL_HOST.to_owned()];
+        c.policy.remote_url_allowlist = vec![TWIN_REMOTE_URL_HOST].into();
         c
     }
 

@@ -263,7 +263,7 @@ pub fn harness_config(deployment: DeploymentId, opts: &AwsOptions) -> Controller
         shutdown_grace_secs: opts.common.grace_secs,
         recheck_secs: 1,
         uncertain_retry_secs: 1,
-        remote_url_allowlist: vec![crate::SIM_REMOTE_URL_HOST.to_owned()],
+        remote_url_allowlist: vec![crate::SIM_REMOTE_URL_HOST].into(),
         close_workspace: opts.common.close_workspace,
         ..Policy::default()
     };

@@ -159,7 +159,7 @@ impl Harness {
             shutdown_grace_secs: opts.grace_secs,
             recheck_secs: 1,
             uncertain_retry_secs: 1,
-            remote_url_allowlist: vec![SIM_REMOTE_URL_HOST.to_owned()],
+            remote_url_allowlist: vec![SIM_REMOTE_URL_HOST].into(),
             close_workspace: opts.close_workspace,
             ..Policy::default()
         };

@@ -21,6 +21,11 @@ use std::time::{Duration, Instant};
 pub fn serve_command(dir: &Path, sim_base: &str, port: u16, extra: &[&str]) -> Command {
     let key_file = dir.join("executor.key");
     std::fs::write(&key_file, agents_sim::DEFAULT_EXECUTOR_KEY).unwrap();
+    // serve refuses a key file others can read (issue 24).
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     let mut cmd = Command::new(workspace_binary("sandboxctl").unwrap());
     cmd.arg("serve")
         .args(["--agents-api", sim_base])

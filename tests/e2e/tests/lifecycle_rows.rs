@@ -803,7 +803,7 @@ async fn ceiling_remote_url_not_on_the_allowlist_starts_no_executor_and_is_recon
     // The production default: https://api.openai.com only; the simulator's remote_url is
     // http://127.0.0.1:PORT/...
     let h = H::start(Options {
-        ceilings: |p| p.remote_url_allowlist = vec!["api.openai.com".into()],
+        ceilings: |p| p.remote_url_allowlist = vec!["api.openai.com"].into(),
         ..Options::default()
     })
     .await

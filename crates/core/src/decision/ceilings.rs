@@ -77,8 +77,12 @@ impl View<'_> {
     /// executor; anything else is held for an owner, and no compute starts.
     fn remote_url_refused(&self, session: &Session) -> Option<Decision> {
         let env = session.self_hosted()?;
-        let refusal =
-            crate::remote_url::check(&env.remote_url, &self.o.policy.remote_url_allowlist).err()?;
+        let refusal = self
+            .o
+            .policy
+            .remote_url_allowlist
+            .check(&env.remote_url)
+            .err()?;
         Some(Decision::new(
             Outcome::Reconcile,
             Reason::RemoteUrlNotAllowed { refusal },

@@ -152,7 +152,7 @@ pub fn observe(trigger: Trigger, session: Session) -> Observed {
 /// The default policy, with the test sessions' `remote_url` host allowed.
 pub fn test_policy() -> Policy {
     Policy {
-        remote_url_allowlist: vec!["wss://agents.example.test".into()],
+        remote_url_allowlist: vec!["wss://agents.example.test"].into(),
         ..Policy::default()
     }
 }
