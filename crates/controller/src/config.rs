@@ -47,6 +47,10 @@ pub struct ControllerConfig {
     /// 3,600; 0 sweeps it every time). Closed records are never swept again unless a live
     /// compute of theirs shows up.
     pub settled_resweep_secs: u64,
+    /// Where the deployment's executor key lives, for the terminal record's
+    /// `executor_credential` (issue 25: what to rotate and where), e.g. the Secrets
+    /// Manager secret the task definition injects, or `serve`'s key file.
+    pub executor_key_location: String,
 }
 
 impl ControllerConfig {
@@ -67,6 +71,8 @@ impl ControllerConfig {
             sweep_jobs_per_sec: 20,
             sweep_interval_secs: 300,
             settled_resweep_secs: 3_600,
+            executor_key_location:
+                "the deployment's executor key (CODEX_API_KEY of every executor)".into(),
         }
     }
 }

@@ -883,10 +883,13 @@ where
                     Ok(())
                 }
                 Effect::MarkClosed => match self.close_workspace(act).await {
-                    Ok(()) => {
-                        act.change(effect);
-                        Ok(())
-                    }
+                    Ok(()) => match self.write_terminal(act).await {
+                        Ok(()) => {
+                            act.change(effect);
+                            Ok(())
+                        }
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 },
                 record_only => {
@@ -1248,6 +1251,35 @@ where
             .receipt(&receipt)
             .await
             .map_err(|e| format!("receipt write failed: {e}"))
+    }
+
+    /// The close's terminal record (issue 25), written once as its own item right before
+    /// the record is marked closed, from the receipts the close confirmed (the
+    /// `workspace_closed` one just written included): every closed record has one, and a
+    /// close that resumes after a crash finds it stored and leaves it as it is. A failed
+    /// write fails `MarkClosed` (the close is retried), so "closed" never lacks its record.
+    async fn write_terminal(&self, act: &Act) -> Result<(), String> {
+        let key = act.fresh.environment_id.effect_key();
+        let receipts = self
+            .registry
+            .receipts(&key)
+            .await
+            .map_err(|e| format!("receipts read failed: {e}"))?;
+        let terminal = crate::terminal::TerminalRecord::assemble(
+            &act.fresh,
+            &receipts,
+            self.config.deployment.as_str(),
+            &self.config.executor_key_location,
+            self.clock.now(),
+        );
+        match self.registry.put_terminal(&terminal).await {
+            Ok(true) => {
+                tracing::info!(effect_key = %key, "terminal record written");
+                Ok(())
+            }
+            Ok(false) => Ok(()),
+            Err(e) => Err(format!("terminal record write failed: {e}")),
+        }
     }
 
     async fn delete_session(&self, id: &SessionId, act: &Act) -> Result<(), String> {
