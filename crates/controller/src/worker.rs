@@ -40,9 +40,11 @@ use crate::ports::{
 };
 use sandbox_agents_api::{ApiError, PageParams, SessionsApi};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
-use sandbox_core::decision::{Decision, Effect, Outcome, StopReason, StopSpec, decide};
+use sandbox_core::decision::{
+    Decision, Effect, Outcome, StopReason, StopSpec, TurnDetail, decide, evidence_for,
+};
 use sandbox_core::environment::EnvironmentStatus;
-use sandbox_core::evidence::{ConnectionObservation, ToolLayer, TurnDetail, evidence_for};
+use sandbox_core::evidence::{ConnectionObservation, ToolLayer};
 use sandbox_core::ids::{EnvironmentId, InstanceId, SessionId};
 use sandbox_core::observed::{
     EnvironmentRead, Inventory, Observed, SessionView, Trigger, TurnEvidence,

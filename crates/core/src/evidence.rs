@@ -12,18 +12,15 @@
 //! - [`Evidence::holds_files`]: an open question with a tool that did not complete, and no
 //!   snapshot of the files, holds the compute: the idle lease does not stop it
 //!   ([`crate::decide`]). New input and connection requests proceed as usual.
-//! - [`evidence_for`] derives the entry a decision calls for, purely; the controller
-//!   appends it to the record with [`append`] (idempotent: the same question is recorded
-//!   once).
+//! - [`crate::decision::evidence_for`] derives the entry a decision calls for, purely; the
+//!   controller appends it to the record with [`append`] (idempotent: the same question is
+//!   recorded once).
 //! - An owner closes the open questions with [`Resolution`] (`sandboxctl resolve`), applied
 //!   by [`crate::decision::Effect::ResolveReconciliation`] under the effect-key lock.
 
 use crate::compute::InstanceRef;
-use crate::decision::{Decision, Outcome, Reason};
 use crate::environment::EnvironmentStatus;
 use crate::ids::Generation;
-use crate::observed::Observed;
-use crate::record::Record;
 use crate::turn::{ItemStatus, TurnStatus};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -275,80 +272,6 @@ impl Evidence {
     }
 }
 
-/// What the controller read about the turn a decision concerns, beyond
-/// [`crate::observed::TurnEvidence`]: the turn's error and every tool item that is not
-/// completed.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TurnDetail {
-    /// The turn's `error`, compact.
-    pub error: Option<String>,
-    /// Tool items that are not `completed` (at most [`MAX_TOOLS`]).
-    pub tools: Vec<ToolLayer>,
-}
-
-/// The evidence entry a decision calls for, if any: every `reconcile` and `divergent`
-/// decision, an `uncertain` one only when `retried` (held past one retry), and every
-/// answered timed-out submission. Pure; `detail` is what the worker read of the turn.
-pub fn evidence_for(
-    o: &Observed,
-    d: &Decision,
-    detail: Option<&TurnDetail>,
-    retried: bool,
-) -> Option<Evidence> {
-    let trigger = match (&d.outcome, &d.reason) {
-        (_, Reason::MidTurnDisconnect { .. }) => EvidenceTrigger::MidTurnDisconnect,
-        (_, Reason::SubmissionFound { .. } | Reason::SubmissionNotFound) => {
-            EvidenceTrigger::InputTimedOut
-        }
-        (_, Reason::TurnWithoutExecutor) => EvidenceTrigger::TurnWithoutExecutor,
-        (_, Reason::StartFailing { .. }) => EvidenceTrigger::StartFailing,
-        // Holding is the consequence of evidence already recorded, not a new question.
-        (_, Reason::HeldForOwner { .. }) => return None,
-        (Outcome::Reconcile, _) => EvidenceTrigger::Divergent,
-        (Outcome::Divergent, _) => EvidenceTrigger::Divergent,
-        (Outcome::Uncertain, _) if retried => EvidenceTrigger::Uncertain,
-        _ => return None,
-    };
-    let turn_read = o.latest_turn.as_ref().filter(|_| {
-        matches!(
-            trigger,
-            EvidenceTrigger::MidTurnDisconnect | EvidenceTrigger::InputTimedOut
-        )
-    });
-    let turn = turn_read.map(|t| TurnLayer {
-        id: t.turn_id.clone(),
-        status: t.status,
-        error: detail.and_then(|x| x.error.clone()),
-    });
-    let tools = match (turn_read, detail) {
-        (Some(_), Some(x)) => x.tools.iter().take(MAX_TOOLS).cloned().collect(),
-        (Some(t), None) => t
-            .broken_tools
-            .iter()
-            .take(MAX_TOOLS)
-            .map(|(id, kind, status)| ToolLayer {
-                id: id.clone(),
-                kind: kind.clone(),
-                status: *status,
-            })
-            .collect(),
-        _ => vec![],
-    };
-    let submission = (trigger == EvidenceTrigger::InputTimedOut)
-        .then(|| SubmissionOutcome::of(turn_read.map(|t| t.status)));
-    Some(Evidence {
-        trigger,
-        reason: d.reason.to_string(),
-        turn,
-        tools,
-        workspace: workspace_of(o),
-        effect: EffectState::Unknown,
-        submission,
-        observed_at: o.now,
-        resolution: None,
-    })
-}
-
 /// A snapshot of generation `generation`'s files was taken (after its compute was read
 /// back stopped): every open entry observed on that generation without a snapshot now
 /// names it, so the owner finds the files there, and the entry no longer holds compute
@@ -369,21 +292,6 @@ pub fn attach_snapshot(list: &mut [Evidence], generation: Generation, snapshot_i
 pub fn names_snapshot(list: &[Evidence], snapshot_id: &str) -> bool {
     list.iter()
         .any(|e| e.is_open() && e.workspace.snapshot.as_deref() == Some(snapshot_id))
-}
-
-/// The workspace layer as observed: the record's generation and the compute it names when
-/// the record claims one runs ("live in task X"); the snapshot is named later, when that
-/// generation's files are saved ([`attach_snapshot`]).
-fn workspace_of(o: &Observed) -> WorkspaceLayer {
-    let record = o.record.as_ref();
-    WorkspaceLayer {
-        generation: record.map(|r| r.generation).unwrap_or_default(),
-        live_in: record
-            .filter(|r| r.claims_compute())
-            .and_then(Record::current)
-            .cloned(),
-        snapshot: None,
-    }
 }
 
 /// Appends `entry` to `list` unless the same question is already recorded; keeps at most

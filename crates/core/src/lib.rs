@@ -10,7 +10,13 @@
 //! - identifiers, effect keys, generations and compute idempotency tokens ([`ids`]);
 //! - the controller's own state ([`record`], [`compute`]) and the observation it decides on
 //!   ([`observed`]);
-//! - the decision itself, [`decide`], in one file ([`decision`]).
+//! - the decision itself, [`decide`], one concern per file of [`decision`], and the types it
+//!   returns ([`outcome`], [`reason`]), which import nothing above them.
+//!
+//! Module layers, each importing only those before it: the API models, [`ids`],
+//! [`compute`], [`workspace`], [`remote_url`] and [`webhook`]; [`evidence`]; [`record`];
+//! [`observed`]; [`reason`] and [`outcome`]; [`decision`] (checked by
+//! `tests/house_rules.rs`).
 //!
 //! Source of the rules: `shared/reference/agents-api.md` (API facts) and
 //! `shared/reference/lifecycle-cases.md` (the situations and their one right outcome).
@@ -25,6 +31,8 @@ pub mod event;
 pub mod evidence;
 pub mod ids;
 pub mod observed;
+pub mod outcome;
+pub mod reason;
 pub mod record;
 pub mod remote_url;
 pub mod session;

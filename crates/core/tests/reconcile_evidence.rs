@@ -4,11 +4,13 @@
 
 mod support;
 
-use sandbox_core::decision::{Effect, Outcome, Reason, StopReason, StopSpec, decide};
+use sandbox_core::decision::{
+    Effect, Outcome, Reason, StopReason, StopSpec, TurnDetail, decide, evidence_for,
+};
 use sandbox_core::environment::EnvironmentStatus;
 use sandbox_core::evidence::{
     EffectState, Evidence, EvidenceTrigger, MAX_EVIDENCE, Resolution, SubmissionOutcome, ToolLayer,
-    TurnDetail, TurnLayer, WorkspaceLayer, append, evidence_for,
+    TurnLayer, WorkspaceLayer, append,
 };
 use sandbox_core::observed::{Trigger, TurnEvidence, Unavailable};
 use sandbox_core::record::Record;
