@@ -248,7 +248,7 @@ fn terminal(record: Option<&Record>, audit: &[AuditEntry], receipts: &[Receipt])
     let stop_confirmed = stopped.is_some() || nothing_to_stop;
     let reconcile = audit.iter().rposition(|e| e.outcome == "reconcile");
     let unknown = audit.iter().rposition(|e| {
-        e.outcome == "uncertain" && e.trigger.get("kind") == Some(&json!("input_timed_out"))
+        e.outcome == "uncertain" && e.trigger.get("kind") == Some(&json!("timeout_reported"))
     });
     // The record's evidence says it best: an open question is `unknown`, the latest
     // resolution says what the owner found.

@@ -46,8 +46,6 @@ pub enum Trigger {
     Sweep,
     /// An operator closes the session (lifecycle-cases.md row 25).
     Close,
-    /// An input submission got no response; its outcome is unknown (row 21).
-    InputTimedOut,
     /// An operator resets the environment's failed-start count (`sandboxctl
     /// reset-start-failures`): attempts resume at once instead of after the cooldown
     /// ([`Policy::start_failing_cooldown_secs`]).
@@ -479,4 +477,12 @@ pub struct Observed {
     /// submission (it never started). `false` when not read or when found.
     #[serde(default)]
     pub turn_not_found: bool,
+    /// The session's latest turn was read for this decision (issue 25): `latest_turn` is
+    /// the answer (`None`: the session has no turn). `false` when not read or when the
+    /// read failed. Every stop of an idle session — its lease, the maximum lifetime, the
+    /// no-work lease — needs it: without a turn read nothing is stopped (a queued turn
+    /// may be about to start, agents-api.md), except past the hard lifetime cap, where
+    /// the stop is recorded with evidence for an owner.
+    #[serde(default)]
+    pub turns_read: bool,
 }

@@ -75,7 +75,7 @@ impl View<'_> {
 
     /// Issue 13 item 5: only an `https` `remote_url` on an allowed host reaches an
     /// executor; anything else is held for an owner, and no compute starts.
-    fn remote_url_refused(&self, session: &Session) -> Option<Decision> {
+    pub(super) fn remote_url_refused(&self, session: &Session) -> Option<Decision> {
         let env = session.self_hosted()?;
         let refusal =
             crate::remote_url::check(&env.remote_url, &self.o.policy.remote_url_allowlist).err()?;
@@ -117,23 +117,31 @@ impl View<'_> {
             return None;
         }
         let busy = session.is_busy() || self.turn_active();
-        if !busy {
+        let hard = p.lifetime_hard_cap_secs.max(p.max_lifetime_secs);
+        let past_hard_cap = p.lifetime_hard_cap_secs > 0 && age_secs >= hard;
+        // Issue 25: past the hard cap the stop goes ahead, but a turn that runs (or that
+        // was not read) makes it a reconciliation with evidence, never a silent cut.
+        if past_hard_cap && (busy || !self.o.turns_read) {
             return Some(self.ceiling_stop(
                 c,
-                Outcome::Stop,
-                Reason::LifetimeExceeded { age_secs },
-                StopReason::LifetimeExceeded,
-            ));
-        }
-        let hard = p.lifetime_hard_cap_secs.max(p.max_lifetime_secs);
-        (p.lifetime_hard_cap_secs > 0 && age_secs >= hard).then(|| {
-            self.ceiling_stop(
-                c,
-                Outcome::Stop,
+                Outcome::Reconcile,
                 Reason::LifetimeHardCap { age_secs },
                 StopReason::LifetimeHardCap,
-            )
-        })
+            ));
+        }
+        if busy {
+            return None;
+        }
+        // Issue 25: an idle session's executor is stopped only on a turn read.
+        if !self.o.turns_read {
+            return Some(self.turns_not_read());
+        }
+        Some(self.ceiling_stop(
+            c,
+            Outcome::Stop,
+            Reason::LifetimeExceeded { age_secs },
+            StopReason::LifetimeExceeded,
+        ))
     }
 
     /// Issue 13 item 2: no turn and no connection request for the no-work period, whatever
@@ -172,6 +180,8 @@ impl View<'_> {
             Some(_) if !no_work => Some(
                 Decision::new(Outcome::CancelStop, Reason::NewWork).with([Effect::DropNoWorkLease]),
             ),
+            // Issue 25: one turn read before the no-work stop (new work cancels it above).
+            Some(l) if now >= l.due_at && !self.o.turns_read => Some(self.turns_not_read()),
             Some(l) if now >= l.due_at => Some(self.ceiling_stop(
                 c,
                 Outcome::Stop,
