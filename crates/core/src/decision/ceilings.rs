@@ -170,7 +170,15 @@ impl View<'_> {
         .unwrap_or(0);
         let now = self.o.now;
         let quiet_secs = now.saturating_sub(last_work);
-        let working = session.status == SessionStatus::InProgress || self.turn_active();
+        // Work is a turn queued or running (issue 25: the turn read before the stop); a
+        // turn paused on a required action (`waiting`) is what no-work is for.
+        let turn_working = self.o.latest_turn.as_ref().is_some_and(|t| {
+            matches!(
+                t.status,
+                crate::turn::TurnStatus::Queued | crate::turn::TurnStatus::InProgress
+            )
+        });
+        let working = session.status == SessionStatus::InProgress || turn_working;
         let no_work = !working && quiet_secs >= p.no_work_secs;
         match lease {
             Some(l) if l.target != c.as_ref() => Some(
