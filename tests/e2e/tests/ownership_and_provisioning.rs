@@ -230,8 +230,8 @@ async fn two_deployments_split_sessions_by_metadata() {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // Each provider runs exactly its own session's executor.
-    assert_eq!(live_envs(&a).await.unwrap(), [env_a.clone()]);
-    assert_eq!(live_envs(&b).await.unwrap(), [env_b.clone()]);
+    assert_eq!(live_envs(&a).await.unwrap(), std::slice::from_ref(&env_a));
+    assert_eq!(live_envs(&b).await.unwrap(), std::slice::from_ref(&env_b));
     assert_eq!(os_executors(Some(&env_a)).len(), 1);
     assert_eq!(os_executors(Some(&env_b)).len(), 1);
     assert!(os_executors(Some(&env_n)).is_empty(), "nobody owns team-c");
@@ -303,7 +303,7 @@ async fn provisioning_on_created_connects_before_the_first_input() {
     .await
     .unwrap();
     assert!(client.list_turns(&session).await.unwrap().data.is_empty());
-    assert_eq!(live_envs(&stack).await.unwrap(), [env.clone()]);
+    assert_eq!(live_envs(&stack).await.unwrap(), std::slice::from_ref(&env));
     let record = stack
         .controller()
         .registry
