@@ -101,6 +101,7 @@ deploy-help:
 	@echo "Required: $(DEPLOY_REQUIRED), AWS_REGION (or AWS_DEFAULT_REGION), AWS credentials."
 	@echo "Optional: STACK_NAME (default sandbox-lifecycle, <= 36 characters unless DEPLOYMENT_ID is set),"
 	@echo "  DEPLOYMENT_ID, ASSIGN_PUBLIC_IP (ENABLED/DISABLED), AGENT_IDS (comma-separated),"
+	@echo "  OWNER_METADATA (comma-separated key=value), PROVISION_ON (connection_request/created),"
 	@echo "  WORKSPACE_DIRECTORY, SHUTDOWN_GRACE_SECS, CONNECT_DEADLINE_SECS, SNAPSHOT_KEEP, CLOSE_WORKSPACE,"
 	@echo "  WORKSPACE_VOLUME_GIB (0 = off), WORKSPACE_VOLUME_TYPE, WORKSPACE_VOLUME_IOPS, WORKSPACE_VOLUME_THROUGHPUT,"
 	@echo "  AGENTS_API_BASE_URL, MAX_LIFETIME_SECS, LIFETIME_HARD_CAP_SECS, NO_WORK_SECS, MAX_REPLACEMENTS,"
@@ -134,6 +135,7 @@ SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=
 	'ExecutorKeySecretArn=$(EXECUTOR_KEY_SECRET_ARN)' \
 	$(call sam-param,DeploymentId,DEPLOYMENT_ID) $(call sam-param,AssignPublicIp,ASSIGN_PUBLIC_IP) \
 	$(call sam-param,AgentIds,AGENT_IDS) $(call sam-param,WorkspaceDirectory,WORKSPACE_DIRECTORY) \
+	$(call sam-param,OwnerMetadata,OWNER_METADATA) $(call sam-param,ProvisionOn,PROVISION_ON) \
 	$(call sam-param,ShutdownGraceSecs,SHUTDOWN_GRACE_SECS) \
 	$(call sam-param,ConnectDeadlineSecs,CONNECT_DEADLINE_SECS) \
 	$(call sam-param,SnapshotKeep,SNAPSHOT_KEEP) $(call sam-param,CloseWorkspace,CLOSE_WORKSPACE) \
@@ -180,6 +182,7 @@ CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' 
 	$(call cdk-context,deploymentId,DEPLOYMENT_ID) \
 	$(if $(filter ENABLED enabled true,$(ASSIGN_PUBLIC_IP)),-c assignPublicIp=true) \
 	$(call cdk-context,agentIds,AGENT_IDS) $(call cdk-context,workspaceDirectory,WORKSPACE_DIRECTORY) \
+	$(call cdk-context,ownerMetadata,OWNER_METADATA) $(call cdk-context,provisionOn,PROVISION_ON) \
 	$(call cdk-context,shutdownGraceSecs,SHUTDOWN_GRACE_SECS) \
 	$(call cdk-context,connectDeadlineSecs,CONNECT_DEADLINE_SECS) \
 	$(call cdk-context,snapshotKeep,SNAPSHOT_KEEP) $(call cdk-context,closeWorkspace,CLOSE_WORKSPACE) \

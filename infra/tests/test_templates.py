@@ -490,6 +490,33 @@ def test_ceiling_parameters_reach_both_controller_functions_in_sam_and_cdk(sam_c
         assert "WEBHOOK_TOLERANCE_SECS" in webhook
 
 
+def test_ownership_and_provisioning_settings_reach_the_functions_in_sam_and_cdk(sam_cfn, cdk_cfn):
+    """Issue 25: `OWNER_METADATA` goes wherever `AGENT_IDS` goes (worker, sweeper), and
+    `PROVISION_ON` to them and to the webhook (whose intake keeps `agent.session.created`
+    only when it is `created`); SAM through parameters, CDK with the code's defaults."""
+    wanted = settings_vars()
+    assert {"OWNER_METADATA", "PROVISION_ON"} <= wanted["controller"]["optional"]
+    assert "PROVISION_ON" in wanted["webhook"]["optional"]
+    assert sam_cfn["Parameters"]["OwnerMetadata"]["Default"] == ""
+    assert sam_cfn["Parameters"]["ProvisionOn"]["Default"] == "connection_request"
+    assert set(sam_cfn["Parameters"]["ProvisionOn"]["AllowedValues"]) == {"connection_request", "created"}
+    for binary in ("worker", "sweeper"):
+        sam = function_by_binary(sam_cfn, binary)["Environment"]["Variables"]
+        cdk = function_by_binary(cdk_cfn, binary)["Environment"]["Variables"]
+        assert sam["AGENT_IDS"] == {"Ref": "AgentIds"}
+        assert sam["OWNER_METADATA"] == {"Ref": "OwnerMetadata"}, binary
+        assert sam["PROVISION_ON"] == {"Ref": "ProvisionOn"}, binary
+        assert cdk["OWNER_METADATA"] == "", binary
+        assert cdk["PROVISION_ON"] == "connection_request", binary
+    assert function_by_binary(sam_cfn, "webhook")["Environment"]["Variables"]["PROVISION_ON"] == {"Ref": "ProvisionOn"}
+    assert function_by_binary(cdk_cfn, "webhook")["Environment"]["Variables"]["PROVISION_ON"] == "connection_request"
+    pattern = re.compile(sam_cfn["Parameters"]["OwnerMetadata"]["AllowedPattern"])
+    for ok in ("", "owner=team-a", "owner=team-a,tier=gold", "k="):
+        assert pattern.fullmatch(ok), ok
+    for bad in ("owner", "=x", "a=1,", ",a=1", "a=1,,b=2"):
+        assert not pattern.fullmatch(bad), bad
+
+
 def test_every_sam_parameter_is_used(sam_cfn_raw):
     sam_cfn = sam_cfn_raw
     body = flat(sam_cfn["Resources"]) + flat(sam_cfn.get("Outputs", {})) + flat(sam_cfn.get("Conditions", {}))
@@ -677,7 +704,7 @@ def test_make_deploy_passes_every_parameter_and_context_key(sam_cfn):
     for name in sam_cfn["Parameters"]:
         assert f"{name}=" in sam_block or f"sam-param,{name}," in sam_block, f"make deploy-sam cannot set {name}"
     app = (REPO / "infra" / "cdk" / "bin" / "app.ts").read_text()
-    keys = set(re.findall(r'\b(?:context|integer|list|required)\("([A-Za-z]+)"\)', app)) - {"placeholderCode"}
+    keys = set(re.findall(r'\b(?:context|integer|list|required|metadataPairs)\("([A-Za-z]+)"\)', app)) - {"placeholderCode"}
     cdk_block = mk[mk.index("CDK_CONTEXT =") : mk.index("cdk-bootstrap:")]
     for key in keys:
         assert f"'{key}=" in cdk_block or f"cdk-context,{key}," in cdk_block or f"-c {key}=" in cdk_block, (

@@ -23,6 +23,7 @@
 //! | receipt | effect key | `receipt#{epoch ms, 15 digits}#{seq, 6 digits}#{16 hex}` | `receipt` (S: [`Receipt`] JSON), `at`, `expires_at` (`at` + the history retention) |
 //! | executor slot holder | `capacity#executors` | `slot#{environment id}` | `environment_id` (S), `acquired_at` |
 //! | executor slot counter | `capacity#executors` | `counter` | `in_use` |
+//! | terminal record (issue 25) | effect key | `terminal` | `terminal` (S: the close's [`sandbox_controller::terminal::TerminalRecord`] JSON), `closed_at`; written once (`attribute_not_exists(pk)`), never an `expires_at`: it does not expire with the history |
 //!
 //! What each read touches (issue 22 item 1: reads proportional to what is live):
 //!
@@ -145,6 +146,8 @@ const SK_RECORD: &str = "record";
 const SK_LEDGER: &str = "ledger";
 /// Sort key prefix of an executor slot holder (under [`SLOTS_PK`]).
 const SK_SLOT_PREFIX: &str = "slot#";
+/// Sort key of a closed session's terminal record (issue 25; never expires with history).
+const SK_TERMINAL: &str = "terminal";
 /// The partition key of the deployment's executor slot counter.
 const SLOTS_PK: &str = "capacity#executors";
 const SK_COUNTER: &str = "counter";
@@ -1270,6 +1273,65 @@ impl Registry for DynamoRegistry {
         }
         holders.sort_by(|a, b| a.environment_id.cmp(&b.environment_id));
         Ok(Slots { in_use, holders })
+    }
+
+    /// `PutItem` (pk = effect key, sk = `terminal`) with `attribute_not_exists(pk)`: a
+    /// `ConditionalCheckFailedException` means one is stored already (`false`, unchanged).
+    /// No `expires_at`: TTL never deletes it (DynamoDB Developer Guide, "Time to Live":
+    /// only items carrying the TTL attribute expire).
+    async fn put_terminal(
+        &self,
+        terminal: &sandbox_controller::terminal::TerminalRecord,
+    ) -> Result<bool, PortError> {
+        let op = "put_terminal";
+        let json = serde_json::to_string(terminal).map_err(|e| {
+            PortError::permanent(
+                DEP,
+                op,
+                format!("terminal record could not be encoded: {e}"),
+            )
+        })?;
+        match self
+            .client
+            .put_item()
+            .table_name(self.table.as_ref())
+            .item(PK, s(terminal.effect_key.as_str()))
+            .item(SK, s(SK_TERMINAL))
+            .item("terminal", s(json))
+            .item("closed_at", n(terminal.closed_at))
+            .condition_expression("attribute_not_exists(#pk)")
+            .expression_attribute_names("#pk", PK)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failed(&e) => Ok(false),
+            Err(e) => Err(port_error(DEP, op, &e)),
+        }
+    }
+
+    /// One consistent `GetItem` of (effect key, `terminal`).
+    async fn terminal(
+        &self,
+        key: &EffectKey,
+    ) -> Result<Option<sandbox_controller::terminal::TerminalRecord>, PortError> {
+        let op = "terminal";
+        let out = self
+            .client
+            .get_item()
+            .table_name(self.table.as_ref())
+            .key(PK, s(key.as_str()))
+            .key(SK, s(SK_TERMINAL))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| port_error(DEP, op, &e))?;
+        match out.item() {
+            Some(item) => serde_json::from_str(get_s(item, "terminal", op)?)
+                .map(Some)
+                .map_err(|e| corrupt(op, format!("terminal record could not be decoded: {e}"))),
+            None => Ok(None),
+        }
     }
 }
 

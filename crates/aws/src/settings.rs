@@ -18,6 +18,8 @@
 //! | `DEPLOYMENT_ID` | worker, sweeper (webhook: optional) | yes | this deployment: 1–36 characters of `[A-Za-z0-9_-]`; tags every task; the metrics' `deployment` dimension |
 //! | `AGENT_IDS` | worker, sweeper | no | comma-separated `agent.id`s this deployment owns (default: any) |
 //! | `WORKSPACE_DIRECTORY` | worker, sweeper | no | required `environment.workspace_directory` (default: any) |
+//! | `OWNER_METADATA` | worker, sweeper | no | comma-separated `key=value` pairs a session's `metadata` must all carry to be this deployment's (default: any; at most 16, keys ≤ 64 chars, values ≤ 512; values cannot hold a comma) |
+//! | `PROVISION_ON` | all | no | when a session's first executor starts: `connection_request` (default: its first `environment_connection` requirement) or `created` (already on `agent.session.created`; the webhook then keeps that event) |
 //! | `SHUTDOWN_GRACE_SECS` | worker, sweeper | no | seconds between an idle session and the stop (default 300) |
 //! | `CONNECT_DEADLINE_SECS` | worker, sweeper | no | seconds a started executor has to connect before it is replaced (default 180; ≥ 1) |
 //! | `SNAPSHOT_KEEP` | worker, sweeper | no | workspace snapshots kept per environment (default 1; ≥ 1) |
@@ -50,6 +52,7 @@ use sandbox_agents_api::DEFAULT_BASE_URL;
 use sandbox_controller::ControllerConfig;
 use sandbox_core::ids::DeploymentId;
 use sandbox_core::observed::Policy;
+use sandbox_core::observed::{MetadataRuleError, ProvisionOn, parse_metadata_rule};
 
 /// A variable that is missing or unusable. The message names the variable, never its value.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -94,6 +97,9 @@ pub struct WebhookSettings {
     pub tolerance_secs: u64,
     /// `DEPLOYMENT_ID`, optional here: only the metrics' `deployment` dimension uses it.
     pub deployment_id: Option<String>,
+    /// `PROVISION_ON`: with `created`, the intake keeps `agent.session.created` of
+    /// self-hosted sessions (default: it drops them).
+    pub provision_on: ProvisionOn,
     /// `AWS_ENDPOINT_URL` (tests only).
     pub aws_endpoint_url: Option<String>,
 }
@@ -439,6 +445,37 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         }
     }
 
+    /// `key=value` pairs, comma-separated (issue 25: `OWNER_METADATA`).
+    fn metadata_rule(
+        &self,
+        var: &'static str,
+    ) -> Result<std::collections::BTreeMap<String, String>, SettingsError> {
+        let items = self.list(var)?;
+        parse_metadata_rule(items.iter().map(String::as_str)).map_err(|e| SettingsError::Invalid {
+            var,
+            reason: match e {
+                MetadataRuleError::NotAPair => {
+                    "comma-separated key=value pairs with non-empty keys"
+                }
+                MetadataRuleError::TooLong => {
+                    "metadata keys of at most 64 characters and values of at most 512"
+                }
+                MetadataRuleError::DuplicateKey => "each metadata key once",
+                MetadataRuleError::TooMany => "at most 16 metadata pairs",
+            },
+        })
+    }
+
+    /// `PROVISION_ON` (issue 25), default `connection_request`.
+    fn provision_on(&self, var: &'static str) -> Result<ProvisionOn, SettingsError> {
+        match self.optional(var) {
+            None => Ok(ProvisionOn::default()),
+            Some(raw) => raw
+                .parse()
+                .map_err(|reason| SettingsError::Invalid { var, reason }),
+        }
+    }
+
     fn queue_url(&self, var: &'static str) -> Result<String, SettingsError> {
         let url = self.required(var)?;
         if !(url.starts_with("https://") || url.starts_with("http://")) {
@@ -519,6 +556,7 @@ impl WebhookSettings {
                 t => t,
             },
             deployment_id: vars.optional("DEPLOYMENT_ID"),
+            provision_on: vars.provision_on("PROVISION_ON")?,
             aws_endpoint_url: vars.optional("AWS_ENDPOINT_URL"),
         })
     }
@@ -615,6 +653,14 @@ impl ControllerSettings {
             history_retention_secs(history_days, &controller.policy.close_workspace);
         controller.filter.agent_ids = vars.list("AGENT_IDS")?;
         controller.filter.workspace_directory = vars.optional("WORKSPACE_DIRECTORY");
+        // Issue 25 (F3): the metadata ownership rule, beside `AGENT_IDS`.
+        controller.filter.metadata = vars.metadata_rule("OWNER_METADATA")?;
+        controller.policy.provision_on = vars.provision_on("PROVISION_ON")?;
+        controller.executor_key_location = format!(
+            "the Secrets Manager secret that task definition {} injects as CODEX_API_KEY \
+             (stack parameter ExecutorKeySecretArn)",
+            ecs.task_definition
+        );
         controller.worker_id = worker_id(&vars.0);
         let agents_api_base_url = vars
             .optional("AGENTS_API_BASE_URL")

@@ -57,6 +57,7 @@ fn observed(trigger: Trigger, session: Session, running: bool) -> Observed {
         policy: Policy::default(),
         now: NOW,
         turn_not_found: false,
+        turns_read: true,
     }
 }
 

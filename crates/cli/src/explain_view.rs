@@ -11,14 +11,19 @@
 //! task id at its end, or a local `pid:...` handle); it is resolved in that order, and an
 //! id nothing matches is a usage error that names the kinds tried.
 //!
-//! The terminal record (the seed's cleanup record), assembled from receipts and audit:
+//! The terminal record (the seed's cleanup record): the one the close stored when it ended
+//! (issue 25, [`sandbox_controller::terminal`]: written once, never expires with the
+//! history; `"stored": true`), read back as it was written. While a close is still in
+//! progress (or for a record closed before terminal records were stored) it is assembled
+//! as below, `"stored": false`:
 //! - `session_deleted`: the `session_deleted` receipt (`DELETE` answered, or 404);
 //! - `compute_stopped`: the last `compute_stopped` receipt, written only after the provider
 //!   read the compute back stopped (ECS `DescribeTasks` `lastStatus` `STOPPED`, or gone);
 //! - `executor_credential`: the executor key is one restricted key shared by every
 //!   executor of the deployment (`api.agents.environments.connect` only), and the Agents
-//!   API has no per-environment credential to revoke, so: "not revoked: shared key; task
-//!   stopped" once the stop is confirmed ("... task not confirmed stopped" before);
+//!   API has no per-environment credential to revoke, so `revoked: false`, with `why`,
+//!   `location` (where the key lives: the deployment's setting, in the stored record) and
+//!   `rotate` (what to do if the sandbox may have exposed it);
 //! - `workspace_disposition`: what the close did with the files, from its
 //!   `workspace_closed` receipt (`deleted`, or `snapshot <id>` retained until a time), else
 //!   what the last stop receipt says (`snapshot <id>`, `deleted`, `none`), else `none`;
@@ -34,6 +39,7 @@ use crate::backend::{BackendArgs, Ops};
 use crate::report::{Verdict, checked_id, write_json};
 use crate::timestamps::{stamp, utc};
 use sandbox_controller::ports::{AuditEntry, Compute as _, Receipt, ReceiptKind, Registry as _};
+use sandbox_controller::terminal::{ExecutorCredential, TerminalRecord};
 use sandbox_core::ids::{EnvironmentId, InstanceId, SessionId};
 use sandbox_core::record::{Record, RecordStatus};
 use sandbox_core::workspace::WorkspaceDisposition;
@@ -242,7 +248,7 @@ fn terminal(record: Option<&Record>, audit: &[AuditEntry], receipts: &[Receipt])
     let stop_confirmed = stopped.is_some() || nothing_to_stop;
     let reconcile = audit.iter().rposition(|e| e.outcome == "reconcile");
     let unknown = audit.iter().rposition(|e| {
-        e.outcome == "uncertain" && e.trigger.get("kind") == Some(&json!("input_timed_out"))
+        e.outcome == "uncertain" && e.trigger.get("kind") == Some(&json!("timeout_reported"))
     });
     // The record's evidence says it best: an open question is `unknown`, the latest
     // resolution says what the owner found.
@@ -273,11 +279,9 @@ fn terminal(record: Option<&Record>, audit: &[AuditEntry], receipts: &[Receipt])
             "confirmed": nothing_to_stop,
             "read_back": if nothing_to_stop { "nothing started" } else { "not confirmed" },
         })),
-        "executor_credential": if stop_confirmed {
-            "not revoked: shared key; task stopped"
-        } else {
-            "not revoked: shared key; task not confirmed stopped"
-        },
+        "stored": false,
+        "executor_revoked": false,
+        "executor_credential": credential_json(&fallback_credential(stop_confirmed)),
         "workspace_disposition": workspace_disposition(receipts),
         "effect_reconciliation": effects,
     }))
@@ -293,6 +297,73 @@ fn history_pruned(record: Option<&Record>, audit: &[AuditEntry]) -> Option<Optio
         Some(first) if !first.observed["record"].is_null() => Some(Some(first.at)),
         Some(_) => None,
     }
+}
+
+/// The credential note of a terminal record not stored yet (the close goes on).
+fn fallback_credential(stop_confirmed: bool) -> ExecutorCredential {
+    let mut c = sandbox_controller::TerminalRecord::assemble(
+        &Record::new(EnvironmentId::new("-"), SessionId::new("-")),
+        &[],
+        "-",
+        "the deployment's executor key (CODEX_API_KEY; named in the terminal record once the close ends)",
+        0,
+    )
+    .executor_credential;
+    if !stop_confirmed {
+        c.why = format!("{}; the task is not confirmed stopped yet", c.why);
+    }
+    c
+}
+
+fn credential_json(c: &ExecutorCredential) -> Value {
+    json!({"revoked": c.revoked, "why": c.why, "location": c.location, "rotate": c.rotate})
+}
+
+/// The stored terminal record (issue 25) in `explain`'s shape.
+fn stored_terminal_json(t: &TerminalRecord, record: Option<&Record>) -> Value {
+    let deleted = match t.session_deleted.at {
+        Some(at) if t.session_deleted.confirmed => {
+            json!({"confirmed": true, "at": stamp(at), "session_id": t.session_id})
+        }
+        _ => json!({"confirmed": t.session_deleted.confirmed}),
+    };
+    let c = &t.compute_stopped;
+    let mut stopped = json!({"confirmed": c.confirmed, "read_back": c.read_back});
+    if let Some(at) = c.at {
+        stopped["at"] = stamp(at);
+    }
+    if let Some(id) = &c.instance_id {
+        stopped["instance_id"] = json!(id);
+    }
+    if let Some(g) = c.generation {
+        stopped["generation"] = json!(g);
+    }
+    if let Some(r) = &c.reason {
+        stopped["reason"] = json!(r);
+    }
+    let disposition = match t.workspace_retained_until {
+        Some(until) => format!(
+            "{} (retained until {})",
+            t.workspace_disposition,
+            utc(until)
+        ),
+        None => t.workspace_disposition.clone(),
+    };
+    json!({
+        "stored": true,
+        "closed": record.is_none_or(|r| r.status == RecordStatus::Closed && !r.cleanup_required),
+        "cleanup_required": record.is_some_and(|r| r.cleanup_required),
+        "closed_at": stamp(t.closed_at),
+        "session_deleted": deleted,
+        "provider_instance_id": t.provider_instance_id,
+        "compute_stopped": stopped,
+        "executor_revoked": t.executor_revoked,
+        "executor_credential": credential_json(&t.executor_credential),
+        "workspace_disposition": disposition,
+        "effect_reconciliation": t.effect_reconciliation,
+        "forced": t.forced,
+        "forced_by": t.forced_by,
+    })
 }
 
 /// Runs `explain`.
@@ -335,7 +406,10 @@ pub async fn run<O: Ops>(
     }
     keyed.sort_by_key(|(key, _, _)| *key);
     let timeline: Vec<(u64, u8, Value)> = keyed.into_iter().map(|(_, at, v)| (at, 0, v)).collect();
-    let terminal = terminal(record.as_ref(), &audit, &receipts);
+    let terminal = match ops.registry().terminal(&key).await? {
+        Some(t) => Some(stored_terminal_json(&t, record.as_ref())),
+        None => terminal(record.as_ref(), &audit, &receipts),
+    };
     let chain = snapshot_chain(record.as_ref(), &receipts);
     let pruned = history_pruned(record.as_ref(), &audit);
     let mut problems = vec![];
@@ -487,11 +561,27 @@ pub async fn run<O: Ops>(
                 None => stopped["read_back"].as_str().unwrap_or("").to_owned(),
             }
         )?;
+        let c = &t["executor_credential"];
         writeln!(
             out,
-            "    executor credential:   {}",
-            t["executor_credential"].as_str().unwrap_or("")
+            "    executor credential:   not revoked: {}",
+            c["why"].as_str().unwrap_or("")
         )?;
+        writeln!(out, "      where: {}", c["location"].as_str().unwrap_or(""))?;
+        writeln!(out, "      rotate: {}", c["rotate"].as_str().unwrap_or(""))?;
+        if t["forced"] == true {
+            writeln!(
+                out,
+                "    forced:                yes, by {} (open evidence abandoned)",
+                t["forced_by"].as_str().unwrap_or("?")
+            )?;
+        }
+        if t["stored"] == false {
+            writeln!(
+                out,
+                "    (assembled: the close has not stored its record yet)"
+            )?;
+        }
         writeln!(
             out,
             "    workspace disposition: {}",

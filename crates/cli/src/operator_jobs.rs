@@ -122,6 +122,11 @@ pub struct CloseArgs {
     /// With `--wait`: give up after this many seconds (exit 1; the close goes on).
     #[arg(long, default_value_t = 300)]
     pub timeout_secs: u64,
+    /// Close even though the environment holds open reconciliation evidence: the evidence
+    /// is first resolved `abandoned` by you (recorded as a forced close, and so named in
+    /// the terminal record). Without it such a close waits for `sandboxctl resolve`.
+    #[arg(long)]
+    pub force: bool,
     #[command(flatten)]
     pub backend: BackendArgs,
 }
@@ -205,6 +210,38 @@ pub async fn close<O: Ops>(
     confirm_target(ops, &args.backend, &args.guard, "close")?;
     let now = SystemClock.now();
     let env = record.as_ref().map(|r| r.environment_id.clone());
+    // Issue 25: seed 001 orders "reconcile effects" before the session delete. A close of
+    // an environment with open evidence waits for `resolve`; `--force` resolves it first
+    // (`abandoned`, recorded as a forced close), in the same message group, so the worker
+    // sees the resolution before the close.
+    let open = record.as_ref().map_or(0, |r| r.open_evidence().count());
+    if open > 0 && args.force {
+        let by = std::env::var("USER")
+            .ok()
+            .and_then(|u| checked_text("USER", &u, 128).ok())
+            .unwrap_or_else(|| "unknown".to_owned());
+        let resolution = Resolution {
+            effect: EffectState::Abandoned,
+            by,
+            at: now,
+            note: Some(format!(
+                "{} (sandboxctl close --force): {open} open question(s) abandoned",
+                sandbox_controller::terminal::FORCED_CLOSE_NOTE
+            )),
+        };
+        enqueue(
+            ops,
+            QueueKind::Events,
+            job(
+                Trigger::Resolve { resolution },
+                session.clone(),
+                env.clone(),
+                now,
+            ),
+            format!("close-force:{session}:{}", request_nanos()),
+        )
+        .await?;
+    }
     enqueue(
         ops,
         QueueKind::Events,
@@ -212,6 +249,27 @@ pub async fn close<O: Ops>(
         format!("close:{session}:{now}"),
     )
     .await?;
+    let awaits_resolution = open > 0 && !args.force;
+    if awaits_resolution {
+        let problem = format!(
+            "the close waits for `sandboxctl resolve {session}`: {open} open reconciliation question(s) (or close with --force to abandon them)"
+        );
+        if args.backend.json {
+            write_json(
+                out,
+                "close",
+                ops.backend(),
+                json!({
+                    "session_id": session, "environment_id": env, "enqueued_at": stamp(now),
+                    "waited": false, "result": null, "problems": [problem],
+                }),
+            )?;
+        } else {
+            writeln!(out, "close of {session} enqueued")?;
+            writeln!(out, "problem: {problem}")?;
+        }
+        return Ok(Verdict::of(&[problem]));
+    }
     if !args.wait {
         if args.backend.json {
             write_json(

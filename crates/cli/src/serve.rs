@@ -64,6 +64,16 @@ pub struct ServeArgs {
     /// Only handle sessions with this workspace directory.
     #[arg(long)]
     workspace_directory: Option<String>,
+    /// Only handle sessions whose `metadata` carries this `key=value` pair (repeatable:
+    /// every pair must match; default: any metadata). Issue 25: the metadata ownership rule
+    /// that lets handlers sharing a project split sessions (`OWNER_METADATA` on AWS).
+    #[arg(long = "owner-metadata", value_name = "KEY=VALUE")]
+    owner_metadata: Vec<String>,
+    /// When a session's first executor starts: `connection_request` (its first
+    /// `environment_connection` requirement) or `created` (already on
+    /// `agent.session.created`; `PROVISION_ON` on AWS).
+    #[arg(long, default_value = "connection_request")]
+    provision_on: sandbox_core::observed::ProvisionOn,
     /// Grace between an idle session and the stop, seconds.
     #[arg(long, default_value_t = 300)]
     grace_secs: u64,
@@ -206,6 +216,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Settings first: a misconfiguration fails before any secret is read.
     let mut policy = Policy::default();
     ceilings(&args, &mut policy)?;
+    policy.provision_on = args.provision_on;
+    let owner_metadata =
+        sandbox_core::observed::parse_metadata_rule(args.owner_metadata.iter().map(String::as_str))
+            .map_err(|e| anyhow::anyhow!("--owner-metadata: {e}"))?;
     let webhook_secret = match &args.webhook_secret_file {
         Some(path) => {
             let value = secret_file(path, "webhook secret")?;
@@ -240,6 +254,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     controller.policy.close_workspace = args.close_workspace;
     controller.filter.agent_ids = args.agent_ids;
     controller.filter.workspace_directory = args.workspace_directory;
+    controller.filter.metadata = owner_metadata;
     controller.visibility_secs = args.visibility_secs.max(1);
     controller.lock_ttl_secs = args.lock_ttl_secs.max(1);
     let mut api = ClientConfig::new(api_key);

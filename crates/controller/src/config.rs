@@ -51,6 +51,10 @@ pub struct ControllerConfig {
     /// cleanup runs after the fan-out and what is left waits for the next sweep, so a
     /// backlog of deletions never delays the jobs or outlasts the invocation.
     pub sweep_workspace_deletions_max: usize,
+    /// Where the deployment's executor key lives, for the terminal record's
+    /// `executor_credential` (issue 25: what to rotate and where), e.g. the Secrets
+    /// Manager secret the task definition injects, or `serve`'s key file.
+    pub executor_key_location: String,
 }
 
 impl ControllerConfig {
@@ -72,6 +76,8 @@ impl ControllerConfig {
             sweep_interval_secs: 300,
             settled_resweep_secs: 3_600,
             sweep_workspace_deletions_max: 100,
+            executor_key_location:
+                "the deployment's executor key (CODEX_API_KEY of every executor)".into(),
         }
     }
 }

@@ -39,6 +39,84 @@ use sandbox_core::record::{Record, RecordStatus, ShutdownLease};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// The terminal record (issue 25): absent before a close; the first `put_terminal` is
+/// stored and reads back equal; a second one (a different answer) returns `false` and
+/// changes nothing; it is neither a record (`get`, `list`, `find_by_session` do not see
+/// it) nor a receipt; terminal records of two keys are independent.
+pub async fn registry_terminal_contract<R: Registry>(r: &R) {
+    use crate::terminal::TerminalRecord;
+    let run = unique();
+    let now = SystemClock.now();
+    let env = EnvironmentId::new(format!("env_ct_term_{run}"));
+    let session = SessionId::new(format!("sess_ct_term_{run}"));
+    let key = env.effect_key();
+    let record = Record::new(env.clone(), session.clone());
+    let receipts = vec![Receipt {
+        at: now,
+        effect_key: key.clone(),
+        kind: ReceiptKind::SessionDeleted {
+            session_id: session.clone(),
+        },
+    }];
+    let first = TerminalRecord::assemble(&record, &receipts, "ct", "a key file", now);
+    let rule = "terminal-absent-before-close";
+    assert_eq!(
+        r.terminal(&key).await.unwrap(),
+        None,
+        "registry contract [{rule}]: no terminal record before a close"
+    );
+    let rule = "terminal-written-once";
+    assert!(
+        r.put_terminal(&first).await.unwrap(),
+        "registry contract [{rule}]: the first terminal record is written"
+    );
+    assert_eq!(
+        r.terminal(&key).await.unwrap().as_ref(),
+        Some(&first),
+        "registry contract [{rule}]: the terminal record reads back as written"
+    );
+    let mut second = first.clone();
+    second.closed_at = now + 60;
+    second.effect_reconciliation = "abandoned".into();
+    assert!(
+        !r.put_terminal(&second).await.unwrap(),
+        "registry contract [{rule}]: a second terminal record for the key is refused"
+    );
+    assert_eq!(
+        r.terminal(&key).await.unwrap().as_ref(),
+        Some(&first),
+        "registry contract [{rule}]: a refused second write changes nothing"
+    );
+    let rule = "terminal-is-its-own-item";
+    assert_eq!(
+        r.get(&key).await.unwrap(),
+        None,
+        "registry contract [{rule}]: a terminal record is not a record"
+    );
+    assert!(
+        r.find_by_session(&session).await.unwrap().is_none(),
+        "registry contract [{rule}]: a terminal record is not found by session"
+    );
+    assert!(
+        !r.list()
+            .await
+            .unwrap()
+            .iter()
+            .any(|x| x.environment_id == env),
+        "registry contract [{rule}]: a terminal record is not listed"
+    );
+    assert!(
+        r.receipts(&key).await.unwrap().is_empty(),
+        "registry contract [{rule}]: a terminal record is not a receipt"
+    );
+    let other = EnvironmentId::new(format!("env_ct_term2_{run}"));
+    assert_eq!(
+        r.terminal(&other.effect_key()).await.unwrap(),
+        None,
+        "registry contract [{rule}]: terminal records are per effect key"
+    );
+}
+
 /// How long a positive receive waits for its message, milliseconds (long poll).
 const RECEIVE_WAIT_MS: u64 = 4_000;
 /// The visibility timeout used where the suite does not test visibility, seconds.
@@ -542,6 +620,7 @@ fn fence(key: &EffectKey, owner: &str) -> Fence {
 pub async fn registry_contract<R: Registry>(r: &R) {
     registry_evidence_contract(r).await;
     registry_open_records_contract(r).await;
+    registry_terminal_contract(r).await;
     let run = unique();
     let now = SystemClock.now();
     let env = EnvironmentId::new(format!("env_ct_{run}"));

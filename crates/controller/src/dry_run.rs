@@ -81,6 +81,7 @@ where
             policy: self.config.policy.clone(),
             now,
             turn_not_found: gathered.turn_not_found,
+            turns_read: gathered.turns_read,
         };
         let decision = decide(&observed);
         let cap = self.config.policy.max_executors;

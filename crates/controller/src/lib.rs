@@ -8,6 +8,7 @@
 //! - [`sweep`] — reconcile the registry against the provider inventory and the sessions;
 //! - [`close`] — the operator's cleanup transaction;
 //! - [`dry_run`] — what a sweep would decide, without a lock or an effect;
+//! - [`terminal`] — the terminal record a close writes once;
 //! - [`ports`] — the traits every backend implements;
 //! - [`metrics`] — the metric names and where they are recorded (the `metrics` facade;
 //!   the Lambda functions emit them in CloudWatch embedded metric format).
@@ -33,6 +34,7 @@ pub mod job;
 pub mod metrics;
 pub mod ports;
 pub mod sweep;
+pub mod terminal;
 pub mod webhook;
 pub mod worker;
 
@@ -40,5 +42,6 @@ pub use close::CloseReport;
 pub use config::ControllerConfig;
 pub use job::{Job, SweptEvidence};
 pub use sweep::{SweepPlan, SweepReport};
+pub use terminal::TerminalRecord;
 pub use webhook::{Intake, router};
 pub use worker::{Controller, Disposition, Processed};

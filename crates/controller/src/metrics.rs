@@ -347,6 +347,7 @@ mod tests {
             },
             latest_turn: None,
             turn_not_found: false,
+            turns_read: false,
             filter: OwnershipFilter::default(),
             policy: Policy::default(),
             now: NOW,

@@ -500,6 +500,21 @@ pub trait Registry: Send + Sync + 'static {
     /// The counter and every holder (the sweeper's inventory; linear in the holders,
     /// read consistently).
     fn slots(&self) -> impl Future<Output = Result<Slots, PortError>> + Send;
+    /// Stores the terminal record of a close under `terminal.effect_key`, **once**
+    /// (issue 25): `true` when written, `false` when one is already stored (nothing
+    /// changes: the first close's answer stands). Its own item, outside the record and the
+    /// history: it never expires (DynamoDB: no `expires_at`; SQLite: no prune). One
+    /// conditional write (DynamoDB: `PutItem` with `attribute_not_exists(pk)`; SQLite:
+    /// `INSERT ... ON CONFLICT DO NOTHING`).
+    fn put_terminal(
+        &self,
+        terminal: &crate::terminal::TerminalRecord,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
+    /// The terminal record stored for `key`, if a close wrote one.
+    fn terminal(
+        &self,
+        key: &EffectKey,
+    ) -> impl Future<Output = Result<Option<crate::terminal::TerminalRecord>, PortError>> + Send;
 }
 
 /// What a start produced.

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use sandbox_core::event::{AgentEvent, RequiredActionType};
 use sandbox_core::ids::{EnvironmentId, SessionId};
-use sandbox_core::observed::Trigger;
+use sandbox_core::observed::{ProvisionOn, Trigger};
 use sandbox_core::webhook::WebhookVerifier;
 use serde_json::json;
 use std::sync::Arc;
@@ -33,6 +33,7 @@ pub struct Intake<Q> {
     queue: Q,
     clock: Arc<dyn Clock>,
     max_body_bytes: usize,
+    provision_on: ProvisionOn,
 }
 
 /// An HTTP answer: status code and JSON body.
@@ -77,8 +78,30 @@ pub enum Route {
 
 /// Keeps `action_required` with `environment_connection`, `failed`, `idle` (a shutdown
 /// hint) and `in_progress` (cancels a pending stop) of self-hosted sessions; drops the
-/// rest (other action types, `created`, environment events, unknown types).
+/// rest (other action types, `created`, environment events, unknown types). The routing
+/// of a deployment that provisions on connection requests (the default); see
+/// [`route_with`].
 pub fn route(event: &AgentEvent) -> Route {
+    route_with(event, ProvisionOn::ConnectionRequest)
+}
+
+/// As [`route`], and with [`ProvisionOn::Created`] also keeps `agent.session.created` of a
+/// self-hosted session as [`Trigger::SessionCreated`] (issue 25: the payload names the
+/// environment and `connect.remote_url`; the worker still retrieves the session before
+/// starting anything).
+pub fn route_with(event: &AgentEvent, provision_on: ProvisionOn) -> Route {
+    if let AgentEvent::SessionCreated(d) = event
+        && provision_on == ProvisionOn::Created
+    {
+        if d.environment_type != "self_hosted" {
+            return Route::Drop("not a self_hosted session");
+        }
+        return Route::Keep {
+            trigger: Trigger::SessionCreated,
+            session_id: d.id.clone(),
+            environment_id: d.environment_id.clone(),
+        };
+    }
     let keep = |trigger, d: &sandbox_core::event::SessionStateChanged| {
         if d.environment_type != "self_hosted" {
             return Route::Drop("not a self_hosted session");
@@ -118,7 +141,15 @@ impl<Q: Queue> Intake<Q> {
             queue,
             clock,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            provision_on: ProvisionOn::default(),
         }
+    }
+
+    /// Sets when the deployment provisions (issue 25): with [`ProvisionOn::Created`] the
+    /// intake keeps `agent.session.created` of self-hosted sessions ([`route_with`]).
+    pub fn with_provision_on(mut self, provision_on: ProvisionOn) -> Self {
+        self.provision_on = provision_on;
+        self
     }
 
     /// Sets the body limit, bytes.
@@ -165,7 +196,7 @@ impl<Q: Queue> Intake<Q> {
                 return Answer::error(400, format!("malformed {}", e.what));
             }
         };
-        let (trigger, session_id, environment_id) = match route(&event) {
+        let (trigger, session_id, environment_id) = match route_with(&event, self.provision_on) {
             Route::Keep {
                 trigger,
                 session_id,

@@ -504,6 +504,7 @@ where
             policy: self.config.policy.clone(),
             now,
             turn_not_found: gathered.turn_not_found,
+            turns_read: gathered.turns_read,
         };
         let decision = decide(&observed);
         // Issue 13 item 3: a start takes an executor slot first (one conditional write);
@@ -824,27 +825,24 @@ where
             }
             return gathered;
         }
-        let wants_items = job.trigger == Trigger::InputTimedOut
-            || (job.trigger == Trigger::Idle
-                && status.status() == Some(EnvironmentStatus::Disconnected));
+        let wants_items = job.trigger == Trigger::Idle
+            && status.status() == Some(EnvironmentStatus::Disconnected);
         if wants_items {
-            if let Some(turn) = self
-                .latest_turns(&session.id, 1)
-                .await
-                .and_then(|p| p.into_iter().next())
+            let latest = self.latest_turns(&session.id, 1).await;
+            gathered.turns_read = latest.as_ref().is_some_and(Vec::is_empty);
+            if let Some(turn) = latest.and_then(|p| p.into_iter().next())
                 && let Some((t, detail)) = self.turn_with_items(&session.id, turn).await
             {
                 gathered.turn = Some(t);
                 gathered.detail = Some(detail);
+                gathered.turns_read = true;
             }
-        } else if self.may_stop(job, session, active, record, now)
-            && let Some(turn) = self
-                .latest_turns(&session.id, 1)
-                .await
-                .and_then(|p| p.into_iter().next())
+        } else if self.may_stop(job, session, inventory, record, now)
+            && let Some(turns) = self.latest_turns(&session.id, 1).await
         {
             // The status alone decides whether a stop is cancelled: no items read.
-            gathered.turn = Some(TurnEvidence {
+            gathered.turns_read = true;
+            gathered.turn = turns.into_iter().next().map(|turn| TurnEvidence {
                 turn_id: turn.id,
                 status: turn.status,
                 broken_tools: vec![],
@@ -853,28 +851,47 @@ where
         gathered
     }
 
-    /// Whether this decision may stop an idle session's compute on its lease: the lease
-    /// timer fired, or a sweep found the record's lease due; the session reads idle and a
-    /// compute is active. Then one turns read (the latest turn) precedes the decision.
+    /// Whether this decision may stop an idle session's compute (issue 25: every such
+    /// stop reads the latest turn first): a compute is active, and the idle lease is due
+    /// (its timer fired, or a sweep found it due) while the session reads idle, or the
+    /// maximum lifetime has passed for an active compute, or the no-work lease is due (its
+    /// timer, or any look once due). Then one turns read (the latest turn) precedes the
+    /// decision, so a queued or running turn keeps the executor.
     fn may_stop(
         &self,
         job: &Job,
         session: &sandbox_core::session::Session,
-        active: usize,
+        inventory: &Inventory,
         record: Option<&Record>,
         now: u64,
     ) -> bool {
+        let Inventory::Known { instances } = inventory else {
+            return false;
+        };
+        let active: Vec<_> = instances.iter().filter(|i| i.status.is_active()).collect();
+        if active.is_empty() {
+            return false;
+        }
         let idle =
             session.status == sandbox_core::session::SessionStatus::Idle && !session.is_busy();
         let lease_due = record
             .and_then(|r| r.lease.as_ref())
             .is_some_and(|l| now >= l.due_at);
-        let stopping_trigger = match &job.trigger {
+        let idle_lease = match &job.trigger {
             Trigger::LeaseDue { lease } => now >= lease.due_at,
             Trigger::Sweep => lease_due,
             _ => false,
         };
-        idle && active > 0 && stopping_trigger
+        let max = self.config.policy.max_lifetime_secs;
+        let lifetime = max > 0
+            && active
+                .iter()
+                .any(|i| i.started_at.is_some_and(|s| now.saturating_sub(s) >= max));
+        let no_work = matches!(job.trigger, Trigger::NoWorkLeaseDue { .. })
+            || record
+                .and_then(|r| r.no_work_lease.as_ref())
+                .is_some_and(|l| now >= l.due_at);
+        (idle && idle_lease) || lifetime || no_work
     }
 
     /// The session's latest `limit` turns (one call), newest first; `None` when the read
@@ -1045,10 +1062,13 @@ where
                     Ok(())
                 }
                 Effect::MarkClosed => match self.close_workspace(act).await {
-                    Ok(()) => {
-                        act.change(effect);
-                        Ok(())
-                    }
+                    Ok(()) => match self.write_terminal(act).await {
+                        Ok(()) => {
+                            act.change(effect);
+                            Ok(())
+                        }
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 },
                 record_only => {
@@ -1417,6 +1437,35 @@ where
             .map_err(|e| format!("receipt write failed: {e}"))
     }
 
+    /// The close's terminal record (issue 25), written once as its own item right before
+    /// the record is marked closed, from the receipts the close confirmed (the
+    /// `workspace_closed` one just written included): every closed record has one, and a
+    /// close that resumes after a crash finds it stored and leaves it as it is. A failed
+    /// write fails `MarkClosed` (the close is retried), so "closed" never lacks its record.
+    async fn write_terminal(&self, act: &Act) -> Result<(), String> {
+        let key = act.fresh.environment_id.effect_key();
+        let receipts = self
+            .registry
+            .receipts(&key)
+            .await
+            .map_err(|e| format!("receipts read failed: {e}"))?;
+        let terminal = crate::terminal::TerminalRecord::assemble(
+            &act.fresh,
+            &receipts,
+            self.config.deployment.as_str(),
+            &self.config.executor_key_location,
+            self.clock.now(),
+        );
+        match self.registry.put_terminal(&terminal).await {
+            Ok(true) => {
+                tracing::info!(effect_key = %key, "terminal record written");
+                Ok(())
+            }
+            Ok(false) => Ok(()),
+            Err(e) => Err(format!("terminal record write failed: {e}")),
+        }
+    }
+
     async fn delete_session(&self, id: &SessionId, act: &Act) -> Result<(), String> {
         let key = format!("close-{id}");
         match self.sessions.delete_session(id, &key).await {
@@ -1574,6 +1623,8 @@ pub(crate) struct Gathered {
     pub(crate) detail: Option<TurnDetail>,
     /// A reported submission's turns were read and none matched.
     pub(crate) turn_not_found: bool,
+    /// The latest turn was read (issue 25: [`Observed::turns_read`]).
+    pub(crate) turns_read: bool,
 }
 
 /// What [`Controller::no_effect_without_lock`] found.

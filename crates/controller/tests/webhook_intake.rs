@@ -194,3 +194,53 @@ async fn failing_queue_answers_503_so_the_sender_retries() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(body["error"].as_str().unwrap().contains("retry"));
 }
+
+/// Issue 25: `agent.session.created` of a self-hosted session is dropped by default and
+/// kept as `SessionCreated` (with its environment id) only when the deployment provisions
+/// on creation; other environment types are dropped either way.
+#[tokio::test]
+async fn session_created_is_kept_only_when_provisioning_on_created() {
+    use sandbox_core::observed::ProvisionOn;
+    let created = |environment_type: &str| {
+        event(
+            "agent.session.created",
+            serde_json::json!({
+                "id": "sess_1", "environment_type": environment_type, "environment_id": "env_1",
+                "connect": {"remote_url": "wss://api.openai.com/v1/agents/environments/env_1/connect"}
+            }),
+        )
+    };
+    for (provision_on, environment_type, kept) in [
+        (ProvisionOn::ConnectionRequest, "self_hosted", false),
+        (ProvisionOn::Created, "self_hosted", true),
+        (ProvisionOn::Created, "openai_hosted", false),
+    ] {
+        let q = RecordingQueue::default();
+        let intake = Intake::new(
+            WebhookVerifier::new(SECRET).unwrap(),
+            q.clone(),
+            Arc::new(FixedClock(NOW)),
+        )
+        .with_provision_on(provision_on);
+        let app = router(Arc::new(intake));
+        let (status, json) = call(app, signed(&created(environment_type), "msg_c")).await;
+        assert_eq!(status, StatusCode::OK);
+        let sent = q.sent.lock().unwrap();
+        if kept {
+            assert_eq!(json["status"], "queued");
+            assert_eq!(sent.len(), 1);
+            assert_eq!(sent[0].job.trigger, Trigger::SessionCreated);
+            assert_eq!(sent[0].group, "sess_1");
+            assert_eq!(
+                sent[0].job.environment_id.as_ref().unwrap().as_str(),
+                "env_1"
+            );
+        } else {
+            assert_eq!(
+                json["status"], "ignored",
+                "{provision_on:?} {environment_type}"
+            );
+            assert!(sent.is_empty());
+        }
+    }
+}

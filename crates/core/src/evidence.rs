@@ -51,6 +51,9 @@ pub enum EvidenceTrigger {
     Uncertain,
     /// More than one compute, or a record the provider contradicts (rows 11, 13, 27).
     Divergent,
+    /// Issue 25: the executor was stopped at the hard lifetime cap while a turn ran (or
+    /// with the turn unread): the turn may have been cut short, an owner checks it.
+    LifetimeHardCap,
 }
 
 impl EvidenceTrigger {
@@ -63,6 +66,7 @@ impl EvidenceTrigger {
             Self::StartFailing => "start_failing",
             Self::Uncertain => "uncertain",
             Self::Divergent => "divergent",
+            Self::LifetimeHardCap => "lifetime_hard_cap",
         }
     }
 }

@@ -46,8 +46,6 @@ pub enum Trigger {
     Sweep,
     /// An operator closes the session (lifecycle-cases.md row 25).
     Close,
-    /// An input submission got no response; its outcome is unknown (row 21).
-    InputTimedOut,
     /// An operator resets the environment's failed-start count (`sandboxctl
     /// reset-start-failures`): attempts resume at once instead of after the cooldown
     /// ([`Policy::start_failing_cooldown_secs`]).
@@ -71,6 +69,11 @@ pub enum Trigger {
         /// created at or after this is the submission's.
         submitted_at: u64,
     },
+    /// `agent.session.created` of a self-hosted session, kept only when the deployment
+    /// provisions on creation ([`Policy::provision_on`] = [`ProvisionOn::Created`]): start
+    /// the executor before the first input needs it (seeds 000, 004: application-managed
+    /// provisioning).
+    SessionCreated,
     /// A no-work lease's recheck timer fired (the lease as it was scheduled;
     /// [`Policy::no_work_secs`]).
     NoWorkLeaseDue {
@@ -202,6 +205,55 @@ impl OwnershipFilter {
     }
 }
 
+/// Why a metadata ownership rule (`OWNER_METADATA`, `serve --owner-metadata`) was refused.
+/// The message never repeats the value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MetadataRuleError {
+    /// An entry is not `key=value` with a non-empty key.
+    #[error("each entry is key=value with a non-empty key")]
+    NotAPair,
+    /// A key is longer than 64 characters or a value longer than 512.
+    #[error("metadata keys are at most 64 characters and values at most 512")]
+    TooLong,
+    /// The same key is given twice.
+    #[error("a metadata key is given twice")]
+    DuplicateKey,
+    /// More than 16 pairs: no session could carry them all.
+    #[error("at most 16 metadata pairs")]
+    TooMany,
+}
+
+/// Parses the metadata ownership rule of [`OwnershipFilter::metadata`] from `key=value`
+/// entries (split at the first `=`; keys and values are trimmed; an empty value is
+/// allowed). Limits are the Agents API's for `agent.session.metadata` (agents-api.md: at
+/// most 16 pairs, keys up to 64 characters, values up to 512): a rule beyond them could
+/// never match, so it is refused rather than silently owning nothing.
+///
+/// # Errors
+/// [`MetadataRuleError`]; nothing is returned on error.
+pub fn parse_metadata_rule<'a>(
+    entries: impl IntoIterator<Item = &'a str>,
+) -> Result<BTreeMap<String, String>, MetadataRuleError> {
+    let mut out = BTreeMap::new();
+    for entry in entries {
+        let (k, v) = entry.split_once('=').ok_or(MetadataRuleError::NotAPair)?;
+        let (k, v) = (k.trim(), v.trim());
+        if k.is_empty() {
+            return Err(MetadataRuleError::NotAPair);
+        }
+        if k.chars().count() > 64 || v.chars().count() > 512 {
+            return Err(MetadataRuleError::TooLong);
+        }
+        if out.insert(k.to_owned(), v.to_owned()).is_some() {
+            return Err(MetadataRuleError::DuplicateKey);
+        }
+    }
+    if out.len() > 16 {
+        return Err(MetadataRuleError::TooMany);
+    }
+    Ok(out)
+}
+
 /// Timing rules, all in seconds, and the cost and safety ceilings. Fields missing from a
 /// serialized policy take their defaults.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -287,6 +339,58 @@ pub struct Policy {
     /// changed in one transaction), never by counting before the start.
     #[serde(default)]
     pub max_executors: u32,
+    /// When a self-hosted session's executor is first started (issue 25, seeds 000 and
+    /// 004): on its first `environment_connection` requirement (the default), or already
+    /// on `agent.session.created` ([`ProvisionOn::Created`], opt-in). The idle rules are
+    /// the same either way.
+    #[serde(default)]
+    pub provision_on: ProvisionOn,
+}
+
+/// When a deployment starts a session's first executor (`PROVISION_ON`, `serve
+/// --provision-on`). Seed 000: an application "can start compute after creating a
+/// session", or wait "until input needs an environment connection".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProvisionOn {
+    /// Webhook-managed: only a current `environment_connection` required action starts
+    /// compute (`agent.session.created` is dropped at the intake). The default.
+    #[default]
+    ConnectionRequest,
+    /// Application-managed: `agent.session.created` of a self-hosted session is kept too,
+    /// and the worker starts the executor then if the session (read again) is self-hosted,
+    /// owned, not failed, not deleted and has no compute. A connection request later is
+    /// handled as always.
+    Created,
+}
+
+impl ProvisionOn {
+    /// The setting's spelling: `connection_request` or `created`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ConnectionRequest => "connection_request",
+            Self::Created => "created",
+        }
+    }
+}
+
+impl std::str::FromStr for ProvisionOn {
+    type Err = &'static str;
+
+    /// `connection_request` (also `action_required`) or `created`, any case.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "connection_request" | "action_required" => Ok(Self::ConnectionRequest),
+            "created" => Ok(Self::Created),
+            _ => Err("`connection_request` or `created`"),
+        }
+    }
+}
+
+impl std::fmt::Display for ProvisionOn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 fn default_snapshot_keep() -> u32 {
@@ -314,6 +418,7 @@ impl Default for Policy {
             snapshot_keep: 1,
             close_workspace: crate::workspace::CloseWorkspace::default(),
             max_executors: 0,
+            provision_on: ProvisionOn::ConnectionRequest,
         }
     }
 }
@@ -375,4 +480,12 @@ pub struct Observed {
     /// submission (it never started). `false` when not read or when found.
     #[serde(default)]
     pub turn_not_found: bool,
+    /// The session's latest turn was read for this decision (issue 25): `latest_turn` is
+    /// the answer (`None`: the session has no turn). `false` when not read or when the
+    /// read failed. Every stop of an idle session — its lease, the maximum lifetime, the
+    /// no-work lease — needs it: without a turn read nothing is stopped (a queued turn
+    /// may be about to start, agents-api.md), except past the hard lifetime cap, where
+    /// the stop is recorded with evidence for an owner.
+    #[serde(default)]
+    pub turns_read: bool,
 }

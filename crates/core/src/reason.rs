@@ -153,6 +153,17 @@ pub enum Reason {
         /// The turn in question, if the evidence names one.
         turn_id: Option<String>,
     },
+    /// Issue 25: an idle stop (its lease, the maximum lifetime, the no-work lease) was due
+    /// but the session's latest turn was not read for this decision: nothing is stopped,
+    /// the stop is decided again on a fresh read (a queued turn may be about to start).
+    TurnsNotRead,
+    /// Issue 25: a close of an environment with open reconciliation evidence waits for an
+    /// owner's `sandboxctl resolve` (or `close --force`) before the session is deleted
+    /// (seed 001: reconcile effects, then delete); new work is refused meanwhile.
+    CloseAwaitsResolution {
+        /// How many entries are open.
+        open: usize,
+    },
     /// An owner resolved the open reconciliation; an idle stop may proceed.
     ReconciliationResolved {
         /// How many open entries were closed.
@@ -303,6 +314,13 @@ impl fmt::Display for Reason {
                     .as_ref()
                     .map(|t| format!(" of turn {t}"))
                     .unwrap_or_default()
+            ),
+            Self::TurnsNotRead => f.write_str(
+                "idle stop due, but the latest turn was not read: nothing stopped, read again",
+            ),
+            Self::CloseAwaitsResolution { open } => write!(
+                f,
+                "close waits for an owner: {open} open reconciliation(s); resolve them (or close --force) before the session is deleted"
             ),
             Self::ReconciliationResolved { closed } => {
                 write!(f, "{closed} open reconciliation(s) resolved by an owner")

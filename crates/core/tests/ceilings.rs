@@ -134,7 +134,8 @@ fn active_turn_evidence_counts_as_busy_for_the_lifetime() {
 fn busy_session_executor_past_the_hard_cap_is_stopped_mid_turn_as_lifetime_hard_cap() {
     let hard = LIFETIME + HOUR;
     let d = decide(&aged(Trigger::Sweep, in_progress(), hard));
-    assert_eq!(d.outcome, Outcome::Stop);
+    // Issue 25: stopped mid-turn, so reconciled with evidence for an owner, never silent.
+    assert_eq!(d.outcome, Outcome::Reconcile);
     assert_eq!(d.reason, Reason::LifetimeHardCap { age_secs: hard });
     assert_eq!(
         d.effects,

@@ -167,7 +167,10 @@ fn trigger(lease: Option<ShutdownLease>) -> impl Strategy<Value = Trigger> {
         Trigger::Failed,
         Trigger::Sweep,
         Trigger::Close,
-        Trigger::InputTimedOut,
+        Trigger::TimeoutReported {
+            turn_id: None,
+            submitted_at: 0,
+        },
         Trigger::ResetStartFailures,
     ];
     options.extend(due);

@@ -382,7 +382,14 @@ fn row20_mid_turn_disconnect_with_failed_tool_is_reconciled_never_resubmitted() 
 
 #[test]
 fn row21_submission_timeout_is_uncertain_until_turn_evidence_is_read() {
-    let o = observe(Trigger::InputTimedOut, in_progress());
+    // The one timed-out-input path (issue 25 item 5): the application's report.
+    let o = observe(
+        Trigger::TimeoutReported {
+            turn_id: Some("turn_2".into()),
+            submitted_at: 0,
+        },
+        in_progress(),
+    );
     let d = decide(&o);
     assert_eq!(d.outcome, Outcome::Uncertain);
     assert_eq!(d.reason, Reason::SubmissionOutcomeUnknown);

@@ -67,7 +67,8 @@ pub async fn webhook_intake(
         verifier,
         events,
         std::sync::Arc::new(sandbox_controller::ports::SystemClock),
-    ))
+    )
+    .with_provision_on(settings.provision_on))
 }
 
 #[cfg(feature = "controller")]

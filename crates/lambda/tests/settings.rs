@@ -599,3 +599,68 @@ fn invalid_workspace_volume_settings_name_the_variable_and_never_repeat_the_valu
         assert!(!err.to_string().contains(value), "{err}");
     }
 }
+
+/// Issue 25: `OWNER_METADATA` (the metadata ownership rule, beside `AGENT_IDS`) and
+/// `PROVISION_ON` (worker, sweeper and webhook), parsed or refused naming the variable.
+#[test]
+fn owner_metadata_and_provision_on_are_read_or_refused_by_name() {
+    use sandbox_core::observed::ProvisionOn;
+    let s = controller(&controller_env()).unwrap();
+    assert!(s.controller.filter.metadata.is_empty());
+    assert_eq!(
+        s.controller.policy.provision_on,
+        ProvisionOn::ConnectionRequest
+    );
+
+    let mut env = controller_env();
+    env.insert("OWNER_METADATA", "owner=team-a, tier=gold".into());
+    env.insert("PROVISION_ON", "created".into());
+    let s = controller(&env).unwrap();
+    assert_eq!(s.controller.filter.metadata.len(), 2);
+    assert_eq!(s.controller.filter.metadata["owner"], "team-a");
+    assert_eq!(s.controller.filter.metadata["tier"], "gold");
+    assert_eq!(s.controller.policy.provision_on, ProvisionOn::Created);
+
+    for (var, bad) in [
+        ("OWNER_METADATA", "owner"),
+        ("OWNER_METADATA", "=team-a"),
+        ("OWNER_METADATA", "owner=a,owner=b"),
+        ("OWNER_METADATA", "owner=a,,tier=b"),
+        ("PROVISION_ON", "idle"),
+    ] {
+        let mut env = controller_env();
+        env.insert(var, bad.into());
+        let err = controller(&env).unwrap_err();
+        assert!(
+            matches!(err, SettingsError::Invalid { var: v, .. } if v == var),
+            "{var}={bad}: {err}"
+        );
+        assert!(!err.to_string().contains(bad), "{err}");
+    }
+
+    let webhook = |provision: Option<&str>| {
+        WebhookSettings::from_lookup(|k| match k {
+            "EVENTS_QUEUE_URL" => Some(EVENTS.to_owned()),
+            "WEBHOOK_SECRET_ARN" => {
+                Some("arn:aws:secretsmanager:us-east-1:123456789012:secret:webhook-AbCdEf".into())
+            }
+            "PROVISION_ON" => provision.map(str::to_owned),
+            _ => None,
+        })
+    };
+    assert_eq!(
+        webhook(None).unwrap().provision_on,
+        ProvisionOn::ConnectionRequest
+    );
+    assert_eq!(
+        webhook(Some("created")).unwrap().provision_on,
+        ProvisionOn::Created
+    );
+    assert!(matches!(
+        webhook(Some("sometimes")),
+        Err(SettingsError::Invalid {
+            var: "PROVISION_ON",
+            ..
+        })
+    ));
+}

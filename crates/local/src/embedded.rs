@@ -172,9 +172,11 @@ impl EmbeddedStack {
     /// # Errors
     /// [`EmbeddedError`] when the secret, a SQLite file, the client or the listener fail.
     pub async fn start_on(
-        cfg: EmbeddedConfig,
+        mut cfg: EmbeddedConfig,
         listener: tokio::net::TcpListener,
     ) -> Result<Self, EmbeddedError> {
+        // Issue 25: the terminal record names where the executor key lives.
+        cfg.controller.executor_key_location = cfg.executor_key.location();
         let secrets: Vec<&str> = std::iter::once(cfg.webhook_secret.as_str())
             .chain(cfg.previous_webhook_secrets.iter().map(String::as_str))
             .collect();
@@ -218,7 +220,10 @@ impl EmbeddedStack {
         let compute = ProcessCompute::open(compute_cfg)?;
         let sessions = AgentsClient::new(cfg.agents_api.clone())?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let intake = Arc::new(Intake::new(verifier, events.clone(), clock.clone()));
+        let intake = Arc::new(
+            Intake::new(verifier, events.clone(), clock.clone())
+                .with_provision_on(cfg.controller.policy.provision_on),
+        );
         let controller = Arc::new(Controller::new(
             events,
             timers,

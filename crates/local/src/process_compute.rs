@@ -185,6 +185,16 @@ pub enum KeySource {
 }
 
 impl KeySource {
+    /// Where the key lives, for the terminal record's `executor_credential` (issue 25):
+    /// the file's path or the variable's name, never the key.
+    pub fn location(&self) -> String {
+        match self {
+            Self::File(path) => format!("the executor key file {}", path.display()),
+            Self::EnvVar(var) => format!("the controller's environment variable {var}"),
+            Self::Value(_) => "the key the controller was given at start (embedded)".into(),
+        }
+    }
+
     /// The key. Errors name the source (path or variable), never the value.
     fn read(&self) -> Result<String, PortError> {
         let raw = match self {

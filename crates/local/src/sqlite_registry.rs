@@ -27,6 +27,9 @@
 //!   row, `in_use`): the executor cap per deployment (issue 13 item 3). An acquire or a
 //!   release is one `IMMEDIATE` transaction that checks the fence, then the holder and the
 //!   counter (`in_use < cap`), and changes both or neither.
+//! - `registry_terminals` (issue 25): effect key, `closed_at`, the close's terminal record
+//!   as JSON; written once (`INSERT ... ON CONFLICT DO NOTHING`: zero changed rows means
+//!   one is already stored) and never pruned with the history.
 
 use crate::db::{Db, DbError, from_sql_int, now_ms, to_sql_int};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -88,6 +91,11 @@ CREATE TABLE IF NOT EXISTS registry_slot_holders (
 CREATE TABLE IF NOT EXISTS registry_slot_counter (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     in_use INTEGER NOT NULL CHECK (in_use >= 0)
+);
+CREATE TABLE IF NOT EXISTS registry_terminals (
+    effect_key TEXT PRIMARY KEY,
+    closed_at INTEGER NOT NULL,
+    terminal TEXT NOT NULL
 );
 ";
 
@@ -744,5 +752,45 @@ impl Registry for SqliteRegistry {
                 Ok(Slots { in_use, holders })
             })
             .await
+    }
+
+    async fn put_terminal(
+        &self,
+        terminal: &sandbox_controller::terminal::TerminalRecord,
+    ) -> Result<bool, PortError> {
+        let json = serde_json::to_string(terminal).map_err(|e| {
+            PortError::permanent(
+                DEP,
+                "put_terminal",
+                format!("terminal record could not be encoded: {e}"),
+            )
+        })?;
+        let key = terminal.effect_key.as_str().to_owned();
+        let at = to_sql_int(terminal.closed_at);
+        self.db
+            .call(DEP, "put_terminal", move |conn| {
+                let changed = conn.execute(
+                    "INSERT INTO registry_terminals (effect_key, closed_at, terminal) \
+                     VALUES (?1, ?2, ?3) ON CONFLICT (effect_key) DO NOTHING",
+                    params![key, at, json],
+                )?;
+                Ok(changed == 1)
+            })
+            .await
+    }
+
+    async fn terminal(
+        &self,
+        key: &EffectKey,
+    ) -> Result<Option<sandbox_controller::terminal::TerminalRecord>, PortError> {
+        Ok(self
+            .json_rows(
+                "terminal",
+                "SELECT terminal FROM registry_terminals WHERE effect_key = ?1",
+                Some(key),
+            )
+            .await?
+            .into_iter()
+            .next())
     }
 }

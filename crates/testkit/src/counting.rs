@@ -354,6 +354,20 @@ impl<R: Registry> Registry for Counting<R> {
         self.log.record("registry", "slots");
         self.inner.slots().await
     }
+    async fn put_terminal(
+        &self,
+        terminal: &sandbox_controller::terminal::TerminalRecord,
+    ) -> Result<bool, PortError> {
+        self.log.record("registry", "put_terminal");
+        self.inner.put_terminal(terminal).await
+    }
+    async fn terminal(
+        &self,
+        key: &EffectKey,
+    ) -> Result<Option<sandbox_controller::terminal::TerminalRecord>, PortError> {
+        self.log.record("registry", "terminal");
+        self.inner.terminal(key).await
+    }
 }
 
 impl<C: Compute> Workspaces for Counting<C> {

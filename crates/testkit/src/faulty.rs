@@ -471,6 +471,23 @@ impl<R: Registry> Registry for Faulty<R> {
     async fn slots(&self) -> Result<Slots, PortError> {
         guarded!(self, "registry", "slots", self.inner.slots())
     }
+    async fn put_terminal(
+        &self,
+        terminal: &sandbox_controller::terminal::TerminalRecord,
+    ) -> Result<bool, PortError> {
+        guarded!(
+            self,
+            "registry",
+            "put_terminal",
+            self.inner.put_terminal(terminal)
+        )
+    }
+    async fn terminal(
+        &self,
+        key: &EffectKey,
+    ) -> Result<Option<sandbox_controller::terminal::TerminalRecord>, PortError> {
+        guarded!(self, "registry", "terminal", self.inner.terminal(key))
+    }
 }
 
 impl FaultPlan {

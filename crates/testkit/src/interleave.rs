@@ -177,6 +177,20 @@ impl<R: Registry> Registry for Interleaved<R> {
         yield_once().await;
         self.inner.slots().await
     }
+    async fn put_terminal(
+        &self,
+        terminal: &sandbox_controller::terminal::TerminalRecord,
+    ) -> Result<bool, PortError> {
+        yield_once().await;
+        self.inner.put_terminal(terminal).await
+    }
+    async fn terminal(
+        &self,
+        key: &EffectKey,
+    ) -> Result<Option<sandbox_controller::terminal::TerminalRecord>, PortError> {
+        yield_once().await;
+        self.inner.terminal(key).await
+    }
 }
 
 impl<C: Compute> Workspaces for Interleaved<C> {

@@ -11,6 +11,7 @@ use sandbox_controller::ports::{
     AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, Slot, SlotHolder,
     SlotRelease, Slots, Write,
 };
+use sandbox_controller::terminal::TerminalRecord;
 use sandbox_core::ids::{EffectKey, SessionId};
 use sandbox_core::record::{Record, RecordStatus};
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,6 +44,8 @@ struct State {
     /// deployment's counter, changed together under the state's mutex (one transaction).
     slot_holders: BTreeMap<EffectKey, u64>,
     slots_in_use: u64,
+    /// Terminal records of closes (issue 25): written once, never expire.
+    terminals: BTreeMap<EffectKey, TerminalRecord>,
 }
 
 impl State {
@@ -340,5 +343,18 @@ impl Registry for TwinRegistry {
                 })
                 .collect(),
         })
+    }
+    async fn put_terminal(&self, terminal: &TerminalRecord) -> Result<bool, PortError> {
+        let mut s = self.state();
+        if s.terminals.contains_key(&terminal.effect_key) {
+            return Ok(false);
+        }
+        s.terminals
+            .insert(terminal.effect_key.clone(), terminal.clone());
+        Ok(true)
+    }
+
+    async fn terminal(&self, key: &EffectKey) -> Result<Option<TerminalRecord>, PortError> {
+        Ok(self.state().terminals.get(key).cloned())
     }
 }

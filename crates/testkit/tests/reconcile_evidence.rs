@@ -404,3 +404,130 @@ async fn a_held_generation_stopped_anyway_names_its_snapshot_and_retention_keeps
     assert_eq!(ids.len(), 2, "{ids:?}");
     assert_eq!(ids[0], snapshot, "the evidence's snapshot is kept");
 }
+
+/// Issue 25 (F9): a close with open evidence waits for `resolve` (nothing deleted, nothing
+/// stopped, no terminal record); once resolved it ends by storing the terminal record
+/// once, as its own item, with seed 001's fields; a later close leaves it as it was; a
+/// close forced past open evidence says so.
+#[tokio::test]
+async fn close_writes_the_terminal_record_once() {
+    use sandbox_controller::ports::Registry as _;
+    use std::time::Duration;
+    let e = Env::running().await;
+    e.world.sessions.push_turn(
+        &e.session,
+        turn("turn_9", "completed", 1_764_400_100),
+        vec![item("item_3", "command_execution", "failed")],
+    );
+    e.world
+        .sessions
+        .set_environment_status(&e.env, EnvironmentStatus::Disconnected);
+    assert_eq!(
+        e.deliver(Trigger::Idle, "wh_idle_t").await,
+        vec![Outcome::Reconcile]
+    );
+    assert_eq!(e.record().open_evidence().count(), 1);
+    let key = e.env.effect_key();
+
+    // The close waits: the session is not deleted, the compute keeps running.
+    let report =
+        e.c.close(&e.session, 3, Duration::from_millis(1))
+            .await
+            .unwrap();
+    assert!(!report.closed, "{report:?}");
+    assert!(report.receipts.is_empty(), "{report:?}");
+    assert_eq!(e.live(), 1);
+    assert!(e.record().cleanup_required, "the close stops new work");
+    assert!(e.world.registry.terminal(&key).await.unwrap().is_none());
+    assert!(
+        e.world.sessions.get(&e.session).is_some(),
+        "the session is not deleted while evidence is open"
+    );
+
+    // The owner resolves; the close resumes and ends with the terminal record.
+    assert_eq!(
+        e.job(Trigger::Resolve {
+            resolution: resolution()
+        })
+        .await,
+        vec![Outcome::Ignore]
+    );
+    let report =
+        e.c.close(&e.session, 5, Duration::from_millis(1))
+            .await
+            .unwrap();
+    assert!(report.closed, "{report:?}");
+    assert_eq!(e.live(), 0);
+    let t = e
+        .world
+        .registry
+        .terminal(&key)
+        .await
+        .unwrap()
+        .expect("the close stored its terminal record");
+    assert_eq!(t.session_id, e.session);
+    assert!(t.session_deleted.confirmed);
+    assert!(t.compute_stopped.confirmed);
+    assert_eq!(t.compute_stopped.read_back, "stopped");
+    assert_eq!(
+        t.provider_instance_id,
+        e.record().instance.map(|i| i.instance_id)
+    );
+    assert!(!t.executor_revoked);
+    assert!(!t.executor_credential.location.is_empty());
+    assert!(
+        t.executor_credential
+            .rotate
+            .contains("new restricted environment key")
+    );
+    assert_eq!(t.effect_reconciliation, "observed");
+    assert!(!t.forced);
+
+    // A second close changes nothing: written once.
+    e.world.clock.advance_secs(60);
+    let again =
+        e.c.close(&e.session, 2, Duration::from_millis(1))
+            .await
+            .unwrap();
+    assert!(again.closed);
+    assert_eq!(e.world.registry.terminal(&key).await.unwrap(), Some(t));
+
+    // A forced close (the resolution `sandboxctl close --force` enqueues) is recorded so.
+    let f = Env::running().await;
+    f.world.sessions.push_turn(
+        &f.session,
+        turn("turn_f", "completed", 1_764_400_100),
+        vec![item("item_f", "command_execution", "failed")],
+    );
+    f.world
+        .sessions
+        .set_environment_status(&f.env, EnvironmentStatus::Disconnected);
+    f.deliver(Trigger::Idle, "wh_idle_f").await;
+    f.job(Trigger::Resolve {
+        resolution: Resolution {
+            effect: EffectState::Abandoned,
+            by: "bob".into(),
+            at: 0,
+            note: Some(format!(
+                "{} (sandboxctl close --force)",
+                sandbox_controller::terminal::FORCED_CLOSE_NOTE
+            )),
+        },
+    })
+    .await;
+    let report =
+        f.c.close(&f.session, 5, Duration::from_millis(1))
+            .await
+            .unwrap();
+    assert!(report.closed, "{report:?}");
+    let t = f
+        .world
+        .registry
+        .terminal(&f.env.effect_key())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(t.forced);
+    assert_eq!(t.forced_by.as_deref(), Some("bob"));
+    assert_eq!(t.effect_reconciliation, "abandoned");
+}

@@ -6,8 +6,8 @@
  * (comma-separated), webhookSecretArn, openAIApiKeySecretArn, executorKeySecretArn.
  * Optional: stackName (default sandbox-lifecycle), deploymentId, executorCpuArchitecture,
  * executorCpu, executorMemory, assignPublicIp (true/false), agentIds (comma-separated),
- * workspaceDirectory, shutdownGraceSecs, connectDeadlineSecs, snapshotKeep, closeWorkspace,
- * historyRetentionDays,
+ * workspaceDirectory, ownerMetadata (comma-separated key=value), provisionOn, shutdownGraceSecs,
+ * connectDeadlineSecs, snapshotKeep, closeWorkspace, historyRetentionDays,
  * workspaceVolumeGiB, workspaceVolumeType, workspaceVolumeIops, workspaceVolumeThroughput, agentsApiBaseUrl,
  * maxLifetimeSecs, lifetimeHardCapSecs, noWorkSecs, maxReplacements, replacementWindowSecs, maxExecutors,
  * remoteUrlAllowlist (comma-separated), webhookToleranceSecs, previousWebhookSecretArn,
@@ -73,6 +73,19 @@ function code(): SandboxLifecycleCode {
   return { webhook: zip("webhook"), worker: zip("worker"), sweeper: zip("sweeper") };
 }
 
+/** `key=value,key=value` context as a metadata map (issue 25: `OWNER_METADATA`). */
+function metadataPairs(key: string): Record<string, string> | undefined {
+  const items = list(key);
+  if (items === undefined) return undefined;
+  const out: Record<string, string> = {};
+  for (const item of items) {
+    const at = item.indexOf("=");
+    if (at <= 0) throw new Error(`CDK context ${key} must be comma-separated key=value pairs`);
+    out[item.slice(0, at).trim()] = item.slice(at + 1).trim();
+  }
+  return out;
+}
+
 const architecture = context("executorCpuArchitecture");
 if (architecture !== undefined && architecture !== "ARM64" && architecture !== "X86_64") {
   throw new Error("CDK context executorCpuArchitecture must be ARM64 or X86_64");
@@ -103,6 +116,8 @@ new SandboxLifecycle(stack, "Sandbox", {
   assignPublicIp: assignPublicIp === "true",
   agentIds: list("agentIds"),
   workspaceDirectory: context("workspaceDirectory"),
+  ownerMetadata: metadataPairs("ownerMetadata"),
+  provisionOn: context("provisionOn") as "connection_request" | "created" | undefined,
   shutdownGraceSecs: integer("shutdownGraceSecs"),
   connectDeadlineSecs: integer("connectDeadlineSecs"),
   snapshotKeep: integer("snapshotKeep"),

@@ -93,6 +93,18 @@ export interface SandboxLifecycleProps {
   readonly agentIds?: string[];
   /** `WORKSPACE_DIRECTORY`. @default any */
   readonly workspaceDirectory?: string;
+  /**
+   * `OWNER_METADATA`: metadata pairs a session must all carry for this deployment to handle
+   * it (handlers sharing a project split sessions by metadata). Keys 1-64 characters, values
+   * at most 512, no commas, at most 16 pairs. @default any metadata
+   */
+  readonly ownerMetadata?: Record<string, string>;
+  /**
+   * `PROVISION_ON`: `connection_request` starts a session's executor on its first
+   * `environment_connection` requirement; `created` already on `agent.session.created`
+   * (application-managed provisioning; the idle rules are the same). @default "connection_request"
+   */
+  readonly provisionOn?: "connection_request" | "created";
   /** `SHUTDOWN_GRACE_SECS`, seconds. @default 300 */
   readonly shutdownGraceSecs?: number;
   /** `CONNECT_DEADLINE_SECS`, seconds (>= 1). @default 180 */
@@ -611,6 +623,7 @@ export class SandboxLifecycle extends Construct {
         WEBHOOK_PREVIOUS_SECRET_ARN: props.previousWebhookSecretArn ?? "",
         WEBHOOK_TOLERANCE_SECS: String(props.webhookToleranceSecs ?? 300),
         DEPLOYMENT_ID: deploymentId,
+        PROVISION_ON: props.provisionOn ?? "connection_request",
       },
     });
     // The signature is the authentication, so the URL is public (AuthType NONE).
@@ -630,6 +643,8 @@ export class SandboxLifecycle extends Construct {
       DEPLOYMENT_ID: deploymentId,
       AGENT_IDS: (props.agentIds ?? []).join(","),
       WORKSPACE_DIRECTORY: props.workspaceDirectory ?? "",
+      OWNER_METADATA: Object.entries(props.ownerMetadata ?? {}).map(([k, v]) => `${k}=${v}`).join(","),
+      PROVISION_ON: props.provisionOn ?? "connection_request",
       SHUTDOWN_GRACE_SECS: String(props.shutdownGraceSecs ?? 300),
       CONNECT_DEADLINE_SECS: String(props.connectDeadlineSecs ?? 180),
       MAX_LIFETIME_SECS: String(props.maxLifetimeSecs ?? 28800),
@@ -965,6 +980,16 @@ function validate(props: SandboxLifecycleProps): void {
   }
   if (props.agentIds?.some((a) => a.trim() === "" || a.includes(","))) {
     problems.push("agentIds must be non-empty ids without commas");
+  }
+  const ownerMetadata = Object.entries(props.ownerMetadata ?? {});
+  if (
+    ownerMetadata.length > 16 ||
+    ownerMetadata.some(([k, v]) => k.trim() === "" || k.length > 64 || v.length > 512 || /[,=]/.test(k) || v.includes(","))
+  ) {
+    problems.push("ownerMetadata must hold at most 16 pairs, keys of 1-64 characters and values of at most 512, without commas (or = in keys)");
+  }
+  if (!["connection_request", "created"].includes(props.provisionOn ?? "connection_request")) {
+    problems.push("provisionOn must be connection_request or created");
   }
   if (props.agentsApiBaseUrl !== undefined && !/^https?:\/\/.+/.test(props.agentsApiBaseUrl)) {
     problems.push("agentsApiBaseUrl must be an absolute http(s) URL");

@@ -279,6 +279,7 @@ describe("SandboxLifecycle", () => {
     assert.deepEqual(Object.keys(functionNamed(t, "webhook").Environment.Variables).sort(), [
       "DEPLOYMENT_ID",
       "EVENTS_QUEUE_URL",
+      "PROVISION_ON",
       "WEBHOOK_PREVIOUS_SECRET_ARN",
       "WEBHOOK_SECRET_ARN",
       "WEBHOOK_TOLERANCE_SECS",
@@ -286,6 +287,22 @@ describe("SandboxLifecycle", () => {
     // The webhook's metrics carry the deployment dimension too.
     assert.equal(functionNamed(t, "webhook").Environment.Variables.DEPLOYMENT_ID, "prod-1");
     assert.deepEqual(functionNamed(t, "sweeper").Environment.Variables, env);
+  });
+
+  it("wires the metadata ownership rule and when to provision (issue 25)", () => {
+    const defaults = functionNamed(template, "worker").Environment.Variables;
+    assert.equal(defaults.OWNER_METADATA, "");
+    assert.equal(defaults.PROVISION_ON, "connection_request");
+    const t = synth({ ownerMetadata: { owner: "team-a", tier: "gold" }, provisionOn: "created" });
+    for (const binary of ["worker", "sweeper"]) {
+      const env = functionNamed(t, binary).Environment.Variables;
+      assert.equal(env.OWNER_METADATA, "owner=team-a,tier=gold");
+      assert.equal(env.PROVISION_ON, "created");
+    }
+    assert.equal(functionNamed(t, "webhook").Environment.Variables.PROVISION_ON, "created");
+    assert.throws(() => synth({ ownerMetadata: { "": "x" } }), /ownerMetadata/);
+    assert.throws(() => synth({ ownerMetadata: { owner: "a,b" } }), /ownerMetadata/);
+    assert.throws(() => synth({ provisionOn: "idle" as "created" }), /provisionOn/);
   });
 
   it("wires the ceilings, the webhook tolerance and the previous signing secret (issue 13)", () => {

@@ -320,11 +320,14 @@ impl AwsHarness {
         api.base_url = sim.base_url();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let events = resources.events();
-        let intake = Arc::new(Intake::new(
-            WebhookVerifier::new(&secret)?,
-            events.clone(),
-            clock.clone(),
-        ));
+        let intake = Arc::new(
+            Intake::new(
+                WebhookVerifier::new(&secret)?,
+                events.clone(),
+                clock.clone(),
+            )
+            .with_provision_on(config.policy.provision_on),
+        );
         let controller = Arc::new(Controller::new(
             events,
             resources.timers(),

@@ -273,9 +273,23 @@ async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_rec
     assert_eq!(t["session_deleted"]["confirmed"], true);
     assert_eq!(t["compute_stopped"]["instance_id"], task.as_str());
     assert_eq!(t["compute_stopped"]["read_back"], "stopped");
-    assert_eq!(
-        t["executor_credential"],
-        "not revoked: shared key; task stopped"
+    // Issue 25: the close stored its terminal record; the credential note says what to
+    // rotate and where.
+    assert_eq!(t["stored"], true);
+    assert_eq!(t["executor_revoked"], false);
+    assert_eq!(t["executor_credential"]["revoked"], false);
+    assert!(
+        t["executor_credential"]["rotate"]
+            .as_str()
+            .unwrap()
+            .contains("new restricted environment key"),
+        "{t}"
+    );
+    assert!(
+        !t["executor_credential"]["location"]
+            .as_str()
+            .unwrap()
+            .is_empty()
     );
     assert_eq!(t["workspace_disposition"], "none");
     let text = ctl(&["explain", &session], &env).await;
@@ -294,6 +308,246 @@ async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_rec
     let out = ctl(&["status", "--json"], &env).await;
     assert_eq!(out.code, 0, "{out:?}");
     assert_eq!(out.json()["environments"][0]["status"], "closed");
+    drop(workers);
+    sim.shutdown().await;
+}
+
+/// Issue 25 (F14, F20): the seed 002 drill on AWS, whole. A worker dies between `RunTask`
+/// and the record; after the restart adopts the task, the operator runs `sweep --dry-run`
+/// (decisions printed, nothing enqueued, nothing written) and `sweep` (one job per
+/// environment, which the worker decides) on the AWS backend; the application reports
+/// that its input submission timed out, the worker answers it from the turn (still
+/// waiting: never resubmitted, seed 001: "do not resubmit while the original request is
+/// still waiting"), the owner resolves the uncertain outcome, and only then the close
+/// deletes the session and stops the task, ending with the stored terminal record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_drill_sweeps_and_resolves_after_restart() {
+    let r = AwsResources::create().await.unwrap();
+    let sim =
+        agents_sim::spawn(agents_sim::SimConfig::default().with_connect_deadline_secs(86_400.0))
+            .await
+            .unwrap();
+    let client = sim.client();
+    let deployment = format!("drill-{}", unique());
+    let secret = api_key_secret(&r).await;
+    let env = worker_env(&r, &moto_endpoint(), &deployment, &secret, &sim.base_url());
+    let proxy = EcsIdempotencyProxy::start(&moto_endpoint()).await.unwrap();
+    let workers_env = worker_env(&r, &proxy.url, &deployment, &secret, &sim.base_url());
+
+    let s = client
+        .create_session(agents_sim::SessionEnvironment::self_hosted())
+        .await
+        .unwrap();
+    let environment = s.self_hosted().unwrap().id.as_str().to_owned();
+    let session = s.id.as_str().to_owned();
+    let submitted = client
+        .submit_message(&session, "go")
+        .await
+        .unwrap()
+        .expect("the simulator names the submission's turn");
+    r.events()
+        .send(Outgoing {
+            group: session.clone(),
+            dedup_id: "msg_drill_2".into(),
+            delay_secs: 0,
+            job: Job {
+                handoffs: 0,
+                trigger: Trigger::ConnectionRequested,
+                session_id: SessionId::new(session.as_str()),
+                environment_id: Some(EnvironmentId::new(environment.as_str())),
+                webhook_id: Some("msg_drill_2".into()),
+                enqueued_at: SystemClock.now(),
+                swept: None,
+            },
+        })
+        .await
+        .unwrap();
+
+    // The worker dies between RunTask and the record; a new one adopts the task.
+    let mut workers = Workers(vec![worker(&workers_env, true)]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while workers.0[0].try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the crash point never fired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    workers.0.push(worker(&workers_env, false));
+    let key = EnvironmentId::new(environment.as_str()).effect_key();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let adopted = loop {
+        if let Some(rec) = r.registry().get(&key).await.unwrap()
+            && rec.instance.is_some()
+        {
+            break rec;
+        }
+        assert!(Instant::now() < deadline, "never adopted");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let task = adopted
+        .instance
+        .as_ref()
+        .unwrap()
+        .instance_id
+        .as_str()
+        .to_owned();
+    // Let the restarted worker finish with the job (its release) before the sweep reads.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // sweep --dry-run on AWS: the decision for the environment, nothing enqueued, nothing
+    // written (the record's version and the audit trail are unchanged).
+    let before = r.registry().get(&key).await.unwrap().unwrap();
+    let audit_before = ctl(&["explain", "--json", &task], &env).await.json()["timeline"]
+        .as_array()
+        .unwrap()
+        .len();
+    let dry = ctl(&["sweep", "--dry-run", "--json"], &env).await;
+    assert_eq!(dry.code, 0, "{dry:?}");
+    let doc = dry.json();
+    assert_eq!(doc["dry_run"], true);
+    assert_eq!(doc["enqueued"], 0);
+    let mine: Vec<&serde_json::Value> = doc["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["environment_id"] == environment.as_str())
+        .collect();
+    assert_eq!(mine.len(), 1, "{doc:#}");
+    let after = r.registry().get(&key).await.unwrap().unwrap();
+    assert_eq!(after.version, before.version, "a dry run writes nothing");
+    let audit_after = ctl(&["explain", "--json", &task], &env).await.json()["timeline"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(
+        audit_after, audit_before,
+        "a dry run decides nothing for real"
+    );
+
+    // sweep on AWS: one job for the environment, decided by the worker (an audit entry
+    // with the sweep trigger).
+    let swept = ctl(&["sweep", "--json"], &env).await;
+    assert_eq!(swept.code, 0, "{swept:?}");
+    assert!(swept.json()["enqueued"].as_u64().unwrap() >= 1, "{swept:?}");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let doc = ctl(&["explain", "--json", &task], &env).await.json();
+        let decided = doc["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "decision" && e["trigger"]["kind"] == "sweep");
+        if decided {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sweep job was never decided: {doc:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // The application's submission timed out: the worker reads the session and its turn
+    // and records the outcome (the original is still waiting for its executor); nothing is
+    // resubmitted.
+    let out = ctl(
+        &[
+            "report-timeout",
+            &session,
+            "--turn",
+            &submitted,
+            "--wait",
+            "--timeout-secs",
+            "90",
+            "--json",
+        ],
+        &env,
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let doc = out.json();
+    assert_eq!(doc["outcome"], "still_running", "{doc:#}");
+    assert_eq!(doc["evidence"]["turn"]["id"], submitted.as_str());
+    let held = r.registry().get(&key).await.unwrap().unwrap();
+    assert_eq!(held.open_evidence().count(), 1, "{held:?}");
+
+    // The owner resolves the uncertain outcome (seed 002: "resolve any uncertain input
+    // outcome"), then closes: two receipts and the stored terminal record.
+    let out = ctl(
+        &[
+            "resolve",
+            &session,
+            "--effect",
+            "not_needed",
+            "--note",
+            "the original submission is still waiting; not resubmitted",
+            "--by",
+            "drill-owner",
+            "--wait",
+            "--timeout-secs",
+            "90",
+            "--json",
+        ],
+        &env,
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.json()["resolved"], true, "{out:?}");
+    let out = ctl(
+        &[
+            "close",
+            "--wait",
+            "--timeout-secs",
+            "90",
+            "--json",
+            &session,
+        ],
+        &env,
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let doc = out.json();
+    assert_eq!(doc["result"]["closed"], true);
+    let mut kinds: Vec<String> = doc["result"]["receipts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap().to_owned())
+        .collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        ["compute_stopped", "session_deleted", "workspace_closed"]
+    );
+    let terminal = r
+        .registry()
+        .terminal(&key)
+        .await
+        .unwrap()
+        .expect("the close stored its terminal record in DynamoDB");
+    assert!(terminal.session_deleted.confirmed);
+    assert!(terminal.compute_stopped.confirmed);
+    assert_eq!(terminal.effect_reconciliation, "not_needed");
+    assert!(!terminal.forced);
+    assert!(
+        terminal
+            .executor_credential
+            .location
+            .contains("CODEX_API_KEY"),
+        "{terminal:?}"
+    );
+    let doc = ctl(&["explain", "--json", &task], &env).await.json();
+    assert_eq!(doc["terminal"]["stored"], true, "{doc:#}");
+    assert!(
+        client
+            .get_session_json(&session)
+            .await
+            .is_err_and(|e| e.is_not_found()),
+        "the session is deleted"
+    );
+    assert_eq!(
+        *proxy.replays.lock().unwrap(),
+        0,
+        "no RunTask replayed after the restart"
+    );
     drop(workers);
     sim.shutdown().await;
 }

@@ -165,9 +165,23 @@ async fn every_operator_command_on_a_running_local_stack() {
     assert_eq!(t["session_deleted"]["confirmed"], true);
     assert_eq!(t["compute_stopped"]["read_back"], "stopped");
     assert_eq!(t["compute_stopped"]["instance_id"], task.as_str());
-    assert_eq!(
-        t["executor_credential"],
-        "not revoked: shared key; task stopped"
+    // Issue 25: the close stored its terminal record; the credential note says what to
+    // rotate and where.
+    assert_eq!(t["stored"], true);
+    assert_eq!(t["executor_revoked"], false);
+    assert_eq!(t["executor_credential"]["revoked"], false);
+    assert!(
+        t["executor_credential"]["rotate"]
+            .as_str()
+            .unwrap()
+            .contains("new restricted environment key"),
+        "{t}"
+    );
+    assert!(
+        !t["executor_credential"]["location"]
+            .as_str()
+            .unwrap()
+            .is_empty()
     );
     // The default close disposition retains the workspace for 7 days: the close's stop
     // archived generation 1, and the chain shows it kept until then.

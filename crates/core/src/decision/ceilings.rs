@@ -75,7 +75,7 @@ impl View<'_> {
 
     /// Issue 13 item 5: only an `https` `remote_url` on an allowed host reaches an
     /// executor; anything else is held for an owner, and no compute starts.
-    fn remote_url_refused(&self, session: &Session) -> Option<Decision> {
+    pub(super) fn remote_url_refused(&self, session: &Session) -> Option<Decision> {
         let env = session.self_hosted()?;
         let refusal = self
             .o
@@ -121,23 +121,31 @@ impl View<'_> {
             return None;
         }
         let busy = session.is_busy() || self.turn_active();
-        if !busy {
+        let hard = p.lifetime_hard_cap_secs.max(p.max_lifetime_secs);
+        let past_hard_cap = p.lifetime_hard_cap_secs > 0 && age_secs >= hard;
+        // Issue 25: past the hard cap the stop goes ahead, but a turn that runs (or that
+        // was not read) makes it a reconciliation with evidence, never a silent cut.
+        if past_hard_cap && (busy || !self.o.turns_read) {
             return Some(self.ceiling_stop(
                 c,
-                Outcome::Stop,
-                Reason::LifetimeExceeded { age_secs },
-                StopReason::LifetimeExceeded,
-            ));
-        }
-        let hard = p.lifetime_hard_cap_secs.max(p.max_lifetime_secs);
-        (p.lifetime_hard_cap_secs > 0 && age_secs >= hard).then(|| {
-            self.ceiling_stop(
-                c,
-                Outcome::Stop,
+                Outcome::Reconcile,
                 Reason::LifetimeHardCap { age_secs },
                 StopReason::LifetimeHardCap,
-            )
-        })
+            ));
+        }
+        if busy {
+            return None;
+        }
+        // Issue 25: an idle session's executor is stopped only on a turn read.
+        if !self.o.turns_read {
+            return Some(self.turns_not_read());
+        }
+        Some(self.ceiling_stop(
+            c,
+            Outcome::Stop,
+            Reason::LifetimeExceeded { age_secs },
+            StopReason::LifetimeExceeded,
+        ))
     }
 
     /// Issue 13 item 2: no turn and no connection request for the no-work period, whatever
@@ -166,7 +174,15 @@ impl View<'_> {
         .unwrap_or(0);
         let now = self.o.now;
         let quiet_secs = now.saturating_sub(last_work);
-        let working = session.status == SessionStatus::InProgress || self.turn_active();
+        // Work is a turn queued or running (issue 25: the turn read before the stop); a
+        // turn paused on a required action (`waiting`) is what no-work is for.
+        let turn_working = self.o.latest_turn.as_ref().is_some_and(|t| {
+            matches!(
+                t.status,
+                crate::turn::TurnStatus::Queued | crate::turn::TurnStatus::InProgress
+            )
+        });
+        let working = session.status == SessionStatus::InProgress || turn_working;
         let no_work = !working && quiet_secs >= p.no_work_secs;
         match lease {
             Some(l) if l.target != c.as_ref() => Some(
@@ -176,6 +192,8 @@ impl View<'_> {
             Some(_) if !no_work => Some(
                 Decision::new(Outcome::CancelStop, Reason::NewWork).with([Effect::DropNoWorkLease]),
             ),
+            // Issue 25: one turn read before the no-work stop (new work cancels it above).
+            Some(l) if now >= l.due_at && !self.o.turns_read => Some(self.turns_not_read()),
             Some(l) if now >= l.due_at => Some(self.ceiling_stop(
                 c,
                 Outcome::Stop,

@@ -8,7 +8,9 @@
 //! - row 26, closed part: a compute of a closed record is released; a closed record
 //!   starts nothing again;
 //! - row 28, operator part: `sandboxctl reset-start-failures` forgets the failed starts;
-//! - issue 15: `sandboxctl resolve` closes the open evidence held for an owner.
+//! - issue 15: `sandboxctl resolve` closes the open evidence held for an owner;
+//! - issue 25: a close with open evidence waits for that resolution before it deletes
+//!   the session (seed 001: reconcile effects, then delete).
 
 use super::View;
 use crate::observed::Trigger;
@@ -37,6 +39,20 @@ impl View<'_> {
         let mut effects: Vec<Effect> = Vec::new();
         if !closing {
             effects.push(Effect::RequireCleanup);
+        }
+        // Issue 25: seed 001 orders "reconcile mutable effects" before "delete the
+        // session". While the record holds open evidence the close refuses new work
+        // (`cleanup_required`) and waits for an owner's resolution: nothing is deleted or
+        // stopped. The resolution itself is taken here (its recheck resumes the close);
+        // `sandboxctl close --force` resolves first, `abandoned`, recorded as forced.
+        if let Some(open) = record.map(|r| r.open_evidence().count()).filter(|n| *n > 0) {
+            if let Trigger::Resolve { resolution } = &self.o.trigger {
+                return Some(self.resolve(resolution).with(effects));
+            }
+            return Some(
+                Decision::new(Outcome::Reconcile, Reason::CloseAwaitsResolution { open })
+                    .with(effects),
+            );
         }
         if self.active.iter().any(|i| i.status.is_starting()) {
             return Some(

@@ -83,7 +83,9 @@ pub fn evidence_for(
         (_, Reason::TurnWithoutExecutor) => EvidenceTrigger::TurnWithoutExecutor,
         (_, Reason::StartFailing { .. }) => EvidenceTrigger::StartFailing,
         // Holding is the consequence of evidence already recorded, not a new question.
-        (_, Reason::HeldForOwner { .. }) => return None,
+        (_, Reason::HeldForOwner { .. } | Reason::CloseAwaitsResolution { .. }) => return None,
+        // Issue 25: a hard-cap stop with a turn running (or unread) is never silent.
+        (Outcome::Reconcile, Reason::LifetimeHardCap { .. }) => EvidenceTrigger::LifetimeHardCap,
         (Outcome::Reconcile, _) => EvidenceTrigger::Divergent,
         (Outcome::Divergent, _) => EvidenceTrigger::Divergent,
         (Outcome::Uncertain, _) if retried => EvidenceTrigger::Uncertain,
@@ -92,7 +94,9 @@ pub fn evidence_for(
     let turn_read = o.latest_turn.as_ref().filter(|_| {
         matches!(
             trigger,
-            EvidenceTrigger::MidTurnDisconnect | EvidenceTrigger::InputTimedOut
+            EvidenceTrigger::MidTurnDisconnect
+                | EvidenceTrigger::InputTimedOut
+                | EvidenceTrigger::LifetimeHardCap
         )
     });
     let turn = turn_read.map(|t| TurnLayer {

@@ -76,7 +76,7 @@ impl View<'_> {
                     None => self.idle(current),
                 }
             }
-            // Handled before: Close (cleanup), Failed (stale), InputTimedOut, Other*.
+            // Handled before: Close (cleanup), Failed (stale), TimeoutReported, Other*.
             _ => Decision::ignore(Reason::Converged),
         }
     }
@@ -176,6 +176,8 @@ impl View<'_> {
                 .recheck(due.due_at - self.o.now);
         }
         match current {
+            // Issue 25: one turn read before the stop (a queued turn cancels it, above).
+            Some(c) if c.as_ref() == due.target && !self.o.turns_read => self.turns_not_read(),
             Some(c) if c.as_ref() == due.target => {
                 Decision::new(Outcome::Stop, Reason::LeaseExpired).with([
                     Effect::StopCompute(StopSpec {

@@ -33,7 +33,9 @@
 //!    reuse or replace — replace only on evidence that the executor is not connected, its
 //!    deadline counted from the request it answers — with start-failure backoff, a
 //!    `TaskFailedToStart` stop counted as a failed start, and attempts resumed after a
-//!    cooldown (rows 1, 2, 9, 10, 11, 16, 28) — `connection.rs`;
+//!    cooldown (rows 1, 2, 9, 10, 11, 16, 28) — `connection.rs`; with
+//!    `Policy::provision_on = created`, a self-hosted session's `agent.session.created`
+//!    starts its first executor before any input (issue 25) — `created.rs`;
 //! 10. otherwise the trigger's own question: resolved actions (row 4), turns without an
 //!     executor (row 19), idle shutdown leases (rows 14, 15, 17, 18, 20), sweeps (row 27)
 //!     — `idle.rs`; an open reconciliation holds the compute with the files against the
@@ -52,6 +54,7 @@
 mod ceilings;
 mod closes;
 mod connection;
+mod created;
 mod duplicates;
 mod held;
 mod idle;
@@ -119,6 +122,10 @@ pub fn decide(o: &Observed) -> Decision {
             .ensure_compute(session, current)
             .with(v.drop_no_work_lease());
     }
+    // 9, opt-in: the first executor on `agent.session.created` (issue 25) — `created.rs`.
+    if let Some(d) = v.provision_on_creation(session, current) {
+        return d;
+    }
     // 10: idle, leases and the trigger's own question (rows 4, 14, 15, 17-20, 27).
     v.without_connection_need(session, current)
 }
@@ -159,6 +166,13 @@ impl View<'_> {
                 reason,
             })
         })
+    }
+
+    /// Issue 25: an idle stop without a turn read is not taken; the stop is decided again
+    /// on a fresh read (`uncertain`, retried).
+    fn turns_not_read(&self) -> Decision {
+        Decision::new(Outcome::Uncertain, Reason::TurnsNotRead)
+            .recheck(self.o.policy.uncertain_retry_secs)
     }
 
     /// Whether the latest turn evidence shows a turn running.

@@ -52,10 +52,7 @@ pub(super) fn evidence_read(o: &Observed) -> Result<&[ComputeInstance], Decision
 
 /// Row 21: a timed-out submission is answered from the turn evidence alone.
 pub(super) fn timed_out_submission(o: &Observed) -> Option<Decision> {
-    if !matches!(
-        o.trigger,
-        Trigger::InputTimedOut | Trigger::TimeoutReported { .. }
-    ) {
+    if !matches!(o.trigger, Trigger::TimeoutReported { .. }) {
         return None;
     }
     Some(match &o.latest_turn {

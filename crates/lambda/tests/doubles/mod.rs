@@ -35,6 +35,8 @@ pub struct MemoryRegistry {
     pub down: Arc<AtomicBool>,
     /// Executor slot holders (issue 13 item 3), by effect key.
     pub slots: Arc<Mutex<Vec<EffectKey>>>,
+    /// Terminal records of closes (issue 25), written once.
+    pub terminals: Arc<Mutex<HashMap<EffectKey, sandbox_controller::terminal::TerminalRecord>>>,
 }
 
 impl MemoryRegistry {
@@ -187,6 +189,25 @@ impl Registry for MemoryRegistry {
                 })
                 .collect(),
         })
+    }
+    async fn put_terminal(
+        &self,
+        terminal: &sandbox_controller::terminal::TerminalRecord,
+    ) -> Result<bool, PortError> {
+        self.up()?;
+        let mut t = self.terminals.lock().unwrap();
+        if t.contains_key(&terminal.effect_key) {
+            return Ok(false);
+        }
+        t.insert(terminal.effect_key.clone(), terminal.clone());
+        Ok(true)
+    }
+    async fn terminal(
+        &self,
+        key: &EffectKey,
+    ) -> Result<Option<sandbox_controller::terminal::TerminalRecord>, PortError> {
+        self.up()?;
+        Ok(self.terminals.lock().unwrap().get(key).cloned())
     }
 }
 
