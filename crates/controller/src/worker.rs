@@ -317,6 +317,7 @@ where
             policy: self.config.policy.clone(),
             now,
             turn_not_found: gathered.turn_not_found,
+            turns_read: gathered.turns_read,
         };
         let decision = decide(&observed);
         let read = |observed: Observed, gathered: Gathered| {

@@ -783,14 +783,28 @@ impl Registry for SqliteRegistry {
         &self,
         key: &EffectKey,
     ) -> Result<Option<sandbox_controller::terminal::TerminalRecord>, PortError> {
-        Ok(self
-            .json_rows(
-                "terminal",
-                "SELECT terminal FROM registry_terminals WHERE effect_key = ?1",
-                Some(key),
-            )
-            .await?
-            .into_iter()
-            .next())
+        // Not through `json_rows`: a terminal record has no history cutoff (it never
+        // expires with the audit trail and receipts).
+        let key = key.as_str().to_owned();
+        let json: Option<String> = self
+            .db
+            .call(DEP, "terminal", move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT terminal FROM registry_terminals WHERE effect_key = ?1",
+                )?;
+                let mut rows = stmt.query_map(params![key], |r| r.get::<_, String>(0))?;
+                Ok(rows.next().transpose()?)
+            })
+            .await?;
+        json.map(|j| {
+            serde_json::from_str(&j).map_err(|e| {
+                PortError::permanent(
+                    DEP,
+                    "terminal",
+                    format!("terminal record could not be decoded: {e}"),
+                )
+            })
+        })
+        .transpose()
     }
 }

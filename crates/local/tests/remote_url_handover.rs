@@ -65,6 +65,7 @@ fn observed(env: &str, remote_url: &str, allow: &[&str]) -> Observed {
         policy,
         now: NOW,
         turn_not_found: false,
+        turns_read: false,
     }
 }
 

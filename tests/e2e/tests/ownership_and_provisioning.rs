@@ -44,7 +44,7 @@ async fn deployment(
         shutdown_grace_secs: grace_secs,
         recheck_secs: 1,
         uncertain_retry_secs: 1,
-        remote_url_allowlist: vec![SIM_REMOTE_URL_HOST.to_owned()],
+        remote_url_allowlist: vec![SIM_REMOTE_URL_HOST.to_owned()].into(),
         provision_on,
         ..Policy::default()
     };
