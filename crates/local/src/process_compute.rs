@@ -1391,7 +1391,10 @@ mod pid_reuse_tests {
         let (_, start) = proc_stat(pid).unwrap();
         signal_group(pid, Some(start + 1), Signal::SIGKILL);
         std::thread::sleep(Duration::from_millis(100));
-        assert!(child.try_wait().unwrap().is_none(), "another start time: not killed");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "another start time: not killed"
+        );
         signal_group(pid, Some(start), Signal::SIGKILL);
         let status = child.wait().unwrap();
         assert!(!status.success(), "its own start time: killed");

@@ -45,12 +45,10 @@ fn observed(env: &str, remote_url: &str, allow: &[&str]) -> Observed {
         error: None,
         extra: Default::default(),
     };
-    let mut policy = Policy::default();
-    policy.remote_url_allowlist = allow
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect::<Vec<_>>()
-        .into();
+    let policy = Policy {
+        remote_url_allowlist: sandbox_core::remote_url::Allowlist::new(allow.iter().copied()),
+        ..Policy::default()
+    };
     Observed {
         trigger: Trigger::ConnectionRequested,
         environment_id: env,
