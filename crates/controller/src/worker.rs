@@ -190,6 +190,25 @@ where
             return Ok(Processed::skipped("duplicate delivery", Disposition::Done));
         }
         let session = session_view(self.sessions.retrieve_session(&job.session_id).await);
+        // A job names an environment its session does not have (a forged or corrupted
+        // job: in local mode anything that can write the queue database can enqueue one;
+        // issue 24): refused, so a job can never point one session's evidence at another
+        // environment's compute.
+        if let (Some(env), SessionView::Found { session }) = (&job.environment_id, &session)
+            && let Some(own) = session.self_hosted()
+            && own.id != *env
+        {
+            tracing::warn!(
+                session_id = %job.session_id,
+                job_environment_id = %env,
+                session_environment_id = %own.id,
+                "job refused: its environment is not its session's"
+            );
+            return Ok(Processed::skipped(
+                "job environment does not match its session",
+                Disposition::Done,
+            ));
+        }
         let env = match (&job.environment_id, &session) {
             (Some(env), _) => Some(env.clone()),
             (None, SessionView::Found { session }) => session.self_hosted().map(|e| e.id.clone()),
