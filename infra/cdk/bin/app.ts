@@ -108,6 +108,7 @@ new SandboxLifecycle(stack, "Sandbox", {
   workspaceVolumeGiB: integer("workspaceVolumeGiB"),
   workspaceVolumeType: context("workspaceVolumeType"),
   agentsApiBaseUrl: context("agentsApiBaseUrl"),
+  executorMode: context("executorMode"),
   maxLifetimeSecs: integer("maxLifetimeSecs"),
   lifetimeHardCapSecs: integer("lifetimeHardCapSecs"),
   noWorkSecs: integer("noWorkSecs"),

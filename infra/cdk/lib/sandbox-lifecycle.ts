@@ -25,8 +25,12 @@ import * as sns from "aws-cdk-lib/aws-sns";
 import * as sqs from "aws-cdk-lib/aws-sqs";
 import { Construct } from "constructs";
 
-/** The executor container's name in the task definition (`CONTAINER_NAME`). */
+/** The executor container's name in the task definition (the agent's commands run there). */
 export const EXECUTOR_CONTAINER_NAME = "executor";
+/** The forwarder container's name (issue 26, split mode): the key holder, `CONTAINER_NAME`. */
+export const FORWARDER_CONTAINER_NAME = "forwarder";
+/** Where the listening executor serves its WebSocket inside the task (loopback only). */
+export const EXECUTOR_LISTEN_URL = "ws://127.0.0.1:7070";
 /** Receives before a message moves to its dead-letter queue (crates/aws/src/bootstrap.rs). */
 export const MAX_RECEIVE_COUNT = 5;
 /** Worker function timeout, seconds: one record may take ~90 s (worker_handler.rs RECORD_RESERVE). */
@@ -98,6 +102,13 @@ export interface SandboxLifecycleProps {
   readonly workspaceVolumeGiB?: number;
   /** `WORKSPACE_VOLUME_TYPE`: EBS volume type of the workspace volume. @default "gp3" */
   readonly workspaceVolumeType?: string;
+  /**
+   * `EXECUTOR_MODE` (issue 26): `split` = the executor container holds no credential, a
+   * forwarder container of the same task holds the key and runs `codex exec-server forward`;
+   * `single` = fallback for codex without `forward`, the executor container holds the key.
+   * @default "split"
+   */
+  readonly executorMode?: string;
   /** `AGENTS_API_BASE_URL`. @default https://api.openai.com/v1 */
   readonly agentsApiBaseUrl?: string;
   /** `MAX_LIFETIME_SECS`: maximum executor lifetime, seconds (0 = off). @default 28800 */
@@ -270,6 +281,7 @@ export class SandboxLifecycle extends Construct {
     const workspaceGiB = props.workspaceVolumeGiB ?? 0;
     const workspaces = workspaceGiB > 0;
     const family = `${stack.stackName}-executor`;
+    const singleContainer = (props.executorMode ?? "split") === "single";
     // REMOTE_URL and ENVIRONMENT_ID come per task from RunTask container overrides.
     this.taskDefinition = new ecs.CfnTaskDefinition(this, "ExecutorTaskDefinition", {
       family,
@@ -285,18 +297,24 @@ export class SandboxLifecycle extends Construct {
       taskRoleArn: taskRole.roleArn,
       // The workspace volume, configured per task at RunTask (crates/aws/src/ebs_workspaces.rs).
       volumes: workspaces ? [{ name: "workspace", configuredAtLaunch: true }] : undefined,
+      // Issue 26 (split): the executor container has no secret and no environment and
+      // listens on 127.0.0.1; the forwarder holds the key (secrets, read with the execution
+      // role) and connects to it over the task's shared loopback. No pidMode, no shared
+      // volume, no ECS Exec; the forwarder is essential and starts first.
       containerDefinitions: [
         {
           name: EXECUTOR_CONTAINER_NAME,
           image: props.executorImage,
           essential: true,
           workingDirectory: "/workspace",
+          command: singleContainer ? ["single"] : ["executor", EXECUTOR_LISTEN_URL],
+          dependsOn: singleContainer ? undefined : [{ containerName: FORWARDER_CONTAINER_NAME, condition: "START" }],
           mountPoints: workspaces
             ? [{ sourceVolume: "workspace", containerPath: "/workspace", readOnly: false }]
             : undefined,
           // Seconds between SIGTERM and SIGKILL (Fargate maximum 120).
           stopTimeout: 30,
-          secrets: [{ name: "CODEX_API_KEY", valueFrom: props.executorKeySecretArn }],
+          secrets: singleContainer ? [{ name: "CODEX_API_KEY", valueFrom: props.executorKeySecretArn }] : undefined,
           logConfiguration: {
             logDriver: "awslogs",
             options: {
@@ -306,6 +324,26 @@ export class SandboxLifecycle extends Construct {
             },
           },
         },
+        ...(singleContainer
+          ? []
+          : [
+              {
+                name: FORWARDER_CONTAINER_NAME,
+                image: props.executorImage,
+                essential: true,
+                command: ["forwarder", EXECUTOR_LISTEN_URL],
+                stopTimeout: 30,
+                secrets: [{ name: "CODEX_API_KEY", valueFrom: props.executorKeySecretArn }],
+                logConfiguration: {
+                  logDriver: "awslogs",
+                  options: {
+                    "awslogs-group": executorLogs.logGroupName,
+                    "awslogs-region": stack.region,
+                    "awslogs-stream-prefix": "forwarder",
+                  },
+                },
+              },
+            ]),
       ],
     });
 
@@ -526,7 +564,8 @@ export class SandboxLifecycle extends Construct {
       TABLE_NAME: this.table.tableName,
       ECS_CLUSTER: clusterName,
       TASK_DEFINITION: this.taskDefinition.ref,
-      CONTAINER_NAME: EXECUTOR_CONTAINER_NAME,
+      CONTAINER_NAME: singleContainer ? EXECUTOR_CONTAINER_NAME : FORWARDER_CONTAINER_NAME,
+      EXECUTOR_MODE: singleContainer ? "single" : "split",
       SUBNETS: props.subnetIds.join(","),
       SECURITY_GROUPS: securityGroup.attrGroupId,
       ASSIGN_PUBLIC_IP: props.assignPublicIp ? "ENABLED" : "DISABLED",
@@ -820,6 +859,7 @@ function validate(props: SandboxLifecycleProps): void {
   }
   if (!Number.isInteger(props.snapshotKeep ?? 1) || (props.snapshotKeep ?? 1) < 1) problems.push("snapshotKeep must be an integer of at least 1");
   if (!/^(delete|retain:[1-9][0-9]*)$/.test(props.closeWorkspace ?? "retain:7")) problems.push("closeWorkspace must be delete or retain:<days >= 1>");
+  if (!["split", "single"].includes(props.executorMode ?? "split")) problems.push("executorMode must be split or single");
   const gib = props.workspaceVolumeGiB ?? 0;
   if (!Number.isInteger(gib) || gib < 0 || gib > 16384) problems.push("workspaceVolumeGiB must be a whole number 0-16384 (0 = off)");
   if (!["gp3", "gp2", "io1", "io2", "st1", "sc1", "standard"].includes(props.workspaceVolumeType ?? "gp3")) {
