@@ -58,6 +58,9 @@ pub struct EmbeddedConfig {
     pub previous_webhook_secrets: Vec<String>,
     /// Accepted `webhook-timestamp` skew, both directions, seconds (default 300).
     pub webhook_tolerance_secs: u64,
+    /// Issue 26: the forwarder of the split mode (the only child holding the key; the
+    /// executor then listens and holds none); `None` (default): single-process mode.
+    pub forwarder: Option<ExecutorCommand>,
 }
 
 impl EmbeddedConfig {
@@ -84,6 +87,7 @@ impl EmbeddedConfig {
             max_receive_count: 5,
             previous_webhook_secrets: Vec::new(),
             webhook_tolerance_secs: sandbox_core::webhook::DEFAULT_TOLERANCE_SECS,
+            forwarder: None,
         }
     }
 }
@@ -183,6 +187,10 @@ impl EmbeddedStack {
             &db,
         );
         compute_cfg.stop_grace = cfg.stop_grace;
+        compute_cfg.forwarder = cfg.forwarder.clone();
+        if compute_cfg.forwarder.is_none() {
+            tracing::warn!("executor mode single: the executor child holds the executor key in its environment (issue 26 fallback; configure a forwarder to split)");
+        }
         let compute = ProcessCompute::open(compute_cfg)?;
         let sessions = AgentsClient::new(cfg.agents_api.clone())?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
