@@ -158,10 +158,24 @@ pub async fn run_command(
     if !is_loopback_ws(url) {
         return Err("the executor URL must be ws:// on a loopback address".to_owned());
     }
-    let (ws, _) = tokio::time::timeout(Duration::from_secs(10), tokio_tungstenite::connect_async(url))
+    // The executor may still be starting (the real codex takes a moment): connection
+    // errors are retried every 100 ms for up to 20 s.
+    let started = tokio::time::Instant::now();
+    let ws = loop {
+        match tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio_tungstenite::connect_async(url),
+        )
         .await
-        .map_err(|_| "executor websocket connect timed out".to_owned())?
-        .map_err(|e| format!("executor websocket connect: {e}"))?;
+        {
+            Ok(Ok((ws, _))) => break ws,
+            Ok(Err(e)) if started.elapsed() > Duration::from_secs(20) => {
+                return Err(format!("executor websocket connect: {e}"));
+            }
+            Err(_) => return Err("executor websocket connect timed out".to_owned()),
+            Ok(Err(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
     let mut rpc = Rpc {
         ws,
         next_id: 0,
@@ -310,7 +324,12 @@ fn start_process(params: &Value) -> Result<Arc<Proc>, String> {
     let argv: Vec<String> = params
         .get("argv")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
         .unwrap_or_default();
     let Some((program, args)) = argv.split_first() else {
         return Err("argv is empty".to_owned());
@@ -425,44 +444,50 @@ async fn handle(ws: Ws) {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        let result: Result<Value, (i64, String)> =
-            match req.get("method").and_then(Value::as_str).unwrap_or_default() {
-                "initialize" => Ok(json!({
-                    "sessionId": format!("sim-{}", std::process::id()),
-                    "environmentInfo": environment_info(),
-                })),
-                "environment/info" => Ok(environment_info()),
-                "process/start" if procs.contains_key(&process_id) => {
-                    Err((-32600, format!("process {process_id} already exists")))
+        let result: Result<Value, (i64, String)> = match req
+            .get("method")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+        {
+            "initialize" => Ok(json!({
+                "sessionId": format!("sim-{}", std::process::id()),
+                "environmentInfo": environment_info(),
+            })),
+            "environment/info" => Ok(environment_info()),
+            "process/start" if procs.contains_key(&process_id) => {
+                Err((-32600, format!("process {process_id} already exists")))
+            }
+            "process/start" => match start_process(&params) {
+                Ok(p) => {
+                    procs.insert(process_id.clone(), p);
+                    Ok(json!({"processId": process_id}))
                 }
-                "process/start" => match start_process(&params) {
-                    Ok(p) => {
-                        procs.insert(process_id.clone(), p);
-                        Ok(json!({"processId": process_id}))
+                Err(e) => Err((-32603, e)),
+            },
+            "process/read" => match procs.get(&process_id) {
+                Some(p) => Ok(read_process(p, &params).await),
+                None => Err((-32600, format!("unknown process {process_id}"))),
+            },
+            "process/terminate" => match procs.get(&process_id) {
+                Some(p) => {
+                    let (pid, running) = {
+                        let s = p.state.lock().unwrap_or_else(|x| x.into_inner());
+                        (s.child_pid, !s.exited)
+                    };
+                    if let (Some(pid), true) = (pid, running) {
+                        let _ = std::process::Command::new("kill")
+                            .args(["-TERM", &pid.to_string()])
+                            .status();
                     }
-                    Err(e) => Err((-32603, e)),
-                },
-                "process/read" => match procs.get(&process_id) {
-                    Some(p) => Ok(read_process(p, &params).await),
-                    None => Err((-32600, format!("unknown process {process_id}"))),
-                },
-                "process/terminate" => match procs.get(&process_id) {
-                    Some(p) => {
-                        let (pid, running) = {
-                            let s = p.state.lock().unwrap_or_else(|x| x.into_inner());
-                            (s.child_pid, !s.exited)
-                        };
-                        if let (Some(pid), true) = (pid, running) {
-                            let _ = std::process::Command::new("kill")
-                                .args(["-TERM", &pid.to_string()])
-                                .status();
-                        }
-                        Ok(json!({"running": running}))
-                    }
-                    None => Err((-32600, format!("unknown process {process_id}"))),
-                },
-                other => Err((-32601, format!("method {other} is not served by sim-executor"))),
-            };
+                    Ok(json!({"running": running}))
+                }
+                None => Err((-32600, format!("unknown process {process_id}"))),
+            },
+            other => Err((
+                -32601,
+                format!("method {other} is not served by sim-executor"),
+            )),
+        };
         let answer = match result {
             Ok(r) => json!({"id": id, "result": r}),
             Err((code, message)) => json!({"id": id, "error": {"code": code, "message": message}}),
@@ -498,7 +523,12 @@ mod tests {
 
     #[test]
     fn only_loopback_websockets_are_executor_urls() {
-        for ok in ["ws://127.0.0.1:7070", "ws://localhost:1", "ws://[::1]:9", "ws://127.3.0.1:80/x"] {
+        for ok in [
+            "ws://127.0.0.1:7070",
+            "ws://localhost:1",
+            "ws://[::1]:9",
+            "ws://127.3.0.1:80/x",
+        ] {
             assert!(is_loopback_ws(ok), "{ok}");
         }
         for bad in [
@@ -519,11 +549,18 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("ws://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(serve(listener));
-        let r = run_command(&url, "echo out; echo err >&2; exit 7", Duration::from_secs(20))
-            .await
-            .unwrap();
+        let r = run_command(
+            &url,
+            "echo out; echo err >&2; exit 7",
+            Duration::from_secs(20),
+        )
+        .await
+        .unwrap();
         assert_eq!(r.exit_code, Some(7));
-        assert!(r.output.contains("out\n") && r.output.contains("err\n"), "{r:?}");
+        assert!(
+            r.output.contains("out\n") && r.output.contains("err\n"),
+            "{r:?}"
+        );
         assert_eq!(r.executor_version.as_deref(), Some("sim-executor"));
         server.abort();
     }

@@ -447,8 +447,12 @@ fn start_harness(state: &SimState, inner: &mut Inner, sid: &str) {
     tokio::spawn(async move {
         let result = crate::exec_protocol::run_command(&url, &command, HARNESS_TIMEOUT).await;
         match &result {
-            Ok(r) => tracing::info!(turn_id = %tid, exit_code = ?r.exit_code, executor_version = ?r.executor_version, "turn command ran in the executor"),
-            Err(e) => tracing::warn!(turn_id = %tid, error = %e, "turn command failed in the executor"),
+            Ok(r) => {
+                tracing::info!(turn_id = %tid, exit_code = ?r.exit_code, executor_version = ?r.executor_version, "turn command ran in the executor")
+            }
+            Err(e) => {
+                tracing::warn!(turn_id = %tid, error = %e, "turn command failed in the executor")
+            }
         }
         if let Some(t) = state.lock().turns.get_mut(&tid) {
             t.harness_result = Some(result);

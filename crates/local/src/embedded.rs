@@ -189,7 +189,9 @@ impl EmbeddedStack {
         compute_cfg.stop_grace = cfg.stop_grace;
         compute_cfg.forwarder = cfg.forwarder.clone();
         if compute_cfg.forwarder.is_none() {
-            tracing::warn!("executor mode single: the executor child holds the executor key in its environment (issue 26 fallback; configure a forwarder to split)");
+            tracing::warn!(
+                "executor mode single: the executor child holds the executor key in its environment (issue 26 fallback; configure a forwarder to split)"
+            );
         }
         let compute = ProcessCompute::open(compute_cfg)?;
         let sessions = AgentsClient::new(cfg.agents_api.clone())?;

@@ -145,6 +145,29 @@ impl ExecutorCommand {
         )
     }
 
+    /// Issue 26, the split mode's executor: `codex exec-server --listen $LISTEN_URL` (no key).
+    pub fn codex_listen() -> Self {
+        Self::new("codex", ["exec-server", "--listen", "$LISTEN_URL"])
+    }
+
+    /// Issue 26, the split mode's forwarder (the key holder): `codex exec-server --remote
+    /// $REMOTE_URL --environment-id $ENVIRONMENT_ID forward --connect $LISTEN_URL`.
+    pub fn codex_forward() -> Self {
+        Self::new(
+            "codex",
+            [
+                "exec-server",
+                "--remote",
+                "$REMOTE_URL",
+                "--environment-id",
+                "$ENVIRONMENT_ID",
+                "forward",
+                "--connect",
+                "$LISTEN_URL",
+            ],
+        )
+    }
+
     fn substituted(&self, spec: &StartSpec, workspace: &Path, listen_url: &str) -> Vec<String> {
         self.args
             .iter()
@@ -762,7 +785,11 @@ impl fmt::Debug for ProcessCompute {
 
 enum Spawned {
     Existing(InstanceRow),
-    New(InstanceRow, tokio::process::Child, Option<tokio::process::Child>),
+    New(
+        InstanceRow,
+        tokio::process::Child,
+        Option<Box<tokio::process::Child>>,
+    ),
     Failed(String),
 }
 
@@ -922,7 +949,10 @@ impl ProcessCompute {
         }
         cmd.env("HOME", workspace);
         for (k, v) in &config.extra_env {
-            if !matches!(k.as_str(), "REMOTE_URL" | "ENVIRONMENT_ID" | "CODEX_API_KEY") {
+            if !matches!(
+                k.as_str(),
+                "REMOTE_URL" | "ENVIRONMENT_ID" | "CODEX_API_KEY"
+            ) {
                 cmd.env(k, v);
             }
         }
@@ -945,7 +975,9 @@ fn free_loopback_url() -> Result<String, PortError> {
     })?;
     let port = listener
         .local_addr()
-        .map_err(|e| PortError::transient(DEP, "start", format!("no free loopback port: {}", e.kind())))?
+        .map_err(|e| {
+            PortError::transient(DEP, "start", format!("no free loopback port: {}", e.kind()))
+        })?
         .port();
     Ok(format!("ws://127.0.0.1:{port}"))
 }
@@ -1038,7 +1070,7 @@ impl Compute for ProcessCompute {
                 };
                 let forwarder_child = match forwarder {
                     Some(f) => match spawn_forwarder(f, pid, &log_s) {
-                        Ok(c) => Some(c),
+                        Ok(c) => Some(Box::new(c)),
                         Err(e) => {
                             signal_group(pid, Signal::SIGKILL);
                             let _ = child.start_kill();
@@ -1119,7 +1151,7 @@ impl Compute for ProcessCompute {
             }
             Spawned::New(row, mut child, forwarder_child) => {
                 if let Some(fwd) = forwarder_child {
-                    watch_forwarder(fwd, row.pid, row.instance_id.clone());
+                    watch_forwarder(*fwd, row.pid, row.instance_id.clone());
                 }
                 tracing::info!(
                     instance_id = %row.instance_id,

@@ -128,8 +128,8 @@ pub fn stand_in_forwarder() -> anyhow::Result<ExecutorCommand> {
 /// The pinned `codex` installed by `npm ci` in infra/executor (`make infra-tools`, a
 /// prerequisite of `make rust-test`). An error, never a skip, when it is absent.
 pub fn pinned_codex() -> anyhow::Result<PathBuf> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../infra/executor/node_modules/.bin/codex");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../infra/executor/node_modules/.bin/codex");
     if !path.exists() {
         bail!(
             "{} is missing: run `make infra-tools` (cd infra/executor && npm ci)",

@@ -9,7 +9,9 @@
 use agents_sim::DEFAULT_EXECUTOR_KEY;
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::session::SessionStatus;
-use sandbox_e2e::{Harness, LifecycleHarness, Options, pinned_codex, stand_in_forwarder, stand_in_split};
+use sandbox_e2e::{
+    Harness, LifecycleHarness, Options, pinned_codex, stand_in_forwarder, stand_in_split,
+};
 use sandbox_local::process_compute::ExecutorCommand;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -26,6 +28,8 @@ fn opts(split: (ExecutorCommand, ExecutorCommand)) -> Options {
     Options {
         split_executor: Some(split),
         turn_command: Some(PROBE.to_owned()),
+        // Starting the real codex on a loaded 2-core machine can take seconds.
+        sim_connect_deadline_secs: 3600.0,
         ..Options::default()
     }
 }
@@ -54,9 +58,12 @@ async fn run_one_turn(h: &Harness) -> (ComputeInstance, Value) {
         .iter()
         .find(|i| i["type"] == "command_execution")
         .cloned()
-        .expect("the turn ran a command");
+        .unwrap_or_else(|| panic!("the turn ran no command: {items}"));
     let live = h.live(&env).await.unwrap();
-    (live.into_iter().next().expect("the executor is live"), command)
+    (
+        live.into_iter().next().expect("the executor is live"),
+        command,
+    )
 }
 
 fn read(path: impl AsRef<Path>) -> Vec<u8> {
@@ -122,22 +129,36 @@ async fn assert_executor_holds_no_key(h: &Harness, instance: &ComputeInstance) -
     let mut forwarders = 0;
     let mut executor_cmdline = String::new();
     let members = group_members(info.pid);
-    assert!(members.len() >= 2, "executor and forwarder in one group: {members:?}");
+    assert!(
+        members.len() >= 2,
+        "executor and forwarder in one group: {members:?}"
+    );
     for pid in members {
         let cmdline = read(format!("/proc/{pid}/cmdline"));
         let environ = read(format!("/proc/{pid}/environ"));
         let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        assert!(!contains(&cmdline, key), "key on the command line of {pid}: {text}");
+        assert!(
+            !contains(&cmdline, key),
+            "key on the command line of {pid}: {text}"
+        );
         if text.contains(" forward ") {
             forwarders += 1;
-            assert!(contains(&environ, key), "the forwarder holds the key (control)");
+            assert!(
+                contains(&environ, key),
+                "the forwarder holds the key (control)"
+            );
             continue;
         }
         assert!(
             !contains(&environ, key),
             "key in /proc/{pid}/environ ({text})"
         );
-        for var in ["CODEX_API_KEY", "REMOTE_URL", "ENVIRONMENT_ID", "OPENAI_API_KEY"] {
+        for var in [
+            "CODEX_API_KEY",
+            "REMOTE_URL",
+            "ENVIRONMENT_ID",
+            "OPENAI_API_KEY",
+        ] {
             assert!(
                 !contains(&environ, &format!("{var}=")),
                 "{var} in the environment of {pid} ({text})"
@@ -159,14 +180,22 @@ async fn assert_executor_holds_no_key(h: &Harness, instance: &ComputeInstance) -
 async fn no_key_in_the_local_executor_environment() {
     sandbox_e2e::init_test_logs();
     // The stand-in on both sides.
-    let h = Harness::start(opts(stand_in_split().unwrap())).await.unwrap();
+    let h = Harness::start(opts(stand_in_split().unwrap()))
+        .await
+        .unwrap();
     let (instance, command) = run_one_turn(&h).await;
     let cmdline = assert_executor_holds_no_key(&h, &instance).await;
     assert!(cmdline.contains("--listen ws://127.0.0.1:"), "{cmdline}");
     let output = command["output"].as_str().unwrap_or_default();
     assert!(output.contains("probe-done"), "{command}");
-    assert!(output.contains("sim-executor exec-server --listen"), "ran in the stand-in: {output}");
-    assert!(!output.contains(DEFAULT_EXECUTOR_KEY), "the turn saw the key: {output}");
+    assert!(
+        output.contains("sim-executor exec-server --listen"),
+        "ran in the stand-in: {output}"
+    );
+    assert!(
+        !output.contains(DEFAULT_EXECUTOR_KEY),
+        "the turn saw the key: {output}"
+    );
     assert_eq!(command["exit_code"], 0, "{command}");
     h.shutdown().await.unwrap();
 
@@ -180,9 +209,21 @@ async fn no_key_in_the_local_executor_environment() {
         .await
         .unwrap();
     let (instance, command) = run_one_turn(&h).await;
-    assert_executor_holds_no_key(&h, &instance).await;
+    let cmdline = assert_executor_holds_no_key(&h, &instance).await;
+    assert!(
+        cmdline.contains("exec-server --listen ws://127.0.0.1:"),
+        "{cmdline}"
+    );
     let output = command["output"].as_str().unwrap_or_default();
-    assert!(!output.contains(DEFAULT_EXECUTOR_KEY), "the turn saw the key: {output}");
+    assert!(
+        output.contains("codex exec-server --listen"),
+        "ran in the real codex: {output}"
+    );
+    assert!(
+        !output.contains(DEFAULT_EXECUTOR_KEY),
+        "the turn saw the key: {output}"
+    );
+    assert_eq!(command["exit_code"], 0, "{command}");
     h.shutdown().await.unwrap();
 }
 

@@ -282,7 +282,11 @@ async fn terminated() -> &'static str {
 }
 
 async fn listen(url: &str) -> ExitCode {
-    let addr = url.trim_start_matches("ws://").split('/').next().unwrap_or_default();
+    let addr = url
+        .trim_start_matches("ws://")
+        .split('/')
+        .next()
+        .unwrap_or_default();
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => l,
         Err(err) => {
@@ -319,6 +323,25 @@ async fn run() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(url) = &args.forward_to {
+        // Like a readiness check: the environment is reported connected only once the
+        // executor this forwarder serves accepts connections (at most 30 s).
+        let addr = url
+            .trim_start_matches("ws://")
+            .split('/')
+            .next()
+            .unwrap_or_default();
+        let started = std::time::Instant::now();
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            if started.elapsed() > Duration::from_secs(30) {
+                log(&format!(
+                    "the executor at {url} never accepted a connection"
+                ));
+                return ExitCode::from(3);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     let connection_id = match connect(&http, &args).await {
         Ok(id) => id,
         Err(ConnectError::Refused(status)) => {
