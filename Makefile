@@ -58,7 +58,9 @@ clippy:
 
 # The AWS adapter suites run against a moto server that tests/moto/run.sh starts on
 # 127.0.0.1 (a free port) for the duration of the command.
-rust-test: venv
+# The pinned codex (infra/executor, npm ci) first: the issue-26 E2E runs the real
+# `codex exec-server --listen` and fails (never skips) without it.
+rust-test: venv infra-node-check $(INFRA)/executor/node_modules/.installed
 	tests/moto/run.sh $(RUST_TEST) --workspace --locked
 
 doc-test:

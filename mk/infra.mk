@@ -159,6 +159,7 @@ SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=
 	$(call sam-param,WorkerReservedConcurrency,WORKER_RESERVED_CONCURRENCY) \
 	$(call sam-param,ExecutorCpuArchitecture,EXECUTOR_CPU_ARCHITECTURE) \
 	$(call sam-param,ExecutorCpu,EXECUTOR_CPU) $(call sam-param,ExecutorMemory,EXECUTOR_MEMORY) \
+	$(call sam-param,ExecutorMode,EXECUTOR_MODE) \
 	$(call sam-param,LogRetentionDays,LOG_RETENTION_DAYS) $(call sam-param,AlarmTopicArn,ALARM_TOPIC_ARN)
 
 # `sam build` runs cargo-lambda (BuildMethod rust-cargolambda): the project venv's, from
@@ -192,6 +193,7 @@ CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' 
 	$(call cdk-context,workspaceVolumeIops,WORKSPACE_VOLUME_IOPS) \
 	$(call cdk-context,workspaceVolumeThroughput,WORKSPACE_VOLUME_THROUGHPUT) \
 	$(call cdk-context,agentsApiBaseUrl,AGENTS_API_BASE_URL) \
+	$(call cdk-context,executorMode,EXECUTOR_MODE) \
 	$(call cdk-context,maxLifetimeSecs,MAX_LIFETIME_SECS) \
 	$(call cdk-context,lifetimeHardCapSecs,LIFETIME_HARD_CAP_SECS) \
 	$(call cdk-context,noWorkSecs,NO_WORK_SECS) $(call cdk-context,maxReplacements,MAX_REPLACEMENTS) \

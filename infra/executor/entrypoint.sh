@@ -1,11 +1,24 @@
 #!/bin/sh
-# Executor entrypoint: PID 1 of the ECS Fargate task. Runs
-#   codex exec-server --remote "$REMOTE_URL" --environment-id "$ENVIRONMENT_ID"
-# for the one environment this task serves, and forwards SIGTERM and SIGINT to it.
+# Executor entrypoint: PID 1 of each container of the ECS Fargate executor task. The first
+# argument (the task definition's `command`) is the container's role (issue 26):
 #
+#   executor URL   codex exec-server --listen URL (ws://127.0.0.1:PORT): the executor the
+#                  agent's commands run in. It holds no credential: it refuses to start when
+#                  CODEX_API_KEY (or any other credential variable below) is set.
+#   forwarder URL  codex exec-server --remote "$REMOTE_URL" --environment-id
+#                  "$ENVIRONMENT_ID" forward --connect URL: the only key holder. It
+#                  registers with the Agents API (CODEX_API_KEY, from the task definition's
+#                  `secrets`) and copies the authenticated remote messages to the executor
+#                  over the task's shared loopback (awsvpc).
+#   single         the fallback for codex versions without `forward` (ExecutorMode single):
+#                  codex exec-server --remote "$REMOTE_URL" --environment-id
+#                  "$ENVIRONMENT_ID" in one container that HOLDS THE KEY (agent code can read
+#                  it); says so on stderr at start-up.
+#
+# With no argument the role is `single` (images started by an older task definition).
 # REMOTE_URL and ENVIRONMENT_ID come from the controller's RunTask container overrides
-# (crates/aws/src/ecs_compute.rs); CODEX_API_KEY from the task definition's `secrets`
-# (Secrets Manager), read by codex itself. A missing one exits 64 (EX_USAGE) at once.
+# (crates/aws/src/ecs_compute.rs, on CONTAINER_NAME = the key holder). A missing or
+# forbidden input exits 64 (EX_USAGE) at once.
 #
 # Why not `exec`: PID 1 gets no default signal actions, so a process that installs no
 # SIGTERM handler would ignore ECS's SIGTERM and be killed only by the SIGKILL that follows
@@ -13,15 +26,65 @@
 # on, and exits with codex's own status.
 set -u
 
+say() {
+  printf 'executor-entrypoint: %s\n' "$1" >&2
+}
+
 require() {
   if [ -z "$2" ]; then
-    printf 'executor-entrypoint: %s is not set (%s)\n' "$1" "$3" >&2
+    say "$1 is not set ($3)"
     exit 64
   fi
 }
-require REMOTE_URL "${REMOTE_URL:-}" "RunTask container override"
-require ENVIRONMENT_ID "${ENVIRONMENT_ID:-}" "RunTask container override"
-require CODEX_API_KEY "${CODEX_API_KEY:-}" "task definition secrets"
+
+# The listen / connect URL must be a loopback WebSocket: the executor serves nothing
+# outside its task.
+require_loopback_ws() {
+  case "$1" in
+    ws://127.0.0.1:[0-9]*) ;;
+    *)
+      say "$2 must be ws://127.0.0.1:PORT (got something else)"
+      exit 64
+      ;;
+  esac
+}
+
+role=${1:-single}
+url=${2:-}
+case "$role" in
+  executor)
+    require_loopback_ws "$url" "the executor's listen URL"
+    for var in CODEX_API_KEY OPENAI_API_KEY CODEX_ACCESS_TOKEN REMOTE_URL ENVIRONMENT_ID; do
+      eval "value=\${$var:-}"
+      if [ -n "$value" ]; then
+        say "role executor: $var is set; the executor container must hold no credential"
+        exit 64
+      fi
+    done
+    say "role executor: listening on $url, no credential in this container"
+    set -- codex exec-server --listen "$url"
+    ;;
+  forwarder)
+    require_loopback_ws "$url" "the forwarder's connect URL"
+    require REMOTE_URL "${REMOTE_URL:-}" "RunTask container override"
+    require ENVIRONMENT_ID "${ENVIRONMENT_ID:-}" "RunTask container override"
+    require CODEX_API_KEY "${CODEX_API_KEY:-}" "task definition secrets"
+    say "role forwarder: registering environment $ENVIRONMENT_ID, forwarding to $url"
+    set -- codex exec-server --remote "$REMOTE_URL" --environment-id "$ENVIRONMENT_ID" \
+      forward --connect "$url"
+    ;;
+  single)
+    require REMOTE_URL "${REMOTE_URL:-}" "RunTask container override"
+    require ENVIRONMENT_ID "${ENVIRONMENT_ID:-}" "RunTask container override"
+    require CODEX_API_KEY "${CODEX_API_KEY:-}" "task definition secrets"
+    say "role single: WARNING this container holds CODEX_API_KEY and agent code can read it (single-container fallback; use ExecutorMode split)"
+    set -- codex exec-server --remote "$REMOTE_URL" --environment-id "$ENVIRONMENT_ID"
+    ;;
+  *)
+    say "unknown role (expected executor, forwarder or single)"
+    exit 64
+    ;;
+esac
 
 # Traps first, so a signal that arrives while codex is starting is not lost: it is
 # remembered and passed on as soon as the child's pid is known.
@@ -38,7 +101,7 @@ forward() {
 trap 'forward TERM' TERM
 trap 'forward INT' INT
 
-codex exec-server --remote "$REMOTE_URL" --environment-id "$ENVIRONMENT_ID" &
+"$@" &
 child=$!
 if [ -n "$pending" ]; then
   kill -s "$pending" "$child" 2>/dev/null || true

@@ -160,3 +160,95 @@ def test_dockerfile_builds_a_non_root_node_lts_image():
     assert re.findall(r"^WORKDIR (\S+)", text, re.M)[-1] == "/workspace"
     assert 'ENTRYPOINT ["/usr/local/bin/executor-entrypoint"]' in text
     assert "COPY --chmod=0755 entrypoint.sh /usr/local/bin/executor-entrypoint" in text
+
+
+# ------------------------------------------------------------ issue 26: the split roles
+LISTEN = "ws://127.0.0.1:7070"
+
+
+def run_role(env: dict[str, str], *args: str) -> subprocess.Popen:
+    return subprocess.Popen(["/bin/sh", str(ENTRYPOINT), *args], env=env, start_new_session=True)
+
+
+def test_entrypoint_executor_role_listens_on_loopback_without_a_credential(stub_env, tmp_path):
+    env = {k: v for k, v in stub_env.items() if k not in INPUTS}
+    proc = run_role(env, "executor", LISTEN)
+    try:
+        wait_for(tmp_path / "ready")
+        assert (tmp_path / "args").read_text().splitlines() == ["exec-server", "--listen", LISTEN]
+    finally:
+        end_group(proc)
+
+
+@pytest.mark.parametrize("var", ["CODEX_API_KEY", "OPENAI_API_KEY", "CODEX_ACCESS_TOKEN", "REMOTE_URL"])
+def test_entrypoint_executor_role_refuses_a_credential(stub_env, tmp_path, var):
+    env = {k: v for k, v in stub_env.items() if k not in INPUTS}
+    env[var] = "test-executor-key"
+    result = subprocess.run(
+        ["/bin/sh", str(ENTRYPOINT), "executor", LISTEN], env=env, capture_output=True, text=True, timeout=10
+    )
+    assert result.returncode == 64
+    assert var in result.stderr and "test-executor-key" not in result.stderr
+    assert not (tmp_path / "args").exists(), "codex must not start"
+
+
+@pytest.mark.parametrize("url", ["ws://0.0.0.0:7070", "ws://10.0.0.1:7070", "wss://127.0.0.1:7070", ""])
+def test_entrypoint_executor_and_forwarder_refuse_a_non_loopback_url(stub_env, tmp_path, url):
+    for role in ("executor", "forwarder"):
+        env = dict(stub_env) if role == "forwarder" else {k: v for k, v in stub_env.items() if k not in INPUTS}
+        result = subprocess.run(
+            ["/bin/sh", str(ENTRYPOINT), role, url], env=env, capture_output=True, text=True, timeout=10
+        )
+        assert result.returncode == 64, role
+    assert not (tmp_path / "args").exists()
+
+
+def test_entrypoint_forwarder_role_registers_and_connects_to_the_executor(stub_env, tmp_path):
+    proc = run_role(stub_env, "forwarder", LISTEN)
+    try:
+        wait_for(tmp_path / "ready")
+        assert (tmp_path / "args").read_text().splitlines() == [
+            "exec-server",
+            "--remote",
+            INPUTS["REMOTE_URL"],
+            "--environment-id",
+            INPUTS["ENVIRONMENT_ID"],
+            "forward",
+            "--connect",
+            LISTEN,
+        ]
+    finally:
+        end_group(proc)
+
+
+@pytest.mark.parametrize("missing", sorted(INPUTS))
+def test_entrypoint_forwarder_refuses_to_start_without_an_input(stub_env, tmp_path, missing):
+    env = {k: v for k, v in stub_env.items() if k != missing}
+    result = subprocess.run(
+        ["/bin/sh", str(ENTRYPOINT), "forwarder", LISTEN], env=env, capture_output=True, text=True, timeout=10
+    )
+    assert result.returncode == 64 and missing in result.stderr
+    assert INPUTS["CODEX_API_KEY"] not in result.stderr
+
+
+def test_entrypoint_single_role_says_it_holds_the_key(stub_env, tmp_path):
+    proc = subprocess.Popen(
+        ["/bin/sh", str(ENTRYPOINT), "single"], env=stub_env, start_new_session=True, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(tmp_path / "ready")
+    finally:
+        end_group(proc)
+    err = proc.stderr.read()
+    assert "holds CODEX_API_KEY" in err and INPUTS["CODEX_API_KEY"] not in err
+
+
+def test_pinned_codex_can_split_listen_and_forward():
+    """The split relies on `--listen` and `forward --connect` of the pinned version; `forward`
+    has no flag to present a `--ws-auth` token, so the listener runs without `--ws-auth`."""
+    main = subprocess.run([str(CODEX), "exec-server", "--help"], capture_output=True, text=True, timeout=60)
+    assert "--listen" in main.stdout and "forward" in main.stdout
+    fwd = subprocess.run([str(CODEX), "exec-server", "forward", "--help"], capture_output=True, text=True, timeout=60)
+    assert fwd.returncode == 0, fwd.stderr
+    assert "--connect" in fwd.stdout
+    assert "--ws-token" not in fwd.stdout and "--ws-auth" not in fwd.stdout

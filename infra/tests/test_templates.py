@@ -543,13 +543,103 @@ def test_consumed_queues_outlast_six_worker_timeouts(any_cfn):
         assert queue["RedrivePolicy"]["maxReceiveCount"] == 5
 
 
+def resolve_conditions(value, conditions: dict[str, bool]):
+    """`value` with every `Fn::If` on one of `conditions` resolved and `AWS::NoValue`
+    removed (from lists and objects), as CloudFormation does at deploy time."""
+    no_value = object()
+
+    def walk(v):
+        if isinstance(v, dict):
+            if set(v) == {"Fn::If"} and v["Fn::If"][0] in conditions:
+                cond, then, other = v["Fn::If"]
+                return walk(then if conditions[cond] else other)
+            if v == {"Ref": "AWS::NoValue"}:
+                return no_value
+            out = {k: walk(x) for k, x in v.items()}
+            return {k: x for k, x in out.items() if x is not no_value}
+        if isinstance(v, list):
+            return [x for x in (walk(x) for x in v) if x is not no_value]
+        return v
+
+    return walk(value)
+
+
+def executor_task_definition(cfn: dict, single: bool = False) -> dict:
+    """The task definition's properties; SAM's split/single conditions resolved."""
+    (task_def,) = resources(cfn, "AWS::ECS::TaskDefinition").values()
+    return resolve_conditions(task_def["Properties"], {"SingleContainerExecutor": single})
+
+
 def test_executor_gets_only_the_key_from_secrets(any_cfn):
-    (task_def,) = resources(any_cfn, "AWS::ECS::TaskDefinition").values()
-    (container,) = task_def["Properties"]["ContainerDefinitions"]
+    containers = {c["Name"]: c for c in executor_task_definition(any_cfn)["ContainerDefinitions"]}
+    assert [s["Name"] for s in containers["forwarder"]["Secrets"]] == ["CODEX_API_KEY"]
+    for container in containers.values():
+        assert "Environment" not in container, "REMOTE_URL / ENVIRONMENT_ID come from RunTask overrides"
+        assert container["LogConfiguration"]["LogDriver"] == "awslogs"
+    assert containers["executor"]["WorkingDirectory"] == "/workspace"
+
+
+def test_the_executor_container_holds_no_credential(any_cfn):
+    """Issue 26: in the default (split) mode the agent's container holds no credential.
+
+    - two containers, `executor` and `forwarder`, both essential, same image;
+    - the executor container: no `Secrets`, no `Environment`, no `EnvironmentFiles`, it runs
+      the entrypoint's `executor` role listening on a loopback WebSocket, and depends on the
+      forwarder having started;
+    - the forwarder: the key as its only secret (`valueFrom` the executor key secret, read
+      by the execution role at launch), connects to the same loopback URL, no mount points;
+    - no `PidMode` (containers do not see each other's /proc), no `IpcMode`, no volume
+      mounted by the forwarder (nothing shared on disk), no `LinuxParameters` capabilities
+      added; the task role has no policy (it cannot read the secret; ECS Exec would need
+      ssmmessages on it) and only the execution role may read the key secret;
+    - the controller's overrides go to the forwarder (`CONTAINER_NAME`), and
+      `EXECUTOR_MODE` is `split`.
+    """
+    props = executor_task_definition(any_cfn)
+    containers = {c["Name"]: c for c in props["ContainerDefinitions"]}
+    assert set(containers) == {"executor", "forwarder"}
+    executor, forwarder = containers["executor"], containers["forwarder"]
+    for container in (executor, forwarder):
+        assert container["Essential"] is True
+        assert "LinuxParameters" not in container and "Privileged" not in container
+    assert flat(executor["Image"]) == flat(forwarder["Image"])
+    for key in ("Secrets", "Environment", "EnvironmentFiles", "RepositoryCredentials"):
+        assert key not in executor, f"the executor container must not have {key}"
+    assert executor["Command"][0] == "executor"
+    listen = executor["Command"][1]
+    assert re.fullmatch(r"ws://127\.0\.0\.1:[0-9]+", listen)
+    assert executor["DependsOn"] == [{"ContainerName": "forwarder", "Condition": "START"}]
+    assert forwarder["Command"] == ["forwarder", listen]
+    assert [s["Name"] for s in forwarder["Secrets"]] == ["CODEX_API_KEY"]
+    assert "MountPoints" not in forwarder and "VolumesFrom" not in forwarder
+    assert "VolumesFrom" not in executor
+    for key in ("PidMode", "IpcMode"):
+        assert key not in props, f"the task must not set {key}"
+    # Roles: the task role (what code in the containers can use) has no policy at all; the
+    # key secret is readable by the execution role only.
+    roles = roles_by_purpose(any_cfn)
+    assert role_statements(any_cfn, roles["executor task role"]) == []
+    assert "ManagedPolicyArns" not in any_cfn["Resources"][roles["executor task role"]]["Properties"]
+    (read_key,) = statements_with(any_cfn, roles["executor execution role"], "secretsmanager:GetSecretValue")
+    assert as_list(read_key["Resource"]) == [forwarder["Secrets"][0]["ValueFrom"]]
+    for binary in ("worker", "sweeper"):
+        variables = function_by_binary(any_cfn, binary)["Environment"]["Variables"]
+        assert resolve_conditions(variables["CONTAINER_NAME"], {"SingleContainerExecutor": False}) == "forwarder"
+        mode = variables["EXECUTOR_MODE"]
+        assert mode == "split" or (mode == {"Ref": "ExecutorMode"} and any_cfn["Parameters"]["ExecutorMode"]["Default"] == "split")
+
+
+def test_the_single_container_fallback_is_marked_as_holding_the_key(sam_cfn):
+    """ExecutorMode single (codex without `forward`): one container, the key in it."""
+    assert sam_cfn["Parameters"]["ExecutorMode"]["AllowedValues"] == ["split", "single"]
+    props = executor_task_definition(sam_cfn, single=True)
+    (container,) = props["ContainerDefinitions"]
+    assert container["Name"] == "executor" and container["Command"] == ["single"]
     assert [s["Name"] for s in container["Secrets"]] == ["CODEX_API_KEY"]
-    assert "Environment" not in container, "REMOTE_URL / ENVIRONMENT_ID come from RunTask overrides"
-    assert container["WorkingDirectory"] == "/workspace"
-    assert container["LogConfiguration"]["LogDriver"] == "awslogs"
+    assert "DependsOn" not in container
+    worker = function_by_binary(sam_cfn, "worker")["Environment"]["Variables"]
+    assert resolve_conditions(worker["CONTAINER_NAME"], {"SingleContainerExecutor": True}) == "executor"
+    assert "holds the key" in sam_cfn["Parameters"]["ExecutorMode"]["Description"]
 
 
 def test_registry_table_matches_the_adapter_schema(any_cfn):

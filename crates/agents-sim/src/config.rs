@@ -188,6 +188,13 @@ impl SimConfig {
         self
     }
 
+    /// Sets [`SimConfig::turn_command`]: the command of every turn (run for real when the
+    /// executor's forwarder named a listening executor, issue 26).
+    pub fn with_turn_command(mut self, command: impl Into<String>) -> Self {
+        self.turn_command = command.into();
+        self
+    }
+
     /// Sets the duration of a running turn (simulated seconds).
     pub fn with_turn_secs(mut self, secs: f64) -> Self {
         self.turn_secs = secs;

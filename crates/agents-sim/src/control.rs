@@ -136,6 +136,9 @@ async fn function_call(
             usage: None,
             started: Some(now),
             run_until: None,
+            harness_url: None,
+            harness_started: false,
+            harness_result: None,
         };
         turn.items = crate::turns::user_items(&turn);
         turn.items.push(json!({

@@ -19,6 +19,13 @@
 //! Answer of both: `{object: "agent.environment.connection", id, environment_id, status,
 //! connections}` where `id` is the connection affected (connect) or `null` (disconnect of
 //! all), `status` the environment's status and `connections` how many remain open.
+//!
+//! Issue 26, the split executor: a connect may carry a JSON body `{"executor_url":
+//! "ws://127.0.0.1:PORT"}`, sent by the forwarder (`sim-executor ... forward --connect
+//! URL`, the only process holding the key) to name the listening executor it serves. The
+//! simulator then plays the harness: each turn's command runs on that executor over its
+//! own protocol ([`crate::exec_protocol`]). Only a loopback `ws://` URL is accepted (400
+//! otherwise); a connect without a body keeps the old behaviour (a simulated command).
 
 use crate::auth::bearer_matches;
 use crate::error::ApiError;
@@ -52,10 +59,27 @@ async fn connect(
     State(state): State<SimState>,
     Path(environment_id): Path<String>,
     headers: HeaderMap,
+    body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     if !bearer_matches(&headers, &state.config().executor_key) {
         return Err(ApiError::unauthorized());
     }
+    let executor_url = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        match parse_object(&body)?.get("executor_url") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(url)) if crate::exec_protocol::is_loopback_ws(url) => {
+                Some(url.clone())
+            }
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "executor_url must be a ws:// URL on a loopback address with a port.",
+                    Some("executor_url"),
+                ));
+            }
+        }
+    };
     let sh = &state.0;
     let (answer, session_id) = {
         let mut inner = state.lock();
@@ -73,6 +97,9 @@ async fn connect(
         }
         let conn = sh.ids.hex("conn_");
         env.connections.insert(conn.clone());
+        if let Some(url) = &executor_url {
+            env.executor_urls.insert(conn.clone(), url.clone());
+        }
         env.connect_count += 1;
         env.status = EnvironmentStatus::Connected;
         let answer = json!({
@@ -117,10 +144,14 @@ async fn disconnect(
             .get_mut(&environment_id)
             .ok_or_else(|| ApiError::not_found("environment", &environment_id))?;
         let removed = match &connection_id {
-            Some(c) => u64::from(env.connections.remove(c)),
+            Some(c) => {
+                env.executor_urls.remove(c);
+                u64::from(env.connections.remove(c))
+            }
             None => {
                 let n = env.connections.len() as u64;
                 env.connections.clear();
+                env.executor_urls.clear();
                 n
             }
         };

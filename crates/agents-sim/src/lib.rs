@@ -66,6 +66,7 @@ pub mod clock;
 pub mod config;
 pub mod control;
 pub mod error;
+pub mod exec_protocol;
 pub mod executor_connect;
 mod objects;
 pub mod pagination;

@@ -304,6 +304,9 @@ fn queue_turn(
         usage: None,
         started: None,
         run_until: None,
+        harness_url: None,
+        harness_started: false,
+        harness_result: None,
     };
     inner.turns.insert(turn_id.clone(), turn);
     turns::step(&state.0, inner, sid, now);
@@ -430,6 +433,7 @@ async fn create_session(
                         EnvironmentStatus::Ready
                     },
                     connections: BTreeSet::new(),
+                    executor_urls: Default::default(),
                     connect_count: 0,
                     disconnect_count: 0,
                     deleted: false,

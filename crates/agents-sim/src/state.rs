@@ -94,6 +94,9 @@ pub(crate) struct EnvRec {
     pub session_id: String,
     pub status: EnvironmentStatus,
     pub connections: BTreeSet<String>,
+    /// Issue 26: the local executor a forwarder named at connect (`executor_url`), per
+    /// connection; a turn's command runs there ([`crate::exec_protocol`]).
+    pub executor_urls: std::collections::BTreeMap<String, String>,
     pub connect_count: u64,
     pub disconnect_count: u64,
     pub deleted: bool,
@@ -124,6 +127,12 @@ pub(crate) struct TurnRec {
     /// Simulated start time (fractional) and planned end.
     pub started: Option<f64>,
     pub run_until: Option<f64>,
+    /// Issue 26: the executor WebSocket this turn's command runs on (set when the turn
+    /// starts on an environment whose connection named one), whether the harness task
+    /// was started, and its outcome.
+    pub harness_url: Option<String>,
+    pub harness_started: bool,
+    pub harness_result: Option<Result<crate::exec_protocol::CommandResult, String>>,
 }
 
 /// A replayable answer stored under an `Idempotency-Key`.

@@ -106,7 +106,10 @@ pub(crate) fn step(sh: &Shared, inner: &mut Inner, sid: &str, now: f64) -> Next 
             None => return Next::Exit,
         };
         let Inner {
-            sessions, turns, ..
+            sessions,
+            turns,
+            environments,
+            ..
         } = &mut *inner;
         let Some(s) = sessions.get_mut(sid) else {
             return Next::Exit;
@@ -190,6 +193,16 @@ pub(crate) fn step(sh: &Shared, inner: &mut Inner, sid: &str, now: f64) -> Next 
                 t.started_at = Some(now_i);
                 t.started = Some(now);
                 t.run_until = Some(now + cfg.turn_secs);
+                // Issue 26: the connection named its listening executor; the command runs
+                // there (the driver starts the harness task) and the turn ends with it.
+                t.harness_url = s
+                    .env_id
+                    .as_ref()
+                    .and_then(|e| environments.get(e))
+                    .and_then(|e| e.executor_urls.values().next_back().cloned());
+                if t.harness_url.is_some() {
+                    t.run_until = None;
+                }
                 t.items = user_items(t);
                 if s.env_kind != EnvKind::None {
                     t.items.push(objects::command_started(
@@ -205,9 +218,15 @@ pub(crate) fn step(sh: &Shared, inner: &mut Inner, sid: &str, now: f64) -> Next 
             }
             TurnStatus::InProgress => {
                 let interrupted = needs_executor && !connected;
-                let due = t.run_until.is_none_or(|until| now >= until);
-                if !interrupted && !due {
-                    return Next::Until(t.run_until.unwrap_or(now));
+                if t.harness_url.is_some() {
+                    if !interrupted && t.harness_result.is_none() {
+                        return Next::OnChange;
+                    }
+                } else {
+                    let due = t.run_until.is_none_or(|until| now >= until);
+                    if !interrupted && !due {
+                        return Next::Until(t.run_until.unwrap_or(now));
+                    }
                 }
                 finish_turn(sh, t, now, interrupted);
                 s.usage = Some(s.usage.unwrap_or_default().add(TURN_USAGE));
@@ -229,13 +248,34 @@ fn finish_turn(sh: &Shared, t: &mut TurnRec, now: f64, interrupted: bool) {
         .map(|s| ((now - s) * 1000.0).round() as i64)
         .unwrap_or(0);
     let mut ran_command = false;
+    let harness = t.harness_result.clone();
+    let mut harness_text = None;
     if let Some(cmd) = t
         .items
         .iter_mut()
         .find(|i| i.get("type").and_then(Value::as_str) == Some("command_execution"))
     {
         ran_command = true;
-        if interrupted {
+        if let (false, Some(result)) = (interrupted, &harness) {
+            // Issue 26: what the executor really answered.
+            let (status, code, output) = match result {
+                Ok(r) => (
+                    if r.exit_code == Some(0) {
+                        "completed"
+                    } else {
+                        "failed"
+                    },
+                    r.exit_code.map(i64::from),
+                    r.output.clone(),
+                ),
+                Err(e) => ("failed", None, format!("executor error: {e}\n")),
+            };
+            objects::command_finish(cmd, status, code, &output, elapsed_ms);
+            harness_text = Some(match code {
+                Some(c) => format!("The command exited with code {c}."),
+                None => "The command did not finish in the executor.".to_owned(),
+            });
+        } else if interrupted {
             objects::command_finish(
                 cmd,
                 "failed",
@@ -260,6 +300,7 @@ fn finish_turn(sh: &Shared, t: &mut TurnRec, now: f64, interrupted: bool) {
         (false, true) => "The test suite passed.",
         (false, false) => "Done.",
     };
+    let text = harness_text.as_deref().unwrap_or(text);
     t.items
         .push(objects::assistant_message(&sh.ids.hex("msg_"), &t.id, text));
     t.status = TurnStatus::Completed;
@@ -380,6 +421,46 @@ pub(crate) fn ensure_driver(state: &SimState, sid: &str) {
     }
 }
 
+/// How long a turn's command may run in the executor (real time).
+const HARNESS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Issue 26: starts the harness task of the session's running turn when it has an
+/// executor URL and none was started: it runs [`SimConfig::turn_command`](crate::SimConfig)
+/// on the executor ([`crate::exec_protocol::run_command`]), stores the outcome in the turn
+/// and wakes the drivers; [`step`] then completes the turn with it.
+fn start_harness(state: &SimState, inner: &mut Inner, sid: &str) {
+    let Some(tid) = inner.active_turn(sid) else {
+        return;
+    };
+    let Some(t) = inner.turns.get_mut(&tid) else {
+        return;
+    };
+    if t.status != TurnStatus::InProgress || t.harness_started {
+        return;
+    }
+    let Some(url) = t.harness_url.clone() else {
+        return;
+    };
+    t.harness_started = true;
+    let state = state.clone();
+    let command = state.config().turn_command.clone();
+    tokio::spawn(async move {
+        let result = crate::exec_protocol::run_command(&url, &command, HARNESS_TIMEOUT).await;
+        match &result {
+            Ok(r) => {
+                tracing::info!(turn_id = %tid, exit_code = ?r.exit_code, executor_version = ?r.executor_version, "turn command ran in the executor")
+            }
+            Err(e) => {
+                tracing::warn!(turn_id = %tid, error = %e, "turn command failed in the executor")
+            }
+        }
+        if let Some(t) = state.lock().turns.get_mut(&tid) {
+            t.harness_result = Some(result);
+        }
+        state.bump();
+    });
+}
+
 async fn drive(state: SimState, sid: String) {
     let mut version = state.0.version.subscribe();
     let mut shutdown = state.0.shutdown.subscribe();
@@ -392,6 +473,7 @@ async fn drive(state: SimState, sid: String) {
             let now = state.clock().now();
             let mut inner = state.lock();
             let next = step(&state.0, &mut inner, &sid, now);
+            start_harness(&state, &mut inner, &sid);
             if next == Next::Exit
                 && let Some(s) = inner.sessions.get_mut(&sid)
             {

@@ -12,7 +12,10 @@
 //!   overrides for the configured container with the environment variables `REMOTE_URL`
 //!   (the session's `remote_url`, unchanged) and `ENVIRONMENT_ID` only — the executor key
 //!   `CODEX_API_KEY` comes from the task definition's `secrets` (Secrets Manager), never
-//!   from this process —, the tags `sandbox:deployment`, `sandbox:environment`,
+//!   from this process; the configured container is the key holder, the one that
+//!   registers: `forwarder` in the split task (issue 26: the `executor` container, where
+//!   the agent's commands run, gets no override, no secret and no environment), `executor`
+//!   in the single-container fallback —, the tags `sandbox:deployment`, `sandbox:environment`,
 //!   `sandbox:session`, `sandbox:generation`, `propagateTags` = `TASK_DEFINITION` and
 //!   `enableECSManagedTags`. No list first: "If you use the same client token with the
 //!   same parameters, the same task is returned for 24 hours" (ECS API reference, RunTask
@@ -105,7 +108,9 @@ pub struct EcsConfig {
     /// [`EcsConfig::container_name`] runs `codex exec-server --remote "$REMOTE_URL"
     /// --environment-id "$ENVIRONMENT_ID"` and gets `CODEX_API_KEY` from its `secrets`.
     pub task_definition: String,
-    /// The executor container's name in the task definition (the override target).
+    /// The name of the task definition's container that registers with the Agents API
+    /// (the override target): `forwarder` in the split task, `executor` in the
+    /// single-container fallback (issue 26, `EXECUTOR_MODE`).
     pub container_name: String,
     /// awsvpc subnets (ids), at least one.
     pub subnets: Vec<String>,

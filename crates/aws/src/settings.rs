@@ -11,7 +11,8 @@
 //! | `TABLE_NAME` | worker, sweeper | yes | DynamoDB registry table name |
 //! | `ECS_CLUSTER` | worker, sweeper | yes | ECS cluster name or ARN |
 //! | `TASK_DEFINITION` | worker, sweeper | yes | executor task definition (`family`, `family:revision` or ARN) |
-//! | `CONTAINER_NAME` | worker, sweeper | yes | the executor's container in that task definition |
+//! | `CONTAINER_NAME` | worker, sweeper | yes | the container of that task definition that gets `REMOTE_URL` / `ENVIRONMENT_ID` (the key holder: `forwarder` in split mode, `executor` in single-container mode) |
+//! | `EXECUTOR_MODE` | worker, sweeper | no | `split` (default: the executor container holds no credential, a forwarder container holds the key) or `single` (fallback for codex without `forward`: the executor container holds the key; logged at start-up) |
 //! | `SUBNETS` | worker, sweeper | yes | comma-separated subnet ids (at least one) |
 //! | `SECURITY_GROUPS` | worker, sweeper | no | comma-separated security group ids (default: none, the VPC default group) |
 //! | `ASSIGN_PUBLIC_IP` | worker, sweeper | no | `true`/`false` (also `ENABLED`/`DISABLED`, `1`/`0`); default `false` |
@@ -121,6 +122,35 @@ pub struct EcsSettings {
     pub assign_public_ip: bool,
     /// EBS workspaces: set when `ECS_INFRASTRUCTURE_ROLE_ARN` is (issue 14).
     pub workspace: Option<WorkspaceVolumeSettings>,
+    /// `EXECUTOR_MODE` (issue 26): which container of the task holds the executor key.
+    pub executor_mode: ExecutorMode,
+}
+
+/// `EXECUTOR_MODE`: how the executor task is split (issue 26; the task definition in
+/// infra/sam/template.yaml and infra/cdk must match, `ExecutorMode` / `executorMode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExecutorMode {
+    /// `split` (default): the executor container runs `codex exec-server --listen
+    /// ws://127.0.0.1:PORT` with no credential; the forwarder container of the same task
+    /// holds `CODEX_API_KEY` and runs `codex exec-server forward --connect` to it.
+    #[default]
+    Split,
+    /// `single`: one container runs `codex exec-server --remote` and holds the key in its
+    /// environment, readable by agent code (for codex versions without `forward`).
+    SingleContainer,
+}
+
+impl ExecutorMode {
+    /// The start-up warning of the single-container mode (`None` when split): one line a
+    /// function logs at cold start, so a deployment that hands the key to the sandbox says so.
+    pub fn start_up_warning(self) -> Option<&'static str> {
+        match self {
+            Self::Split => None,
+            Self::SingleContainer => Some(
+                "EXECUTOR_MODE=single: the executor container holds CODEX_API_KEY; agent code can read it (issue 26 fallback)",
+            ),
+        }
+    }
 }
 
 /// The workspace volume of every task (ECS-managed EBS), from `ECS_INFRASTRUCTURE_ROLE_ARN`,
@@ -602,6 +632,16 @@ impl ControllerSettings {
             security_groups: vars.list("SECURITY_GROUPS")?,
             assign_public_ip: vars.flag("ASSIGN_PUBLIC_IP")?,
             workspace: workspace_volume(&vars)?,
+            executor_mode: match vars.optional("EXECUTOR_MODE").as_deref() {
+                None | Some("split") => ExecutorMode::Split,
+                Some("single") => ExecutorMode::SingleContainer,
+                Some(_) => {
+                    return Err(SettingsError::Invalid {
+                        var: "EXECUTOR_MODE",
+                        reason: "split or single",
+                    });
+                }
+            },
         };
         let deployment = DeploymentId::new(vars.required("DEPLOYMENT_ID")?).map_err(|_| {
             SettingsError::Invalid {

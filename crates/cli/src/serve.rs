@@ -49,6 +49,13 @@ pub struct ServeArgs {
     /// Arguments of `--executor`.
     #[arg(last = true)]
     executor_args: Vec<String>,
+    /// Issue 26, without `--executor`: `split` (default) runs `codex exec-server --listen`
+    /// with no key and a forwarder child (`codex exec-server ... forward --connect`) that
+    /// alone holds it; `single` runs `codex exec-server --remote` holding the key (for
+    /// codex versions without `forward`; logged at start-up). A custom `--executor` is
+    /// single-process.
+    #[arg(long, default_value = "split", value_parser = ["split", "single"])]
+    executor_mode: String,
     /// Database and workspaces directory.
     #[arg(long, default_value = ".sandbox-lifecycle")]
     data_dir: PathBuf,
@@ -243,9 +250,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             KeySource::EnvVar(args.executor_key_env)
         }
     };
-    let executor = match args.executor {
-        Some(program) => ExecutorCommand::new(program, args.executor_args),
-        None => ExecutorCommand::codex_exec_server(),
+    let (executor, forwarder) = match args.executor {
+        Some(program) => (ExecutorCommand::new(program, args.executor_args), None),
+        None if args.executor_mode == "split" => (
+            ExecutorCommand::codex_listen(),
+            Some(ExecutorCommand::codex_forward()),
+        ),
+        None => (ExecutorCommand::codex_exec_server(), None),
     };
     let mut controller = ControllerConfig::new(DeploymentId::new(args.deployment.clone())?);
     controller.policy = policy;
@@ -268,6 +279,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         controller,
     );
     cfg.listen = args.listen;
+    cfg.forwarder = forwarder;
     cfg.previous_webhook_secrets = previous_webhook_secrets;
     cfg.webhook_tolerance_secs = args.webhook_tolerance_secs;
     cfg.workers = args.workers;

@@ -62,6 +62,9 @@ pub struct EmbeddedConfig {
     /// How long audit entries and receipts are kept, seconds (default 30 days; issue 22):
     /// older ones read as absent and every sweep prunes a bounded batch of them.
     pub history_retention_secs: u64,
+    /// Issue 26: the forwarder of the split mode (the only child holding the key; the
+    /// executor then listens and holds none); `None` (default): single-process mode.
+    pub forwarder: Option<ExecutorCommand>,
 }
 
 /// History rows one sweep tick prunes at most (per table).
@@ -86,6 +89,7 @@ impl std::fmt::Debug for EmbeddedConfig {
             )
             .field("webhook_tolerance_secs", &self.webhook_tolerance_secs)
             .field("history_retention_secs", &self.history_retention_secs)
+            .field("forwarder", &self.forwarder)
             .finish()
     }
 }
@@ -115,6 +119,7 @@ impl EmbeddedConfig {
             previous_webhook_secrets: Vec::new(),
             webhook_tolerance_secs: sandbox_core::webhook::DEFAULT_TOLERANCE_SECS,
             history_retention_secs: crate::sqlite_registry::DEFAULT_HISTORY_RETENTION_SECS,
+            forwarder: None,
         }
     }
 }
@@ -217,6 +222,12 @@ impl EmbeddedStack {
             &db,
         );
         compute_cfg.stop_grace = cfg.stop_grace;
+        compute_cfg.forwarder = cfg.forwarder.clone();
+        if compute_cfg.forwarder.is_none() {
+            tracing::warn!(
+                "executor mode single: the executor child holds the executor key in its environment (issue 26 fallback; configure a forwarder to split)"
+            );
+        }
         let compute = ProcessCompute::open(compute_cfg)?;
         let sessions = AgentsClient::new(cfg.agents_api.clone())?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);

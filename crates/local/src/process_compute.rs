@@ -24,6 +24,18 @@
 //!   [`ProcessComputeConfig::stop_grace`] (default 10 s) has passed, then marks it stopped
 //!   when gone. The escalation runs in the background; if the controller exits meanwhile,
 //!   the next read-back after the grace sends the SIGKILL.
+//! - **Split mode** (issue 26, [`ProcessComputeConfig::forwarder`] set): two children per
+//!   instance in one process group. The *executor* (the configured command, e.g.
+//!   `codex exec-server --listen $LISTEN_URL`) starts first, as the group leader, with a
+//!   cleared environment that holds no key and no `REMOTE_URL` / `ENVIRONMENT_ID`: only
+//!   `HOME` = the workspace, [`ProcessComputeConfig::inherit_env`] and
+//!   [`ProcessComputeConfig::extra_env`]. `$LISTEN_URL` is `ws://127.0.0.1:PORT`, a port
+//!   free at start. The *forwarder* (`... forward --connect $LISTEN_URL`) joins its group
+//!   with the executor's variables plus `REMOTE_URL`, `ENVIRONMENT_ID` and `CODEX_API_KEY`:
+//!   it alone holds the key. The recorded pid is the executor's; when the forwarder exits,
+//!   the group is sent SIGTERM (the forwarder is essential, as in the Fargate task). Both
+//!   run as the controller's user: see the README's security section for what a same-user
+//!   sandbox can still read.
 //! - **Controller exit**: children survive a controller crash and are adopted by the next
 //!   `ProcessCompute` over the same database. [`ProcessCompute::shutdown_all`] stops every
 //!   live child the database knows (the demo calls it to leave no process behind);
@@ -133,7 +145,30 @@ impl ExecutorCommand {
         )
     }
 
-    fn substituted(&self, spec: &StartSpec, workspace: &Path) -> Vec<String> {
+    /// Issue 26, the split mode's executor: `codex exec-server --listen $LISTEN_URL` (no key).
+    pub fn codex_listen() -> Self {
+        Self::new("codex", ["exec-server", "--listen", "$LISTEN_URL"])
+    }
+
+    /// Issue 26, the split mode's forwarder (the key holder): `codex exec-server --remote
+    /// $REMOTE_URL --environment-id $ENVIRONMENT_ID forward --connect $LISTEN_URL`.
+    pub fn codex_forward() -> Self {
+        Self::new(
+            "codex",
+            [
+                "exec-server",
+                "--remote",
+                "$REMOTE_URL",
+                "--environment-id",
+                "$ENVIRONMENT_ID",
+                "forward",
+                "--connect",
+                "$LISTEN_URL",
+            ],
+        )
+    }
+
+    fn substituted(&self, spec: &StartSpec, workspace: &Path, listen_url: &str) -> Vec<String> {
         self.args
             .iter()
             .map(|a| {
@@ -147,6 +182,7 @@ impl ExecutorCommand {
                     Some("SESSION_ID") => spec.session_id.as_str().to_owned(),
                     Some("GENERATION") => spec.generation.0.to_string(),
                     Some("WORKSPACE_DIR") => workspace.display().to_string(),
+                    Some("LISTEN_URL") if !listen_url.is_empty() => listen_url.to_owned(),
                     _ => a.clone(),
                 }
             })
@@ -258,6 +294,11 @@ pub struct ProcessComputeConfig {
     /// Kill (SIGKILL, whole process group) every live child in the database when the last
     /// handle drops. Default: `false` (children outlive the controller and are adopted).
     pub kill_on_drop: bool,
+    /// Issue 26: the forwarder command of the split mode (see the module docs), e.g.
+    /// `codex exec-server --remote $REMOTE_URL --environment-id $ENVIRONMENT_ID forward
+    /// --connect $LISTEN_URL`. `None` (default): the single-process mode, where the
+    /// executor itself holds the key.
+    pub forwarder: Option<ExecutorCommand>,
 }
 
 impl ProcessComputeConfig {
@@ -293,6 +334,7 @@ impl ProcessComputeConfig {
             extra_env: Vec::new(),
             stopped_retention: Duration::from_secs(3600),
             kill_on_drop: false,
+            forwarder: None,
         }
     }
 }
@@ -765,8 +807,43 @@ impl fmt::Debug for ProcessCompute {
 
 enum Spawned {
     Existing(InstanceRow),
-    New(InstanceRow, tokio::process::Child),
+    New(
+        InstanceRow,
+        tokio::process::Child,
+        Option<Box<tokio::process::Child>>,
+    ),
     Failed(String),
+}
+
+/// Spawns the forwarder of a split start into the executor's process group `pgid`, its
+/// output appended to the same log. `Err` is the failure reason (the caller kills the
+/// executor).
+fn spawn_forwarder(
+    ForwarderCommand(mut cmd): ForwarderCommand,
+    pgid: i32,
+    log_path: &str,
+) -> Result<tokio::process::Child, String> {
+    let open = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_path)
+            .map_err(|e| format!("log file could not be opened: {e}"))
+    };
+    cmd.stdout(open()?).stderr(open()?).process_group(pgid);
+    cmd.spawn()
+        .map_err(|e| format!("forwarder could not be spawned: {e}"))
+}
+
+/// The forwarder is essential: when it exits, SIGTERM goes to its group (the executor),
+/// whose own waiter records the instance's end. A forwarder adopted after a controller
+/// restart has no waiter (only its parent sees its exit).
+fn watch_forwarder(mut child: tokio::process::Child, pgid: i32, instance_id: String) {
+    tokio::spawn(async move {
+        let exit = child.wait().await.ok().map(ExitInfo::from);
+        tracing::info!(instance_id = %instance_id, code = ?exit.and_then(|e| e.code), signal = ?exit.and_then(|e| e.signal), "forwarder exited; stopping its executor");
+        signal_group(pgid, Signal::SIGTERM);
+    });
 }
 
 impl ProcessCompute {
@@ -849,7 +926,43 @@ impl ProcessCompute {
     ) -> tokio::process::Command {
         let config = &self.inner.config;
         let mut cmd = tokio::process::Command::new(&config.command.program);
-        cmd.args(config.command.substituted(spec, workspace));
+        cmd.args(config.command.substituted(spec, workspace, ""));
+        self.base_env(&mut cmd, workspace);
+        cmd.env("REMOTE_URL", &spec.remote_url)
+            .env("ENVIRONMENT_ID", spec.environment_id.as_str())
+            .env("CODEX_API_KEY", key)
+            .process_group(0);
+        cmd
+    }
+
+    /// Issue 26, split mode: the executor (no key, no remote: only [`Self::base_env`]) and
+    /// the forwarder (the key holder, joining the executor's process group at spawn).
+    fn build_split_commands(
+        &self,
+        forwarder: &ExecutorCommand,
+        spec: &StartSpec,
+        key: &str,
+        workspace: &Path,
+        listen_url: &str,
+    ) -> (tokio::process::Command, ForwarderCommand) {
+        let config = &self.inner.config;
+        let mut executor = tokio::process::Command::new(&config.command.program);
+        executor.args(config.command.substituted(spec, workspace, listen_url));
+        self.base_env(&mut executor, workspace);
+        executor.process_group(0);
+        let mut fwd = tokio::process::Command::new(&forwarder.program);
+        fwd.args(forwarder.substituted(spec, workspace, listen_url));
+        self.base_env(&mut fwd, workspace);
+        fwd.env("REMOTE_URL", &spec.remote_url)
+            .env("ENVIRONMENT_ID", spec.environment_id.as_str())
+            .env("CODEX_API_KEY", key);
+        (executor, ForwarderCommand(fwd))
+    }
+
+    /// The environment every child gets: cleared, then the inherited variables, `HOME` =
+    /// the workspace and the extra variables; cwd the workspace, stdin `/dev/null`.
+    fn base_env(&self, cmd: &mut tokio::process::Command, workspace: &Path) {
+        let config = &self.inner.config;
         cmd.env_clear();
         for name in &config.inherit_env {
             if let Some(v) = std::env::var_os(name) {
@@ -858,17 +971,37 @@ impl ProcessCompute {
         }
         cmd.env("HOME", workspace);
         for (k, v) in &config.extra_env {
-            cmd.env(k, v);
+            if !matches!(
+                k.as_str(),
+                "REMOTE_URL" | "ENVIRONMENT_ID" | "CODEX_API_KEY"
+            ) {
+                cmd.env(k, v);
+            }
         }
-        cmd.env("REMOTE_URL", &spec.remote_url)
-            .env("ENVIRONMENT_ID", spec.environment_id.as_str())
-            .env("CODEX_API_KEY", key)
-            .current_dir(workspace)
+        cmd.current_dir(workspace)
             .stdin(std::process::Stdio::null())
-            .process_group(0)
             .kill_on_drop(false);
-        cmd
     }
+}
+
+/// The forwarder of a split start, spawned right after its executor (into the executor's
+/// process group).
+struct ForwarderCommand(tokio::process::Command);
+
+/// A free loopback port for a listening executor: bound, read and released (the executor
+/// binds it a moment later; a collision makes that start fail visibly, and the next
+/// generation gets another port).
+fn free_loopback_url() -> Result<String, PortError> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| {
+        PortError::transient(DEP, "start", format!("no free loopback port: {}", e.kind()))
+    })?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| {
+            PortError::transient(DEP, "start", format!("no free loopback port: {}", e.kind()))
+        })?
+        .port();
+    Ok(format!("ws://127.0.0.1:{port}"))
 }
 
 impl Compute for ProcessCompute {
@@ -902,7 +1035,14 @@ impl Compute for ProcessCompute {
             )
         })?;
         let log_path = env_dir.join(format!("executor-g{}.log", spec.generation.0));
-        let mut cmd = self.build_command(spec, &key, &workspace);
+        let (mut cmd, forwarder) = match &self.inner.config.forwarder {
+            Some(fwd) => {
+                let listen_url = free_loopback_url()?;
+                let (e, f) = self.build_split_commands(fwd, spec, &key, &workspace, &listen_url);
+                (e, Some(f))
+            }
+            None => (self.build_command(spec, &key, &workspace), None),
+        };
         drop(key);
 
         let spec_c = spec.clone();
@@ -953,6 +1093,17 @@ impl Compute for ProcessCompute {
                 let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
                     return Ok(Spawned::Failed("executor exited before it could be recorded".to_owned()));
                 };
+                let forwarder_child = match forwarder {
+                    Some(f) => match spawn_forwarder(f, pid, &log_s) {
+                        Ok(c) => Some(Box::new(c)),
+                        Err(e) => {
+                            signal_group(pid, Signal::SIGKILL);
+                            let _ = child.start_kill();
+                            return Ok(Spawned::Failed(e));
+                        }
+                    },
+                    None => None,
+                };
                 let proc_start = proc_stat(pid).ok().map(|(_, s)| s);
                 let started_at_ms = now_ms();
                 let row = InstanceRow {
@@ -1001,7 +1152,7 @@ impl Compute for ProcessCompute {
                     let _ = child.start_kill();
                     return Err(DbError::Sql(e));
                 }
-                Ok(Spawned::New(row, child))
+                Ok(Spawned::New(row, child, forwarder_child))
             })
             .await?;
 
@@ -1023,7 +1174,10 @@ impl Compute for ProcessCompute {
                 tracing::warn!(environment_id = %spec.environment_id, generation = spec.generation.0, %reason, "executor start failed");
                 Ok(Started::Failed { reason })
             }
-            Spawned::New(row, mut child) => {
+            Spawned::New(row, mut child, forwarder_child) => {
+                if let Some(fwd) = forwarder_child {
+                    watch_forwarder(*fwd, row.pid, row.instance_id.clone());
+                }
                 tracing::info!(
                     instance_id = %row.instance_id,
                     environment_id = %row.environment_id,

@@ -128,6 +128,7 @@ new SandboxLifecycle(stack, "Sandbox", {
   workspaceVolumeIops: integer("workspaceVolumeIops"),
   workspaceVolumeThroughput: integer("workspaceVolumeThroughput"),
   agentsApiBaseUrl: context("agentsApiBaseUrl"),
+  executorMode: context("executorMode"),
   maxLifetimeSecs: integer("maxLifetimeSecs"),
   lifetimeHardCapSecs: integer("lifetimeHardCapSecs"),
   noWorkSecs: integer("noWorkSecs"),

@@ -25,8 +25,12 @@ import * as sns from "aws-cdk-lib/aws-sns";
 import * as sqs from "aws-cdk-lib/aws-sqs";
 import { Construct } from "constructs";
 
-/** The executor container's name in the task definition (`CONTAINER_NAME`). */
+/** The executor container's name in the task definition (the agent's commands run there). */
 export const EXECUTOR_CONTAINER_NAME = "executor";
+/** The forwarder container's name (issue 26, split mode): the key holder, `CONTAINER_NAME`. */
+export const FORWARDER_CONTAINER_NAME = "forwarder";
+/** Where the listening executor serves its WebSocket inside the task (loopback only). */
+export const EXECUTOR_LISTEN_URL = "ws://127.0.0.1:7070";
 /** Receives before a message moves to its dead-letter queue (crates/aws/src/bootstrap.rs). */
 export const MAX_RECEIVE_COUNT = 5;
 /**
@@ -137,6 +141,13 @@ export interface SandboxLifecycleProps {
   readonly workspaceVolumeIops?: number;
   /** `WORKSPACE_VOLUME_THROUGHPUT`: gp3 throughput, MiB/s, 125-1000. @default unset */
   readonly workspaceVolumeThroughput?: number;
+  /**
+   * `EXECUTOR_MODE` (issue 26): `split` = the executor container holds no credential, a
+   * forwarder container of the same task holds the key and runs `codex exec-server forward`;
+   * `single` = fallback for codex without `forward`, the executor container holds the key.
+   * @default "split"
+   */
+  readonly executorMode?: string;
   /** `AGENTS_API_BASE_URL`. @default https://api.openai.com/v1 */
   readonly agentsApiBaseUrl?: string;
   /** `MAX_LIFETIME_SECS`: maximum executor lifetime, seconds (0 = off). @default 28800 */
@@ -330,6 +341,7 @@ export class SandboxLifecycle extends Construct {
         })
       : undefined;
     const family = `${stack.stackName}-executor`;
+    const singleContainer = (props.executorMode ?? "split") === "single";
     // REMOTE_URL and ENVIRONMENT_ID come per task from RunTask container overrides.
     this.taskDefinition = new ecs.CfnTaskDefinition(this, "ExecutorTaskDefinition", {
       family,
@@ -345,18 +357,24 @@ export class SandboxLifecycle extends Construct {
       taskRoleArn: taskRole.roleArn,
       // The workspace volume, configured per task at RunTask (crates/aws/src/ebs_workspaces.rs).
       volumes: workspaces ? [{ name: "workspace", configuredAtLaunch: true }] : undefined,
+      // Issue 26 (split): the executor container has no secret and no environment and
+      // listens on 127.0.0.1; the forwarder holds the key (secrets, read with the execution
+      // role) and connects to it over the task's shared loopback. No pidMode, no shared
+      // volume, no ECS Exec; the forwarder is essential and starts first.
       containerDefinitions: [
         {
           name: EXECUTOR_CONTAINER_NAME,
           image: props.executorImage,
           essential: true,
           workingDirectory: "/workspace",
+          command: singleContainer ? ["single"] : ["executor", EXECUTOR_LISTEN_URL],
+          dependsOn: singleContainer ? undefined : [{ containerName: FORWARDER_CONTAINER_NAME, condition: "START" }],
           mountPoints: workspaces
             ? [{ sourceVolume: "workspace", containerPath: "/workspace", readOnly: false }]
             : undefined,
           // Seconds between SIGTERM and SIGKILL (Fargate maximum 120).
           stopTimeout: 30,
-          secrets: [{ name: "CODEX_API_KEY", valueFrom: props.executorKeySecretArn }],
+          secrets: singleContainer ? [{ name: "CODEX_API_KEY", valueFrom: props.executorKeySecretArn }] : undefined,
           logConfiguration: {
             logDriver: "awslogs",
             options: {
@@ -366,6 +384,26 @@ export class SandboxLifecycle extends Construct {
             },
           },
         },
+        ...(singleContainer
+          ? []
+          : [
+              {
+                name: FORWARDER_CONTAINER_NAME,
+                image: props.executorImage,
+                essential: true,
+                command: ["forwarder", EXECUTOR_LISTEN_URL],
+                stopTimeout: 30,
+                secrets: [{ name: "CODEX_API_KEY", valueFrom: props.executorKeySecretArn }],
+                logConfiguration: {
+                  logDriver: "awslogs",
+                  options: {
+                    "awslogs-group": executorLogs.logGroupName,
+                    "awslogs-region": stack.region,
+                    "awslogs-stream-prefix": "forwarder",
+                  },
+                },
+              },
+            ]),
       ],
     });
 
@@ -636,7 +674,8 @@ export class SandboxLifecycle extends Construct {
       TABLE_NAME: this.table.tableName,
       ECS_CLUSTER: clusterName,
       TASK_DEFINITION: this.taskDefinition.ref,
-      CONTAINER_NAME: EXECUTOR_CONTAINER_NAME,
+      CONTAINER_NAME: singleContainer ? EXECUTOR_CONTAINER_NAME : FORWARDER_CONTAINER_NAME,
+      EXECUTOR_MODE: singleContainer ? "single" : "split",
       SUBNETS: props.subnetIds.join(","),
       SECURITY_GROUPS: securityGroup.attrGroupId,
       ASSIGN_PUBLIC_IP: props.assignPublicIp ? "ENABLED" : "DISABLED",
@@ -956,6 +995,7 @@ function validate(props: SandboxLifecycleProps): void {
   if (!/^(delete|retain:[1-9][0-9]*)$/.test(props.closeWorkspace ?? "retain:7")) problems.push("closeWorkspace must be delete or retain:<days >= 1>");
   const historyDays = props.historyRetentionDays ?? 30;
   if (!Number.isInteger(historyDays) || historyDays < 1 || historyDays > 36500) problems.push("historyRetentionDays must be a whole number 1-36500");
+  if (!["split", "single"].includes(props.executorMode ?? "split")) problems.push("executorMode must be split or single");
   const gib = props.workspaceVolumeGiB ?? 0;
   if (!Number.isInteger(gib) || gib < 0 || gib > 16384) problems.push("workspaceVolumeGiB must be a whole number 0-16384 (0 = off)");
   const volumeType = props.workspaceVolumeType ?? "gp3";

@@ -180,15 +180,38 @@ describe("SandboxLifecycle", () => {
     assert.equal(rule.Properties.Targets[0].RetryPolicy.MaximumRetryAttempts, 0);
   });
 
-  it("gives the executor only CODEX_API_KEY from Secrets Manager, in /workspace, with logs", () => {
+  it("gives the forwarder only CODEX_API_KEY from Secrets Manager and the executor nothing (issue 26)", () => {
     const [taskDef] = Object.values(template.findResources("AWS::ECS::TaskDefinition"));
-    const [container] = taskDef.Properties.ContainerDefinitions;
-    assert.deepEqual(container.Secrets, [{ Name: "CODEX_API_KEY", ValueFrom: `${SECRET}:executor-key-AbCdEf` }]);
-    assert.equal(container.Environment, undefined);
-    assert.equal(container.WorkingDirectory, "/workspace");
-    assert.equal(container.LogConfiguration.LogDriver, "awslogs");
+    const [executor, forwarder] = taskDef.Properties.ContainerDefinitions;
+    assert.equal(executor.Name, "executor");
+    assert.equal(forwarder.Name, "forwarder");
+    assert.equal(executor.Secrets, undefined);
+    assert.equal(executor.Environment, undefined);
+    assert.deepEqual(executor.Command, ["executor", "ws://127.0.0.1:7070"]);
+    assert.deepEqual(executor.DependsOn, [{ ContainerName: "forwarder", Condition: "START" }]);
+    assert.deepEqual(forwarder.Secrets, [{ Name: "CODEX_API_KEY", ValueFrom: `${SECRET}:executor-key-AbCdEf` }]);
+    assert.deepEqual(forwarder.Command, ["forwarder", "ws://127.0.0.1:7070"]);
+    assert.equal(forwarder.Essential, true);
+    assert.equal(forwarder.MountPoints, undefined);
+    assert.equal(forwarder.Environment, undefined);
+    assert.equal(taskDef.Properties.PidMode, undefined);
+    assert.equal(executor.WorkingDirectory, "/workspace");
+    assert.equal(executor.LogConfiguration.LogDriver, "awslogs");
     assert.deepEqual(taskDef.Properties.RequiresCompatibilities, ["FARGATE"]);
     assert.equal(taskDef.Properties.NetworkMode, "awsvpc");
+  });
+
+  it("keeps the single-container fallback behind executorMode=single, the key in the executor", () => {
+    const t = synth({ executorMode: "single" });
+    const [taskDef] = Object.values(t.findResources("AWS::ECS::TaskDefinition"));
+    const containers = taskDef.Properties.ContainerDefinitions;
+    assert.equal(containers.length, 1);
+    assert.deepEqual(containers[0].Secrets, [{ Name: "CODEX_API_KEY", ValueFrom: `${SECRET}:executor-key-AbCdEf` }]);
+    assert.deepEqual(containers[0].Command, ["single"]);
+    const env = functionNamed(t, "worker").Environment.Variables;
+    assert.equal(env.CONTAINER_NAME, "executor");
+    assert.equal(env.EXECUTOR_MODE, "single");
+    assert.throws(() => synth({ executorMode: "both" }), /executorMode must be split or single/);
   });
 
   it("opens no ingress to the executor", () => {
@@ -275,7 +298,8 @@ describe("SandboxLifecycle", () => {
     assert.equal(env.ASSIGN_PUBLIC_IP, "ENABLED");
     assert.equal(env.DEPLOYMENT_ID, "prod-1");
     assert.equal(env.SUBNETS, "subnet-0123456789abcdef0,subnet-0123456789abcdef1");
-    assert.equal(env.CONTAINER_NAME, "executor");
+    assert.equal(env.CONTAINER_NAME, "forwarder");
+    assert.equal(env.EXECUTOR_MODE, "split");
     assert.deepEqual(Object.keys(functionNamed(t, "webhook").Environment.Variables).sort(), [
       "DEPLOYMENT_ID",
       "EVENTS_QUEUE_URL",

@@ -68,6 +68,11 @@ pub struct Options {
     /// What a close does with the workspace (`Policy::close_workspace`; default
     /// `retain:7`).
     pub close_workspace: sandbox_core::workspace::CloseWorkspace,
+    /// Issue 26: the split mode's executor and forwarder commands (default: none, the
+    /// single-process stand-in).
+    pub split_executor: Option<(ExecutorCommand, ExecutorCommand)>,
+    /// The simulator's turn command (default: its own, simulated unless split).
+    pub turn_command: Option<String>,
 }
 
 impl Default for Options {
@@ -84,8 +89,54 @@ impl Default for Options {
             sim_time_scale: 60.0,
             executors_never_connect: false,
             close_workspace: Default::default(),
+            split_executor: None,
+            turn_command: None,
         }
     }
+}
+
+/// Issue 26: the split commands with the stand-in on both sides:
+/// `sim-executor exec-server --listen $LISTEN_URL` and `sim-executor exec-server --remote
+/// $REMOTE_URL --environment-id $ENVIRONMENT_ID forward --connect $LISTEN_URL`.
+pub fn stand_in_split() -> anyhow::Result<(ExecutorCommand, ExecutorCommand)> {
+    let bin = workspace_binary("sim-executor")?.display().to_string();
+    Ok((
+        ExecutorCommand::new(bin.clone(), ["exec-server", "--listen", "$LISTEN_URL"]),
+        stand_in_forwarder()?,
+    ))
+}
+
+/// The stand-in forwarder (the real `forward` speaks the Noise rendezvous, which the
+/// simulator does not implement).
+pub fn stand_in_forwarder() -> anyhow::Result<ExecutorCommand> {
+    let bin = workspace_binary("sim-executor")?.display().to_string();
+    Ok(ExecutorCommand::new(
+        bin,
+        [
+            "exec-server",
+            "--remote",
+            "$REMOTE_URL",
+            "--environment-id",
+            "$ENVIRONMENT_ID",
+            "forward",
+            "--connect",
+            "$LISTEN_URL",
+        ],
+    ))
+}
+
+/// The pinned `codex` installed by `npm ci` in infra/executor (`make infra-tools`, a
+/// prerequisite of `make rust-test`). An error, never a skip, when it is absent.
+pub fn pinned_codex() -> anyhow::Result<PathBuf> {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../infra/executor/node_modules/.bin/codex");
+    if !path.exists() {
+        bail!(
+            "{} is missing: run `make infra-tools` (cd infra/executor && npm ci)",
+            path.display()
+        );
+    }
+    Ok(std::path::absolute(path)?)
 }
 
 /// `E2E_LOG=info` (any `RUST_LOG` filter) shows the controller's logs in a test's output
@@ -149,6 +200,9 @@ impl Harness {
             .with_turn_secs(opts.turn_secs)
             .with_connect_deadline_secs(opts.sim_connect_deadline_secs)
             .with_faults(opts.duplicates, opts.reorder, 0..=20);
+        if let Some(command) = &opts.turn_command {
+            sim_cfg = sim_cfg.with_turn_command(command.clone());
+        }
         sim_cfg.seed = 42;
         let sim = agents_sim::spawn(sim_cfg).await?;
         let key_file = dir.path().join("executor.key");
@@ -183,6 +237,10 @@ impl Harness {
             KeySource::File(key_file),
             controller,
         );
+        if let Some((executor, forwarder)) = &opts.split_executor {
+            config.executor = executor.clone();
+            config.forwarder = Some(forwarder.clone());
+        }
         config.workers = opts.workers;
         config.sweep_interval = opts.sweep_every.unwrap_or(Duration::from_secs(3600));
         config.stop_grace = Duration::from_secs(5);

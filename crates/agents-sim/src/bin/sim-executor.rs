@@ -12,6 +12,18 @@
 //!    `EXIT_ON_STDIN_CLOSE=1`, until stdin closes, like the real flag);
 //! 3. then `POST .../disconnect` for its connection (best effort) and exits 0.
 //!
+//! Issue 26, the split executor, the same two modes as the real `codex exec-server`:
+//!
+//! - `sim-executor exec-server --listen ws://127.0.0.1:PORT`: the **listening executor**. It
+//!   needs no key, no `REMOTE_URL` and no `ENVIRONMENT_ID`; it serves the executor protocol
+//!   (JSON-RPC over WebSocket: `initialize`, `process/start`, `process/read`, ...; see
+//!   `agents_sim::exec_protocol`) and runs the commands it is given, until SIGTERM.
+//! - `sim-executor exec-server --remote URL --environment-id ID forward --connect
+//!   ws://127.0.0.1:PORT`: the **forwarder**, the only key holder. It connects as above with
+//!   the body `{"executor_url": "ws://127.0.0.1:PORT"}`, so the simulator (as the harness)
+//!   runs each turn's command on that executor. (The real forwarder relays Noise-encrypted
+//!   rendezvous traffic instead; the simulator does not implement that handshake.)
+//!
 //! Arguments mirror the real executor so a local compute provider can swap the command:
 //! `sim-executor [exec-server] [--remote URL] [--environment-id ID] [--name NAME]
 //! [--exit-on-stdin-close] [--remote-transport T]`; `--remote` and `--environment-id`
@@ -35,6 +47,8 @@ const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Args {
+    /// `--connect` of `forward`: the listening executor this forwarder serves.
+    forward_to: Option<String>,
     remote_url: String,
     environment_id: String,
     key: String,
@@ -43,9 +57,21 @@ struct Args {
 }
 
 const USAGE: &str = "usage: sim-executor [exec-server] [--remote URL] [--environment-id ID] [--name NAME] \
-[--exit-on-stdin-close] (env: REMOTE_URL, ENVIRONMENT_ID, CODEX_API_KEY)";
+[--exit-on-stdin-close] [forward --connect ws://127.0.0.1:PORT] (env: REMOTE_URL, ENVIRONMENT_ID, CODEX_API_KEY) \
+| sim-executor exec-server --listen ws://127.0.0.1:PORT";
 
-fn parse_args() -> Result<Args, String> {
+/// What to run.
+enum Mode {
+    /// `--listen URL`: the listening executor (no key).
+    Listen(String),
+    /// Connect (single mode) or forward (with `forward --connect`).
+    Connect(Args),
+}
+
+fn parse_args() -> Result<Mode, String> {
+    let mut listen: Option<String> = None;
+    let mut forward = false;
+    let mut connect: Option<String> = None;
     let mut remote = std::env::var("REMOTE_URL").ok();
     let mut env_id = std::env::var("ENVIRONMENT_ID").ok();
     let mut name = None;
@@ -74,10 +100,29 @@ fn parse_args() -> Result<Args, String> {
                 value("--remote-transport")?;
             }
             "--exit-on-stdin-close" => exit_on_stdin_close = true,
+            "--listen" => listen = Some(value("--listen")?),
+            "forward" => forward = true,
+            "--connect" => connect = Some(value("--connect")?),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}; {USAGE}")),
         }
     }
+    if let Some(url) = listen {
+        if forward {
+            return Err("--listen and forward exclude each other".into());
+        }
+        if !agents_sim::exec_protocol::is_loopback_ws(&url) {
+            return Err("--listen must be ws://127.0.0.1:PORT (loopback)".into());
+        }
+        return Ok(Mode::Listen(url));
+    }
+    let forward_to = match (forward, connect) {
+        (true, Some(url)) if agents_sim::exec_protocol::is_loopback_ws(&url) => Some(url),
+        (true, Some(_)) => return Err("--connect must be ws://127.0.0.1:PORT (loopback)".into()),
+        (true, None) => return Err("forward needs --connect URL".into()),
+        (false, Some(_)) => return Err("--connect belongs to forward".into()),
+        (false, None) => None,
+    };
     let remote_url = remote
         .filter(|r| !r.trim().is_empty())
         .ok_or("REMOTE_URL (or --remote) is required")?
@@ -104,13 +149,14 @@ fn parse_args() -> Result<Args, String> {
     if !remote_url.ends_with(&format!("/environments/{environment_id}/connect")) {
         return Err("REMOTE_URL does not end with /environments/$ENVIRONMENT_ID/connect".into());
     }
-    Ok(Args {
+    Ok(Mode::Connect(Args {
+        forward_to,
         remote_url,
         environment_id,
         key,
         name,
         exit_on_stdin_close,
-    })
+    }))
 }
 
 fn log(msg: &str) {
@@ -126,12 +172,14 @@ async fn connect(http: &reqwest::Client, args: &Args) -> Result<String, ConnectE
     let mut delay = FIRST_RETRY_DELAY;
     let mut last = String::new();
     for attempt in 1..=CONNECT_ATTEMPTS {
-        let result = http
+        let mut request = http
             .post(&args.remote_url)
             .bearer_auth(&args.key)
-            .header("OpenAI-Beta", "agents=v1")
-            .send()
-            .await;
+            .header("OpenAI-Beta", "agents=v1");
+        if let Some(url) = &args.forward_to {
+            request = request.json(&serde_json::json!({"executor_url": url}));
+        }
+        let result = request.send().await;
         match result {
             Ok(resp) if resp.status().is_success() => {
                 let body: serde_json::Value = resp.json().await.unwrap_or_default();
@@ -233,9 +281,32 @@ async fn terminated() -> &'static str {
     "Ctrl-C"
 }
 
+async fn listen(url: &str) -> ExitCode {
+    let addr = url
+        .trim_start_matches("ws://")
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(err) => {
+            log(&format!("cannot listen on {url}: {err}"));
+            return ExitCode::from(2);
+        }
+    };
+    log(&format!("listening on {url} (no key)"));
+    let reason = tokio::select! {
+        r = terminated() => r,
+        () = agents_sim::exec_protocol::serve(listener) => "listener ended",
+    };
+    log(&format!("{reason}: stopping"));
+    ExitCode::SUCCESS
+}
+
 async fn run() -> ExitCode {
     let args = match parse_args() {
-        Ok(a) => a,
+        Ok(Mode::Connect(a)) => a,
+        Ok(Mode::Listen(url)) => return listen(&url).await,
         Err(msg) => {
             log(&msg);
             return ExitCode::from(2);
@@ -252,6 +323,25 @@ async fn run() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(url) = &args.forward_to {
+        // Like a readiness check: the environment is reported connected only once the
+        // executor this forwarder serves accepts connections (at most 30 s).
+        let addr = url
+            .trim_start_matches("ws://")
+            .split('/')
+            .next()
+            .unwrap_or_default();
+        let started = std::time::Instant::now();
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            if started.elapsed() > Duration::from_secs(30) {
+                log(&format!(
+                    "the executor at {url} never accepted a connection"
+                ));
+                return ExitCode::from(3);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     let connection_id = match connect(&http, &args).await {
         Ok(id) => id,
         Err(ConnectError::Refused(status)) => {

@@ -7,6 +7,9 @@ use sandbox_lambda::{aws_wiring, sweeper_handler};
 async fn main() {
     init();
     let settings = ControllerSettings::from_env().unwrap_or_else(|e| fatal("cold start", &e));
+    if let Some(warning) = settings.ecs.executor_mode.start_up_warning() {
+        tracing::warn!("{warning}");
+    }
     sandbox_lambda::emf::init(settings.controller.deployment.as_str());
     let controller = aws_wiring::controller(&settings)
         .await
