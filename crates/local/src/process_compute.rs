@@ -838,11 +838,18 @@ fn spawn_forwarder(
 /// The forwarder is essential: when it exits, SIGTERM goes to its group (the executor),
 /// whose own waiter records the instance's end. A forwarder adopted after a controller
 /// restart has no waiter (only its parent sees its exit).
-fn watch_forwarder(mut child: tokio::process::Child, pgid: i32, instance_id: String) {
+fn watch_forwarder(
+    mut child: tokio::process::Child,
+    pgid: i32,
+    start_ticks: Option<u64>,
+    instance_id: String,
+) {
     tokio::spawn(async move {
         let exit = child.wait().await.ok().map(ExitInfo::from);
         tracing::info!(instance_id = %instance_id, code = ?exit.and_then(|e| e.code), signal = ?exit.and_then(|e| e.signal), "forwarder exited; stopping its executor");
-        signal_group(pgid, Signal::SIGTERM);
+        // The executor may have ended (and its pid been reused) before the forwarder:
+        // signalled only while the recorded start time still matches (issue 24).
+        signal_group(pgid, start_ticks, Signal::SIGTERM);
     });
 }
 
@@ -1097,7 +1104,8 @@ impl Compute for ProcessCompute {
                     Some(f) => match spawn_forwarder(f, pid, &log_s) {
                         Ok(c) => Some(Box::new(c)),
                         Err(e) => {
-                            signal_group(pid, Signal::SIGKILL);
+                            // Our own child, not reaped yet: its pid cannot be reused.
+                            signal_group(pid, None, Signal::SIGKILL);
                             let _ = child.start_kill();
                             return Ok(Spawned::Failed(e));
                         }
@@ -1176,7 +1184,7 @@ impl Compute for ProcessCompute {
             }
             Spawned::New(row, mut child, forwarder_child) => {
                 if let Some(fwd) = forwarder_child {
-                    watch_forwarder(*fwd, row.pid, row.instance_id.clone());
+                    watch_forwarder(*fwd, row.pid, row.proc_start_ticks, row.instance_id.clone());
                 }
                 tracing::info!(
                     instance_id = %row.instance_id,
