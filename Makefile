@@ -24,6 +24,10 @@ RUST_TEST := $(if $(shell command -v cargo-nextest 2>/dev/null),cargo nextest ru
 # The simulator's JSON-producing test, selected the same way under either runner (and
 # built with the workspace's feature set, so nothing is rebuilt).
 SIM_JSON_FILTER := $(if $(shell command -v cargo-nextest 2>/dev/null),-E 'package(agents-sim) & binary(api) & test(produced_json)',--test api produced_json)
+# sandboxctl's AWS backend is a cargo feature (`aws`, off by default: `make run` builds none
+# of the AWS SDK). Everything `make test` builds has it: the e2e suites run
+# `sandboxctl --backend aws`, and one feature set for every step means nothing is rebuilt.
+ALL_FEATURES := --features sandboxctl/aws
 
 .PHONY: help run test test-steps build fmt-check clippy rust-test doc-test crosscheck \
 	leftovers-test venv build-venv clean
@@ -39,6 +43,7 @@ help:
 
 # The whole pipeline on 127.0.0.1: simulator, webhook endpoint, workers, sweeper, SQLite,
 # child-process executors (the simulator's stand-in); prints the timeline and a summary.
+# sandboxctl without its `aws` feature: the demo needs none of the AWS SDK.
 run:
 	cargo build --locked -p sandboxctl -p agents-sim --bins
 	$(TARGET_DIR)/debug/sandboxctl demo --executor $(TARGET_DIR)/debug/sim-executor
@@ -54,17 +59,17 @@ fmt-check:
 	cargo fmt --all -- --check
 
 clippy:
-	cargo clippy --workspace --all-targets --locked -- -D warnings
+	cargo clippy --workspace --all-targets --locked $(ALL_FEATURES) -- -D warnings
 
 # The AWS adapter suites run against a moto server that tests/moto/run.sh starts on
 # 127.0.0.1 (a free port) for the duration of the command.
 # The pinned codex (infra/executor, npm ci) first: the issue-26 E2E runs the real
 # `codex exec-server --listen` and fails (never skips) without it.
 rust-test: venv infra-node-check $(INFRA)/executor/node_modules/.installed
-	tests/moto/run.sh $(RUST_TEST) --workspace --locked
+	tests/moto/run.sh $(RUST_TEST) --workspace --locked $(ALL_FEATURES)
 
 doc-test:
-	cargo test --workspace --doc --locked
+	cargo test --workspace --doc --locked $(ALL_FEATURES)
 
 # The three functions for AWS Lambda (provided.al2023, arm64). The webhook is built on
 # its own without default features, so it links only the SQS and Secrets Manager clients.
@@ -91,10 +96,10 @@ $(VENV)/.installed: tests/crosscheck/requirements.txt tests/moto/requirements.tx
 	touch $@
 
 crosscheck: venv
-	cargo build -p sandboxctl --locked
+	cargo build -p sandboxctl --locked --features aws
 	SANDBOXCTL=$(TARGET_DIR)/debug/sandboxctl $(PY) -m pytest tests/crosscheck -q
 	rm -rf $(SIM_JSON)
-	SIM_JSON_OUT=$(SIM_JSON) $(RUST_TEST) --workspace --locked $(SIM_JSON_FILTER)
+	SIM_JSON_OUT=$(SIM_JSON) $(RUST_TEST) --workspace --locked $(ALL_FEATURES) $(SIM_JSON_FILTER)
 	$(PY) crates/agents-sim/crosscheck/validate_sim_json.py $(SIM_JSON)
 
 # The leftover check's own tests: it fails on a leftover and ends it, and never looks at a

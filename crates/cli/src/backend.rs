@@ -10,14 +10,19 @@
 //!   dead-letter queues are found through each queue's redrive policy.
 //!
 //! Without `--backend`: `aws` when `TABLE_NAME` is set and `--data-dir` is not given,
-//! else `local`.
+//! else `local`. The `aws` backend is compiled only with the crate's `aws` feature
+//! (`cargo build -p sandboxctl --features aws`); without it such a command fails with
+//! [`aws_backend_not_built`] and changes nothing.
 //!
 //! Every command goes through these ports or enqueues a job; none writes the registry.
 
 use anyhow::{Context as _, bail};
 use sandbox_agents_api::{AgentsClient, ClientConfig};
+#[cfg(feature = "aws")]
 use sandbox_aws::settings::ControllerSettings;
+#[cfg(feature = "aws")]
 use sandbox_aws::sqs_dead_letters;
+#[cfg(feature = "aws")]
 use sandbox_aws::{DynamoRegistry, EcsCompute, SqsQueue, SqsQueueOptions};
 use sandbox_controller::ControllerConfig;
 use sandbox_controller::job::Job;
@@ -298,7 +303,19 @@ impl Ops for LocalOps {
     }
 }
 
+/// The error of an AWS-backend command in a build without the `aws` feature: what is
+/// missing and the one command that builds it.
+#[cfg_attr(feature = "aws", allow(dead_code))]
+pub fn aws_backend_not_built() -> anyhow::Error {
+    anyhow::anyhow!(
+        "this sandboxctl was built without the AWS backend (--backend aws, or TABLE_NAME set \
+         without --data-dir); build it with `cargo build -p sandboxctl --features aws` \
+         (the default build runs the demo, serve and the local backend only)"
+    )
+}
+
 /// A deployment on AWS.
+#[cfg(feature = "aws")]
 pub struct AwsOps {
     settings: ControllerSettings,
     sqs: aws_sdk_sqs::Client,
@@ -311,6 +328,7 @@ pub struct AwsOps {
     timers_dlq: Option<String>,
 }
 
+#[cfg(feature = "aws")]
 impl AwsOps {
     /// Reads the settings from the environment and builds the clients.
     ///
@@ -382,6 +400,7 @@ impl AwsOps {
     }
 }
 
+#[cfg(feature = "aws")]
 impl Ops for AwsOps {
     type Q = SqsQueue;
     type R = DynamoRegistry;
@@ -474,6 +493,15 @@ mod tests {
             deployment: "local".into(),
             json: false,
         }
+    }
+
+    #[test]
+    fn without_the_aws_feature_the_error_says_how_to_build_it() {
+        let e = aws_backend_not_built().to_string();
+        assert!(
+            e.contains("`cargo build -p sandboxctl --features aws`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //!   `dlq list|redrive`, `reset-start-failures <environment>`, `resolve <id> --effect ...`,
 //!   `report-timeout <session>` (write: each enqueues a job
 //!   the worker decides under the effect-key lock). `--json` prints one document of the
-//!   schema in `crates/cli/sandboxctl.schema.json`.
+//!   schema in `crates/cli/sandboxctl.schema.json`. The `aws` backend needs the crate's
+//!   `aws` feature (`cargo build -p sandboxctl --features aws`); the default build has
+//!   none of the AWS SDK, so the demo builds fast.
 //!
 //! The webhook secret is read only from an environment variable (never a flag: flags show
 //! in process lists) and is never printed; neither is any other secret.
@@ -99,10 +101,13 @@ macro_rules! with_ops {
                 let $ops = backend::LocalOps::open(args)?;
                 $body.await
             }
+            #[cfg(feature = "aws")]
             BackendKind::Aws => {
                 let $ops = backend::AwsOps::open().await?;
                 $body.await
             }
+            #[cfg(not(feature = "aws"))]
+            BackendKind::Aws => Err(backend::aws_backend_not_built()),
         }
     }};
 }
@@ -229,14 +234,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     Ok(code)
 }
 
+/// Whether log lines carry ANSI colour codes: only when stderr is a terminal and
+/// `NO_COLOR` is unset or empty (<https://no-color.org>: "when present and not an empty
+/// string" it disables colour). `sandboxctl serve 2> serve.log` writes plain lines.
+fn log_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// A tokio runtime with logs on stderr (`RUST_LOG` overrides; info for `serve`, warnings
-/// only for `demo`, whose timeline is the output).
+/// only for `demo`, whose timeline is the output), coloured only on a terminal
+/// ([`log_colour`]).
 fn runtime(verbose: bool) -> anyhow::Result<tokio::runtime::Runtime> {
+    use std::io::IsTerminal as _;
     let default = if verbose { "info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let colour = log_colour(
+        io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(io::stderr)
         .try_init();
     Ok(tokio::runtime::Builder::new_multi_thread()
@@ -260,4 +279,60 @@ fn block_on(
     fut: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<ExitCode> {
     runtime(verbose)?.block_on(fut).map(|()| ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_colour;
+    use std::ffi::OsStr;
+    use std::io::{Read as _, Seek as _};
+    use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+        assert!(log_colour(true, None));
+        assert!(log_colour(true, Some(OsStr::new(""))));
+        assert!(!log_colour(true, Some(OsStr::new("1"))));
+        assert!(!log_colour(false, None));
+        assert!(!log_colour(false, Some(OsStr::new(""))));
+    }
+
+    /// Writes one warning through the same subscriber `runtime` installs, to a file, with
+    /// the colour `log_colour` picks for a non-terminal; returns the file's bytes.
+    fn log_to_file(ansi: bool) -> Vec<u8> {
+        let file = Arc::new(Mutex::new(tempfile::tempfile().unwrap()));
+        let writer = {
+            let file = Arc::clone(&file);
+            move || -> std::fs::File { file.lock().unwrap().try_clone().unwrap() }
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+            .with_ansi(ansi)
+            .with_writer(writer)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(environment_id = "env_1", "executor not connected");
+        });
+        let mut f = file.lock().unwrap();
+        f.rewind().unwrap();
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes).unwrap();
+        bytes
+    }
+
+    #[test]
+    fn a_log_written_to_a_file_has_no_escape_byte() {
+        let plain = log_to_file(log_colour(false, None));
+        assert!(
+            String::from_utf8_lossy(&plain).contains("executor not connected"),
+            "the line was written"
+        );
+        assert!(
+            !plain.contains(&0x1b),
+            "{}",
+            String::from_utf8_lossy(&plain)
+        );
+        // The check can fail: the same line on a terminal is coloured.
+        assert!(log_to_file(log_colour(true, None)).contains(&0x1b));
+    }
 }

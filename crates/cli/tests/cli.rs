@@ -174,3 +174,30 @@ fn malformed_input_exits_2() {
         assert!(String::from_utf8_lossy(&o.stderr).contains("malformed"));
     }
 }
+
+/// `--backend aws` is compiled only with the `aws` feature. Without it (the default build,
+/// what `make run` builds) an AWS command exits 2, changes nothing and names the command
+/// that builds the backend; with it (`make test` builds `--features sandboxctl/aws`) the
+/// same command gets as far as the deployment's settings and names the missing variable.
+#[test]
+fn an_aws_command_says_how_to_get_the_aws_backend_when_it_is_not_built() {
+    let o = Command::new(env!("CARGO_BIN_EXE_sandboxctl"))
+        .args(["status", "--backend", "aws"])
+        .env_clear()
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sandboxctl");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
+    let how = "`cargo build -p sandboxctl --features aws`";
+    if cfg!(feature = "aws") {
+        assert!(!err.contains(how), "{err}");
+        assert!(err.contains("_"), "names the missing variable: {err}");
+    } else {
+        assert!(
+            err.contains("built without the AWS backend") && err.contains(how),
+            "{err}"
+        );
+    }
+}

@@ -166,7 +166,8 @@ pub struct Harness {
 }
 
 /// A binary built next to the test executable (`target/debug/<name>`): the workspace
-/// build of the test run builds every member's binaries.
+/// build of the test run builds every member's binaries. `sandboxctl --backend aws` needs
+/// its `aws` feature: `make test` builds the workspace with `--features sandboxctl/aws`.
 pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let debug = exe
@@ -176,7 +177,7 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
     let path = debug.join(name);
     if !path.is_file() {
         bail!(
-            "{} not built (run the tests through `make test` or `cargo build --workspace`)",
+            "{} not built (run the tests through `make test` or `cargo build --workspace --features sandboxctl/aws`)",
             path.display()
         );
     }
