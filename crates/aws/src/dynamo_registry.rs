@@ -84,7 +84,7 @@
 //!   items whose `expires_at <= now` themselves (a `FilterExpression`).
 //! - Reads of the table are strongly consistent (`ConsistentRead`). GSIs are eventually
 //!   consistent (DynamoDB does not offer `ConsistentRead` on them): `by_open` may lag a
-//!   write by a moment, which is fine for the sweep's discovery (DESIGN.md principle 7):
+//!   write by a moment, which is fine for the sweep's discovery (docs/ARCHITECTURE.md principle 7):
 //!   each sweep job re-reads its record consistently (its lock-free read, then the lock)
 //!   before deciding, and a record missed once is listed by the next sweep. The `by_session`
 //!   index is eventually consistent too, so [`Registry::find_by_session`]

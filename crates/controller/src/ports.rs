@@ -428,7 +428,7 @@ pub trait Registry: Send + Sync + 'static {
     /// history (DynamoDB: a `Query` per shard of a sparse index; SQLite: an index on
     /// the open rows). It may lag the latest writes (DynamoDB GSIs are eventually
     /// consistent): callers re-read a record consistently under its lock before acting
-    /// on it (DESIGN.md principle 7).
+    /// on it (docs/ARCHITECTURE.md principle 7).
     fn list_open(&self) -> impl Future<Output = Result<Vec<Record>, PortError>> + Send;
     /// Takes the lock on `key` for `owner` until `until` (Unix seconds) if it is free or
     /// expired at `now` (held while `now <= until`), and reads the record in the same

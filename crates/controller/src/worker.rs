@@ -401,7 +401,7 @@ where
         })))
     }
 
-    /// What the provider says about `env` for this decision (DESIGN.md principle 7).
+    /// What the provider says about `env` for this decision (docs/ARCHITECTURE.md principle 7).
     ///
     /// - A sweep job whose evidence is current: the sweep's read, no call.
     /// - Otherwise the compute the record names as active (and its lease's target, which

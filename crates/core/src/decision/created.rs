@@ -3,7 +3,7 @@
 //! `agent.session.created` of a self-hosted session starts its first executor before any
 //! input needs it (step 9 of [`super::decide`], beside a required connection).
 //!
-//! The event is a hint like any other (DESIGN.md principle 1): the start is decided on the
+//! The event is a hint like any other (docs/ARCHITECTURE.md principle 1): the start is decided on the
 //! session read just now — self-hosted, owned (the filter gates starts), not failed, not
 //! deleted, its `remote_url` allowed (checked in step 8) — and only for a first
 //! provisioning: no compute is active and the record never named one, so a late or
