@@ -35,6 +35,12 @@ def with_conditions(cfn: dict, values: dict[str, bool]) -> dict:
             if set(v) == {"Fn::If"} and v["Fn::If"][0] in values:
                 cond, yes, no = v["Fn::If"]
                 return walk(yes if values[cond] else no)
+            if set(v) == {"Fn::If"}:
+                # A condition not being resolved: its branches are walked, but an
+                # `AWS::NoValue` branch stays (it is one of the three arguments).
+                cond, yes, no = v["Fn::If"]
+                kept = [{"Ref": "AWS::NoValue"} if x is no_value else x for x in (walk(yes), walk(no))]
+                return {"Fn::If": [cond, *kept]}
             if v == {"Ref": "AWS::NoValue"}:
                 return no_value
             out = {k: walk(x) for k, x in v.items()}

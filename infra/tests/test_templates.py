@@ -362,7 +362,8 @@ def test_the_workspace_volume_is_off_by_default_and_mounted_when_on(sam_cfn_raw,
     assert sam_worker["WORKSPACE_VOLUME_GIB"]["Fn::If"][1] == {"Ref": "WorkspaceVolumeGiB"}
 
 
-# Every DynamoDB action the registry adapter sends (crates/aws/src/dynamo_registry.rs).
+# Every DynamoDB action the registry adapter sends from the functions
+# (crates/aws/src/dynamo_registry.rs; `Scan` only serves sandboxctl's `Registry::list`).
 # TransactWriteItems has no action of its own: it is authorized per item action
 # (ConditionCheckItem for the fence, PutItem, UpdateItem, DeleteItem; DynamoDB Developer
 # Guide, "Using IAM with DynamoDB transactions").
@@ -373,7 +374,6 @@ REGISTRY_ACTIONS = {
     "dynamodb:DeleteItem",
     "dynamodb:ConditionCheckItem",
     "dynamodb:Query",
-    "dynamodb:Scan",
 }
 
 
@@ -553,6 +553,12 @@ def resolve_conditions(value, conditions: dict[str, bool]):
             if set(v) == {"Fn::If"} and v["Fn::If"][0] in conditions:
                 cond, then, other = v["Fn::If"]
                 return walk(then if conditions[cond] else other)
+            if set(v) == {"Fn::If"}:
+                # A condition not being resolved: its branches are walked, but an
+                # `AWS::NoValue` branch stays (it is one of the three arguments).
+                cond, yes, no = v["Fn::If"]
+                kept = [{"Ref": "AWS::NoValue"} if x is no_value else x for x in (walk(yes), walk(no))]
+                return {"Fn::If": [cond, *kept]}
             if v == {"Ref": "AWS::NoValue"}:
                 return no_value
             out = {k: walk(x) for k, x in v.items()}

@@ -450,7 +450,6 @@ export class SandboxLifecycle extends Construct {
           "dynamodb:DeleteItem",
           "dynamodb:ConditionCheckItem",
           "dynamodb:Query",
-          "dynamodb:Scan",
         ],
         resources: registryResources,
       }),
