@@ -340,10 +340,18 @@ async fn the_sweeper_deletes_an_orphaned_volume_and_an_expired_snapshot_on_ebs()
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     let mut api = ClientConfig::new("sk-unused".to_owned());
     api.base_url = format!("{}/unused", endpoint());
+    // A real (empty) registry table: a stored workspace whose environment the sweep's
+    // open records do not name is looked up by id before it counts as orphaned (issue 22:
+    // the sweep reads open records only), and an unreadable record keeps it.
+    let ddb = aws_sdk_dynamodb::Client::new(&sdk);
+    let table = format!("ws-registry-{}", unique());
+    sandbox_aws::create_table(&ddb, &table)
+        .await
+        .expect("create_table");
     let controller = Controller::new(
         queues.events(&sqs),
         queues.timers(&sqs),
-        DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&sdk), "unused"),
+        DynamoRegistry::new(ddb, &table),
         compute.clone(),
         AgentsClient::new(api).unwrap(),
         Arc::new(FixedClock(later)) as Arc<dyn Clock>,
