@@ -288,6 +288,15 @@ mod tests {
     use std::io::{Read as _, Seek as _};
     use std::sync::{Arc, Mutex};
 
+    /// clap checks a command's definition (duplicate argument names, conflicting
+    /// flags) only when that command is parsed: this checks every subcommand at once, so
+    /// a clash such as two `--force` flags on `close` fails here, not in an E2E.
+    #[test]
+    fn every_subcommand_definition_is_valid() {
+        use clap::CommandFactory as _;
+        super::Cli::command().debug_assert();
+    }
+
     #[test]
     fn logs_are_coloured_only_on_a_terminal_without_no_color() {
         assert!(log_colour(true, None));

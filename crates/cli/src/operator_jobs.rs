@@ -45,7 +45,10 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct GuardArgs {
     /// Act even on a session no record of this deployment names (a typo, or another
-    /// deployment's session: without a record this deployment never handled it).
+    /// deployment's session: without a record this deployment never handled it). For
+    /// `close`, also close although the environment holds open reconciliation evidence:
+    /// the evidence is first resolved `abandoned` by you (a forced close, named in the
+    /// terminal record); without it such a close waits for `sandboxctl resolve`.
     #[arg(long)]
     pub force: bool,
     /// Do not ask for confirmation; required when stdin is not a terminal.
@@ -122,11 +125,6 @@ pub struct CloseArgs {
     /// With `--wait`: give up after this many seconds (exit 1; the close goes on).
     #[arg(long, default_value_t = 300)]
     pub timeout_secs: u64,
-    /// Close even though the environment holds open reconciliation evidence: the evidence
-    /// is first resolved `abandoned` by you (recorded as a forced close, and so named in
-    /// the terminal record). Without it such a close waits for `sandboxctl resolve`.
-    #[arg(long)]
-    pub force: bool,
     #[command(flatten)]
     pub backend: BackendArgs,
 }
@@ -215,7 +213,7 @@ pub async fn close<O: Ops>(
     // (`abandoned`, recorded as a forced close), in the same message group, so the worker
     // sees the resolution before the close.
     let open = record.as_ref().map_or(0, |r| r.open_evidence().count());
-    if open > 0 && args.force {
+    if open > 0 && args.guard.force {
         let by = std::env::var("USER")
             .ok()
             .and_then(|u| checked_text("USER", &u, 128).ok())
@@ -249,7 +247,7 @@ pub async fn close<O: Ops>(
         format!("close:{session}:{now}"),
     )
     .await?;
-    let awaits_resolution = open > 0 && !args.force;
+    let awaits_resolution = open > 0 && !args.guard.force;
     if awaits_resolution {
         let problem = format!(
             "the close waits for `sandboxctl resolve {session}`: {open} open reconciliation question(s) (or close with --force to abandon them)"

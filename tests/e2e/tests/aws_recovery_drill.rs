@@ -474,6 +474,7 @@ async fn aws_drill_sweeps_and_resolves_after_restart() {
     let out = ctl(
         &[
             "resolve",
+            "--yes",
             &session,
             "--effect",
             "not_needed",
@@ -494,6 +495,7 @@ async fn aws_drill_sweeps_and_resolves_after_restart() {
     let out = ctl(
         &[
             "close",
+            "--yes",
             "--wait",
             "--timeout-secs",
             "90",
