@@ -24,21 +24,19 @@ CDK_WORKSPACES_TEMPLATE = Path(
 )
 
 
-def with_conditions(cfn: dict, values: dict[str, bool]) -> dict:
-    """`cfn` as CloudFormation would deploy it with the named conditions at `values`: each
-    `Fn::If` on one of them replaced by its branch, `AWS::NoValue` results dropped, and
-    resources whose `Condition` is false removed. Other conditions are left as they are."""
+def resolve_conditions(value, conditions: dict[str, bool]):
+    """`value` with every `Fn::If` on one of `conditions` replaced by its branch and
+    `AWS::NoValue` results dropped (from lists and objects), as CloudFormation does at
+    deploy time. An `Fn::If` on another condition is kept, its branches resolved (an
+    `AWS::NoValue` branch stays: it is one of the three arguments)."""
     no_value = object()
 
     def walk(v):
         if isinstance(v, dict):
-            if set(v) == {"Fn::If"} and v["Fn::If"][0] in values:
-                cond, yes, no = v["Fn::If"]
-                return walk(yes if values[cond] else no)
             if set(v) == {"Fn::If"}:
-                # A condition not being resolved: its branches are walked, but an
-                # `AWS::NoValue` branch stays (it is one of the three arguments).
                 cond, yes, no = v["Fn::If"]
+                if cond in conditions:
+                    return walk(yes if conditions[cond] else no)
                 kept = [{"Ref": "AWS::NoValue"} if x is no_value else x for x in (walk(yes), walk(no))]
                 return {"Fn::If": [cond, *kept]}
             if v == {"Ref": "AWS::NoValue"}:
@@ -49,7 +47,14 @@ def with_conditions(cfn: dict, values: dict[str, bool]) -> dict:
             return [x for x in (walk(x) for x in v) if x is not no_value]
         return v
 
-    out = walk(cfn)
+    return walk(value)
+
+
+def with_conditions(cfn: dict, values: dict[str, bool]) -> dict:
+    """`cfn` as CloudFormation would deploy it with the named conditions at `values`
+    ([`resolve_conditions`]), and resources whose `Condition` is false removed. Other
+    conditions are left as they are."""
+    out = resolve_conditions(cfn, values)
     out["Resources"] = {
         k: r for k, r in out["Resources"].items() if values.get(r.get("Condition"), True)
     }

@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import resolve_conditions
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS_RS = REPO / "crates" / "aws" / "src" / "settings.rs"
@@ -541,33 +542,6 @@ def test_consumed_queues_outlast_six_worker_timeouts(any_cfn):
         queue = queues[ref_target(props["EventSourceArn"])]["Properties"]
         assert queue["VisibilityTimeout"] >= 6 * worker["Timeout"]
         assert queue["RedrivePolicy"]["maxReceiveCount"] == 5
-
-
-def resolve_conditions(value, conditions: dict[str, bool]):
-    """`value` with every `Fn::If` on one of `conditions` resolved and `AWS::NoValue`
-    removed (from lists and objects), as CloudFormation does at deploy time."""
-    no_value = object()
-
-    def walk(v):
-        if isinstance(v, dict):
-            if set(v) == {"Fn::If"} and v["Fn::If"][0] in conditions:
-                cond, then, other = v["Fn::If"]
-                return walk(then if conditions[cond] else other)
-            if set(v) == {"Fn::If"}:
-                # A condition not being resolved: its branches are walked, but an
-                # `AWS::NoValue` branch stays (it is one of the three arguments).
-                cond, yes, no = v["Fn::If"]
-                kept = [{"Ref": "AWS::NoValue"} if x is no_value else x for x in (walk(yes), walk(no))]
-                return {"Fn::If": [cond, *kept]}
-            if v == {"Ref": "AWS::NoValue"}:
-                return no_value
-            out = {k: walk(x) for k, x in v.items()}
-            return {k: x for k, x in out.items() if x is not no_value}
-        if isinstance(v, list):
-            return [x for x in (walk(x) for x in v) if x is not no_value]
-        return v
-
-    return walk(value)
 
 
 def executor_task_definition(cfn: dict, single: bool = False) -> dict:
