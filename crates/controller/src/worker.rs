@@ -324,20 +324,15 @@ where
         let gathered = self
             .evidence(job, env, session, &inventory, locked.record.as_ref(), now)
             .await;
-        let observed = Observed {
-            trigger: job.trigger.clone(),
-            environment_id: env.clone(),
-            session: session.clone(),
-            environment_status: gathered.status,
-            record: locked.record.clone(),
+        let observed = self.observed(
+            job,
+            &env,
+            session.clone(),
+            locked.record.clone(),
             inventory,
-            latest_turn: gathered.turn.clone(),
-            filter: self.config.filter.clone(),
-            policy: self.config.policy.clone(),
+            &gathered,
             now,
-            turn_not_found: gathered.turn_not_found,
-            turns_read: gathered.turns_read,
-        };
+        );
         let decision = decide(&observed);
         let read = |observed: Observed, gathered: Gathered| {
             LockFree::Act(Prefetched {
@@ -478,6 +473,36 @@ where
         }
     }
 
+    /// The state a decision reads: the job, the session, the record and the inventory as
+    /// read, and the evidence gathered ([`Gathered`]). One constructor for the lock-free read
+    /// and the read under the lock, so both decide from the same shape.
+    #[allow(clippy::too_many_arguments)]
+    fn observed(
+        &self,
+        job: &Job,
+        env: &EnvironmentId,
+        session: SessionView,
+        record: Option<Record>,
+        inventory: Inventory,
+        gathered: &Gathered,
+        now: u64,
+    ) -> Observed {
+        Observed {
+            trigger: job.trigger.clone(),
+            environment_id: env.clone(),
+            session,
+            environment_status: gathered.status,
+            record,
+            inventory,
+            latest_turn: gathered.turn.clone(),
+            filter: self.config.filter.clone(),
+            policy: self.config.policy.clone(),
+            now,
+            turn_not_found: gathered.turn_not_found,
+            turns_read: gathered.turns_read,
+        }
+    }
+
     async fn decide_and_act(
         &self,
         job: &Job,
@@ -511,21 +536,15 @@ where
             tracing::info!(effect_key = %env.effect_key(), "lock recovered from an unclean holder: the environment's live instances were read");
         }
         let record = locked.record;
-        let (environment_status, latest_turn) = (gathered.status, gathered.turn.clone());
-        let observed = Observed {
-            trigger: job.trigger.clone(),
-            environment_id: env.clone(),
+        let observed = self.observed(
+            job,
+            &env,
             session,
-            environment_status,
-            record: record.clone(),
+            record.clone(),
             inventory,
-            latest_turn,
-            filter: self.config.filter.clone(),
-            policy: self.config.policy.clone(),
+            &gathered,
             now,
-            turn_not_found: gathered.turn_not_found,
-            turns_read: gathered.turns_read,
-        };
+        );
         let decision = decide(&observed);
         // Issue 13 item 3: a start takes an executor slot first (one conditional write);
         // at the cap the start becomes a `capacity_limit` wait.
