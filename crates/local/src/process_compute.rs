@@ -32,10 +32,13 @@
 //!   [`ProcessComputeConfig::extra_env`]. `$LISTEN_URL` is `ws://127.0.0.1:PORT`, a port
 //!   free at start. The *forwarder* (`... forward --connect $LISTEN_URL`) joins its group
 //!   with the executor's variables plus `REMOTE_URL`, `ENVIRONMENT_ID` and `CODEX_API_KEY`:
-//!   it alone holds the key. The recorded pid is the executor's; when the forwarder exits,
-//!   the group is sent SIGTERM (the forwarder is essential, as in the Fargate task). Both
-//!   run as the controller's user: see the README's security section for what a same-user
-//!   sandbox can still read.
+//!   it alone holds the key. The recorded pid is the executor's; the forwarder's pid and
+//!   start time go to table `compute_forwarders` in the same transaction. When the
+//!   forwarder exits, the group is sent SIGTERM (the forwarder is essential, as in the
+//!   Fargate task): a forwarder this process spawned is awaited; one adopted after a
+//!   restart is watched through `/proc` every [`ADOPTED_FORWARDER_POLL`] (only its parent
+//!   can await it). Both run as the controller's user: see the README's security section
+//!   for what a same-user sandbox can still read.
 //! - **Controller exit**: children survive a controller crash and are adopted by the next
 //!   `ProcessCompute` over the same database. [`ProcessCompute::shutdown_all`] stops every
 //!   live child the database knows (the demo calls it to leave no process behind);
@@ -64,6 +67,9 @@ const DEP: &str = "compute";
 const POLL: Duration = Duration::from_millis(50);
 /// How long to wait for a process to disappear after SIGKILL before giving up waiting.
 const KILL_WAIT: Duration = Duration::from_secs(10);
+/// How often the watcher of an adopted forwarder (split mode, after a controller restart)
+/// reads its liveness from `/proc`.
+pub const ADOPTED_FORWARDER_POLL: Duration = Duration::from_millis(200);
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS compute_instances (
@@ -89,6 +95,11 @@ CREATE UNIQUE INDEX IF NOT EXISTS compute_instances_token
     ON compute_instances (deployment, idempotency_token);
 CREATE INDEX IF NOT EXISTS compute_instances_deployment
     ON compute_instances (deployment, started_at_ms);
+CREATE TABLE IF NOT EXISTS compute_forwarders (
+    instance_id TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    proc_start_ticks INTEGER
+);
 ";
 
 /// The executor program and its arguments.
@@ -836,8 +847,21 @@ fn spawn_forwarder(
 }
 
 /// The forwarder is essential: when it exits, SIGTERM goes to its group (the executor),
-/// whose own waiter records the instance's end. A forwarder adopted after a controller
-/// restart has no waiter (only its parent sees its exit).
+/// whose own waiter (or, for an adopted executor, the next read-back) records the
+/// instance's end. One rule for both watchers below.
+fn forwarder_exited(
+    pgid: i32,
+    start_ticks: Option<u64>,
+    instance_id: &str,
+    exit: Option<ExitInfo>,
+) {
+    tracing::info!(instance_id = %instance_id, code = ?exit.and_then(|e| e.code), signal = ?exit.and_then(|e| e.signal), "forwarder exited; stopping its executor");
+    // The executor may have ended (and its pid been reused) before the forwarder:
+    // signalled only while the recorded start time still matches (issue 24).
+    signal_group(pgid, start_ticks, Signal::SIGTERM);
+}
+
+/// Watches the forwarder this process spawned: awaits its exit.
 fn watch_forwarder(
     mut child: tokio::process::Child,
     pgid: i32,
@@ -846,18 +870,64 @@ fn watch_forwarder(
 ) {
     tokio::spawn(async move {
         let exit = child.wait().await.ok().map(ExitInfo::from);
-        tracing::info!(instance_id = %instance_id, code = ?exit.and_then(|e| e.code), signal = ?exit.and_then(|e| e.signal), "forwarder exited; stopping its executor");
-        // The executor may have ended (and its pid been reused) before the forwarder:
-        // signalled only while the recorded start time still matches (issue 24).
-        signal_group(pgid, start_ticks, Signal::SIGTERM);
+        forwarder_exited(pgid, start_ticks, &instance_id, exit);
     });
+}
+
+/// A forwarder recorded by an earlier controller process whose executor still runs.
+struct AdoptedForwarder {
+    instance_id: String,
+    pid: i32,
+    proc_start_ticks: Option<u64>,
+    executor_pid: i32,
+    executor_start_ticks: Option<u64>,
+}
+
+/// Watches a forwarder adopted after a restart: it is no child of this process, so its
+/// exit is read from `/proc` (gone, a zombie, or its pid reused) every
+/// [`ADOPTED_FORWARDER_POLL`]. The watch ends without a signal once the executor is gone
+/// (stopped on request or crashed: its read-back records that).
+fn watch_adopted_forwarder(f: AdoptedForwarder) {
+    tokio::spawn(async move {
+        loop {
+            if !process_alive(f.executor_pid, f.executor_start_ticks) {
+                return;
+            }
+            if !process_alive(f.pid, f.proc_start_ticks) {
+                break;
+            }
+            tokio::time::sleep(ADOPTED_FORWARDER_POLL).await;
+        }
+        // Its exit status went to its parent, the earlier controller.
+        forwarder_exited(f.executor_pid, f.executor_start_ticks, &f.instance_id, None);
+    });
+}
+
+/// The recorded forwarders of instances not marked stopped.
+fn adopted_forwarders(conn: &Connection) -> rusqlite::Result<Vec<AdoptedForwarder>> {
+    let mut stmt = conn.prepare(
+        "SELECT f.instance_id, f.pid, f.proc_start_ticks, i.pid, i.proc_start_ticks
+         FROM compute_forwarders f JOIN compute_instances i ON i.instance_id = f.instance_id
+         WHERE i.status != 'stopped'",
+    )?;
+    stmt.query_map([], |r| {
+        Ok(AdoptedForwarder {
+            instance_id: r.get(0)?,
+            pid: r.get(1)?,
+            proc_start_ticks: r.get::<_, Option<i64>>(2)?.map(from_sql_int),
+            executor_pid: r.get(3)?,
+            executor_start_ticks: r.get::<_, Option<i64>>(4)?.map(from_sql_int),
+        })
+    })?
+    .collect()
 }
 
 impl ProcessCompute {
     /// Opens the instance table in `config.state_db` (creating it if needed) and creates the
     /// workspace root. Instances recorded by a previous controller process are adopted:
-    /// read-back reports them `Running` while their process lives, `Stopped` once it is gone.
-    /// Blocks briefly.
+    /// read-back reports them `Running` while their process lives, `Stopped` once it is gone;
+    /// the forwarder of an adopted split instance is watched like a fresh one (its exit
+    /// stops the executor) when `open` runs inside a Tokio runtime. Blocks briefly.
     ///
     /// # Errors
     /// A permanent [`PortError`] when the database or the workspace root cannot be opened
@@ -875,6 +945,16 @@ impl ProcessCompute {
         })?;
         let db = Db::open(&config.state_db, SCHEMA)
             .map_err(|e| DbError::Sql(e).into_port(DEP, "open"))?;
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let adopted = adopted_forwarders(&db.lock())
+                .map_err(|e| DbError::Sql(e).into_port(DEP, "open"))?;
+            for f in adopted {
+                if process_alive(f.executor_pid, f.executor_start_ticks) {
+                    tracing::info!(instance_id = %f.instance_id, forwarder_pid = f.pid, "adopted split instance: watching its forwarder");
+                    watch_adopted_forwarder(f);
+                }
+            }
+        }
         let inner = Arc::new(Inner {
             config,
             db,
@@ -904,6 +984,27 @@ impl ProcessCompute {
             .load_refreshed("info", id.as_str())
             .await?
             .map(|r| r.info()))
+    }
+
+    /// Issue 26: the pid of a split instance's forwarder as recorded at start (`None` in
+    /// single mode or for an unknown instance); whether it still runs is not checked.
+    ///
+    /// # Errors
+    /// A [`PortError`] when the database fails.
+    pub async fn forwarder_pid(&self, id: &InstanceId) -> Result<Option<u32>, PortError> {
+        let id = id.as_str().to_owned();
+        self.inner
+            .db
+            .call(DEP, "info", move |conn| {
+                Ok(conn
+                    .query_row(
+                        "SELECT pid FROM compute_forwarders WHERE instance_id = ?1",
+                        params![id],
+                        |r| r.get::<_, u32>(0),
+                    )
+                    .optional()?)
+            })
+            .await
     }
 
     /// Stops every live child the database knows (spawned by this process or adopted):
@@ -1154,6 +1255,21 @@ impl Compute for ProcessCompute {
                             row.log_path
                         ],
                     )
+                    .and_then(|_| match forwarder_child.as_deref().and_then(tokio::process::Child::id) {
+                        Some(fpid) => tx.execute(
+                            "INSERT INTO compute_forwarders (instance_id, pid, proc_start_ticks)
+                             VALUES (?1, ?2, ?3)",
+                            params![
+                                row.instance_id,
+                                fpid,
+                                i32::try_from(fpid)
+                                    .ok()
+                                    .and_then(|p| proc_stat(p).ok())
+                                    .map(|(_, t)| to_sql_int(t))
+                            ],
+                        ),
+                        None => Ok(0),
+                    })
                     .and_then(|_| tx.commit());
                 if let Err(e) = inserted {
                     signal_group(pid, None, Signal::SIGKILL);

@@ -489,6 +489,72 @@ async fn a_restarted_controller_adopts_live_children_and_reaps_dead_ones() {
     assert!(!os_alive(a.pid));
 }
 
+/// Issue 26: after a restart the forwarder of an adopted split instance is watched like a
+/// fresh one: killing it stops the executor, which read-back then records stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_controller_watches_the_adopted_forwarder() {
+    let f = Fixture::new();
+    let mut config = f.config(
+        ExecutorCommand::new("sleep", ["300"]),
+        KeySource::Value(ExecutorKey::new("k")),
+    );
+    config.forwarder = Some(ExecutorCommand::new("sleep", ["301"]));
+    config.kill_on_drop = false;
+    // The first controller runs on its own runtime, which is then shut down: its waiters
+    // (the forwarder's included) die with it, as in a crashed process.
+    let first_config = config.clone();
+    let (executor, forwarder) = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let out = rt.block_on(async {
+            let c = ProcessCompute::open(first_config).unwrap();
+            let a = start(&c, &spec("env_adopt_fwd", 1)).await;
+            let fwd = c.forwarder_pid(&a.instance_id).await.unwrap();
+            (c.info(&a.instance_id).await.unwrap().unwrap(), fwd)
+        });
+        drop(rt);
+        out
+    })
+    .join()
+    .unwrap();
+    let forwarder = forwarder.expect("the split start recorded its forwarder");
+    assert_ne!(forwarder, executor.pid);
+    assert!(
+        os_alive(executor.pid) && os_alive(forwarder),
+        "both outlive their controller"
+    );
+
+    config.kill_on_drop = true; // clean up whatever a failed assertion leaves
+    let c = ProcessCompute::open(config).unwrap();
+    let id = executor.instance.instance_id.clone();
+    assert_eq!(
+        c.describe(&id).await.unwrap().unwrap().status,
+        ComputeStatus::Running,
+        "adopted"
+    );
+    assert_eq!(c.forwarder_pid(&id).await.unwrap(), Some(forwarder));
+    // Several watch periods with the forwarder alive: the executor keeps running.
+    tokio::time::sleep(sandbox_local::process_compute::ADOPTED_FORWARDER_POLL * 3).await;
+    assert!(os_alive(executor.pid), "no stop while the forwarder runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(forwarder as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_for(&c, &id, ComputeStatus::Stopped, Duration::from_secs(5)).await;
+    assert!(!os_alive(executor.pid), "the executor is gone");
+    let logs = logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("forwarder exited; stopping its executor")
+                && l.contains(id.as_str())),
+        "reported as for a fresh forwarder"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_pid_reads_as_stopped() {
     let f = Fixture::new();
