@@ -2,7 +2,9 @@
 //!
 //! Starts the Agents API simulator, the embedded stack (webhook endpoint, worker loops,
 //! sweeper timer, SQLite queues and registry, child-process executors running the
-//! simulator's `sim-executor` stand-in), drives a scripted scenario of real-shaped,
+//! simulator's `sim-executor` stand-in in the credential-free split of issue 26: a
+//! listening executor child with no key and a forwarder child that alone holds it; the
+//! simulator runs each turn's command in the executor), drives a scripted scenario of real-shaped,
 //! signed deliveries (duplicated and reordered by the simulator), prints the timeline
 //! (delivery → decision → effect → receipt) and a summary, and exits 0 with no executor
 //! process left behind. A real `codex exec-server` cannot register with the simulator;
@@ -23,6 +25,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The command of every demo turn, run in the listening stand-in executor: it names the
+/// process it ran under (its parent, the executor).
+const DEMO_TURN_COMMAND: &str =
+    "sleep 1; echo \"ran under: $(tr '\\0' ' ' < /proc/$PPID/cmdline)\"";
 
 /// The simulator's `remote_url` scheme and host, allowed in the demo.
 const LOOPBACK_REMOTE_URL: &str = "http://127.0.0.1";
@@ -107,6 +114,9 @@ impl Demo {
             .with_webhook(Url::parse(&webhook)?, secret.clone())
             .with_time_scale(60.0)
             .with_turn_secs(60.0)
+            // Split mode: the simulator runs each turn's command in the executor for real;
+            // about as long as the simulated minute (one real second) it replaces.
+            .with_turn_command(DEMO_TURN_COMMAND)
             .with_faults(duplicates, true, 0..=40);
         sim_cfg.seed = seed;
         let sim = agents_sim::spawn(sim_cfg).await?;
@@ -135,10 +145,13 @@ impl Demo {
             data_dir,
             api,
             secret,
-            ExecutorCommand::new(executor.display().to_string(), ["exec-server"]),
+            ExecutorCommand::listen(executor.display().to_string()),
             KeySource::File(key_file),
             controller,
         );
+        // Issue 26, the credential-free split: the listening executor holds no key; the
+        // forwarder child alone does (no single-mode fallback warning).
+        cfg.forwarder = Some(ExecutorCommand::forward(executor.display().to_string()));
         cfg.sweep_interval = SWEEP_EVERY;
         cfg.stop_grace = Duration::from_secs(5);
         let stack = EmbeddedStack::start_on(cfg, listener).await?;
@@ -205,6 +218,27 @@ impl Demo {
             .count())
     }
 
+    /// The first line of the output of the session's first `command_execution` item.
+    async fn first_command_output(&self, session: &str) -> anyhow::Result<String> {
+        let turns = self.client.list_turns(session).await?;
+        let turn = turns.data.first().context("no turn")?;
+        let items = self
+            .client
+            .get_json(&format!(
+                "/agents/sessions/{session}/turns/{}/items?order=asc&limit=100",
+                turn.id.as_str()
+            ))
+            .await?;
+        let output = items["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|i| i["type"] == "command_execution")
+            .and_then(|i| i["output"].as_str())
+            .context("the turn ran no command")?;
+        Ok(output.lines().next().unwrap_or_default().trim().to_owned())
+    }
+
     async fn scenario(&self) -> anyhow::Result<()> {
         // alpha: connection request (delivered 1 + duplicates times, reordered) → one
         // executor; idle → lease; new input before the lease is due → cancel-stop; idle →
@@ -236,6 +270,10 @@ impl Demo {
             .await?;
         self.wait_status(alpha.id.as_str(), SessionStatus::Idle)
             .await?;
+        self.say(format!(
+            "alpha's turn command, run in the executor: {}",
+            self.first_command_output(alpha.id.as_str()).await?
+        ));
 
         // bravo: runs, then the session fails → release.
         let bravo = self

@@ -158,14 +158,28 @@ impl ExecutorCommand {
 
     /// Issue 26, the split mode's executor: `codex exec-server --listen $LISTEN_URL` (no key).
     pub fn codex_listen() -> Self {
-        Self::new("codex", ["exec-server", "--listen", "$LISTEN_URL"])
+        Self::listen("codex")
     }
 
     /// Issue 26, the split mode's forwarder (the key holder): `codex exec-server --remote
     /// $REMOTE_URL --environment-id $ENVIRONMENT_ID forward --connect $LISTEN_URL`.
     pub fn codex_forward() -> Self {
+        Self::forward("codex")
+    }
+
+    /// Issue 26: `program exec-server --listen $LISTEN_URL`, the split mode's executor of
+    /// any program speaking `codex exec-server`'s arguments (the real `codex`, the
+    /// `sim-executor` stand-in).
+    pub fn listen(program: impl Into<String>) -> Self {
+        Self::new(program, ["exec-server", "--listen", "$LISTEN_URL"])
+    }
+
+    /// Issue 26: `program exec-server --remote $REMOTE_URL --environment-id
+    /// $ENVIRONMENT_ID forward --connect $LISTEN_URL`, the split mode's forwarder of any
+    /// program speaking `codex exec-server`'s arguments.
+    pub fn forward(program: impl Into<String>) -> Self {
         Self::new(
-            "codex",
+            program,
             [
                 "exec-server",
                 "--remote",

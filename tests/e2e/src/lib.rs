@@ -100,29 +100,14 @@ impl Default for Options {
 /// $REMOTE_URL --environment-id $ENVIRONMENT_ID forward --connect $LISTEN_URL`.
 pub fn stand_in_split() -> anyhow::Result<(ExecutorCommand, ExecutorCommand)> {
     let bin = workspace_binary("sim-executor")?.display().to_string();
-    Ok((
-        ExecutorCommand::new(bin.clone(), ["exec-server", "--listen", "$LISTEN_URL"]),
-        stand_in_forwarder()?,
-    ))
+    Ok((ExecutorCommand::listen(bin), stand_in_forwarder()?))
 }
 
 /// The stand-in forwarder (the real `forward` speaks the Noise rendezvous, which the
 /// simulator does not implement).
 pub fn stand_in_forwarder() -> anyhow::Result<ExecutorCommand> {
     let bin = workspace_binary("sim-executor")?.display().to_string();
-    Ok(ExecutorCommand::new(
-        bin,
-        [
-            "exec-server",
-            "--remote",
-            "$REMOTE_URL",
-            "--environment-id",
-            "$ENVIRONMENT_ID",
-            "forward",
-            "--connect",
-            "$LISTEN_URL",
-        ],
-    ))
+    Ok(ExecutorCommand::forward(bin))
 }
 
 /// The pinned `codex` installed by `npm ci` in infra/executor (`make infra-tools`, a
