@@ -422,3 +422,144 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Issue 26: the embedded harness with the real pinned `codex exec-server --listen` as
+/// every instance's executor (the forwarder is the stand-in's: the simulator does not play
+/// the real `forward`'s Noise rendezvous). The simulator runs each turn's command in the
+/// real codex over its own protocol. Fails, never skips, when the binary is missing.
+pub struct RealCodexHarness(Harness);
+
+/// The turn command the real-codex harness sets when a row sets none: it prints the
+/// process it ran under (its parent: the real codex).
+pub const REAL_CODEX_PROBE: &str =
+    "echo parent=$(tr '\\0' ' ' < /proc/$PPID/cmdline); echo probe-done";
+
+impl LifecycleHarness for RealCodexHarness {
+    type Queue = SqliteQueue;
+    type Registry = SqliteRegistry;
+    type Compute = ProcessCompute;
+
+    const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+    const SETTLE: Duration = Duration::from_millis(500);
+    const TURN_RUNS_IN: Option<&'static str> = Some("codex exec-server --listen ws://127.0.0.1:");
+
+    async fn start(mut opts: Options) -> anyhow::Result<Self> {
+        let codex = pinned_codex()?;
+        opts.split_executor = Some((
+            ExecutorCommand::listen(codex.display().to_string()),
+            stand_in_forwarder()?,
+        ));
+        opts.turn_command
+            .get_or_insert_with(|| REAL_CODEX_PROBE.to_owned());
+        Ok(Self(Harness::start(opts).await?))
+    }
+
+    fn sim(&self) -> &SimHandle {
+        &self.0.sim
+    }
+
+    fn client(&self) -> &SimClient {
+        &self.0.client
+    }
+
+    fn controller(&self) -> &LocalController {
+        self.0.controller()
+    }
+
+    async fn audit(&self, env: &str) -> anyhow::Result<Vec<sandbox_controller::ports::AuditEntry>> {
+        self.0.audit(env).await
+    }
+
+    async fn stop_behind_the_controllers_back(&self, id: &InstanceId) -> anyhow::Result<()> {
+        self.0.stop_behind_the_controllers_back(id).await
+    }
+
+    /// `REMOTE_URL` and `ENVIRONMENT_ID` as the instance got them: in the split only the
+    /// forwarder (the stand-in's `sim-executor ... forward`) holds them.
+    async fn executor_vars(
+        &self,
+        instance: &ComputeInstance,
+    ) -> anyhow::Result<Vec<(String, String)>> {
+        self.0.executor_vars(instance).await
+    }
+
+    /// The listening real-codex executors of `env`: group leaders (an instance's recorded
+    /// pid) whose command line is `... exec-server --listen ...` and whose working
+    /// directory is one of `env`'s generation workspaces.
+    fn executor_processes(env: &str) -> Option<usize> {
+        Some(os_listening_executors(env).len())
+    }
+
+    async fn sandboxctl(&self, args: &[&str]) -> operator_cli::CtlOutput {
+        self.0.sandboxctl(args).await
+    }
+
+    async fn shutdown(self) -> anyhow::Result<usize> {
+        self.0.shutdown().await
+    }
+}
+
+/// Live processes that lead their process group, run `exec-server --listen` and work in
+/// a generation workspace of `env` (`.../<env>/g<N>`).
+pub fn os_listening_executors(env: &str) -> Vec<u32> {
+    let mut pids = vec![];
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r.to_owned()) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // state ppid pgrp: zombies have exited; only the group leader is the instance.
+        if fields.first() == Some(&"Z") || fields.get(2) != Some(&pid.to_string().as_str()) {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if !cmdline.contains("exec-server --listen ") {
+            continue;
+        }
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
+        let in_env = cwd
+            .parent()
+            .and_then(Path::file_name)
+            .is_some_and(|n| n == env);
+        if in_env {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Live processes whose command line contains `needle` and whose working directory is a
+/// generation workspace of `env` (`.../<env>/g<N>`): a turn command running in an
+/// executor of `env`.
+pub fn os_commands_in(env: &str, needle: &str) -> Vec<u32> {
+    let mut pids = vec![];
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmdline)
+            .replace('\0', " ")
+            .contains(needle)
+        {
+            continue;
+        }
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
+        if cwd
+            .parent()
+            .and_then(Path::file_name)
+            .is_some_and(|n| n == env)
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}

@@ -60,6 +60,50 @@ macro_rules! rows_on {
 
 rows_on!(embedded: sandbox_e2e::Harness);
 rows_on!(aws: sandbox_e2e::aws_stack::AwsHarness);
+// Issue 26: the rows the issue names, with the real pinned `codex exec-server --listen`
+// as the executor (fails when the binary is missing).
+rows_on!(@tests real_codex: sandbox_e2e::RealCodexHarness;
+    row01_connection_request_starts_one_executor_with_the_sessions_remote_url_and_records_it,
+    row14_15_idle_schedules_a_lease_then_the_due_lease_stops_that_generation,
+    row20_mid_turn_disconnect_is_held_with_its_evidence_until_an_owner_resolves_it,
+);
+
+/// Where the backend runs turn commands for real ([`LifecycleHarness::TURN_RUNS_IN`]):
+/// waits for the session's first turn to complete and checks its command ran there.
+async fn assert_first_turn_ran_in_the_executor<H: LifecycleHarness>(h: &H, s: &Session) {
+    let Some(parent) = H::TURN_RUNS_IN else {
+        return;
+    };
+    let sid = s.id.as_str();
+    h.wait_until("the first turn completed", H::STEP_TIMEOUT, || async {
+        let turns = h.client().list_turns(sid).await?;
+        Ok(turns
+            .data
+            .first()
+            .is_some_and(|t| t.status == sandbox_core::turn::TurnStatus::Completed))
+    })
+    .await
+    .unwrap();
+    let turn = h.client().list_turns(sid).await.unwrap().data.remove(0);
+    let items = h
+        .client()
+        .get_json(&format!(
+            "/agents/sessions/{sid}/turns/{}/items?order=asc&limit=100",
+            turn.id.as_str()
+        ))
+        .await
+        .unwrap();
+    let command = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "command_execution")
+        .cloned()
+        .unwrap_or_else(|| panic!("the turn ran no command: {items}"));
+    let output = command["output"].as_str().unwrap_or_default();
+    assert!(output.contains(parent), "ran in the executor: {command}");
+    assert_eq!(command["exit_code"], 0, "{command}");
+}
 
 fn env_of(s: &Session) -> String {
     s.self_hosted().unwrap().id.as_str().to_owned()
@@ -180,9 +224,12 @@ async fn row01_connection_request_starts_one_executor_with_the_sessions_remote_u
     // run 60× faster, so the simulator's 300 s connect deadline (5 real seconds) could
     // pass before a slow start connects (the input fails, the session goes idle and the
     // lease stops the executor): give the connection and the turn a day.
+    // Where turn commands run for real the turn ends with its command: a day of grace
+    // keeps the executor running after it.
     let h = H::start(Options {
         turn_secs: 86_400.0,
         sim_connect_deadline_secs: 86_400.0,
+        grace_secs: 86_400,
         ..Options::default()
     })
     .await
@@ -228,6 +275,8 @@ async fn row01_connection_request_starts_one_executor_with_the_sessions_remote_u
         record.instance_connected_at >= record.instance_recorded_at,
         "{record:?}"
     );
+    assert_first_turn_ran_in_the_executor(&h, &s).await;
+    assert_eq!(h.live(&env).await.unwrap().len(), 1, "still running");
     assert_executor_processes::<H>(&env, 1);
     assert_eq!(h.shutdown().await.unwrap(), 1);
     assert_executor_processes::<H>(&env, 0);
@@ -325,7 +374,7 @@ async fn row14_15_idle_schedules_a_lease_then_the_due_lease_stops_that_generatio
     })
     .await
     .unwrap();
-    let (_, env) = running_session(&h).await;
+    let (s, env) = running_session(&h).await;
     h.wait_until("a lease", H::STEP_TIMEOUT, || async {
         Ok(h.record(&env).await?.and_then(|r| r.lease).is_some())
     })
@@ -333,6 +382,7 @@ async fn row14_15_idle_schedules_a_lease_then_the_due_lease_stops_that_generatio
     .unwrap();
     let lease = h.record(&env).await.unwrap().unwrap().lease.unwrap();
     assert_eq!(lease.due_at - lease.requested_at, 3);
+    assert_first_turn_ran_in_the_executor(&h, &s).await;
     // Before the lease is due the executor runs (on a loaded machine the 3 s may already
     // have passed by this read: then the stop below is all there is to see).
     let live = h.live(&env).await.unwrap().len();
@@ -520,6 +570,8 @@ async fn row20_mid_turn_disconnect_is_held_with_its_evidence_until_an_owner_reso
     let h = H::start(Options {
         grace_secs: grace,
         turn_secs: 6_000.0,
+        // Where commands run for real: one still running when the connection drops.
+        turn_command: Some("sleep 20".to_owned()),
         ..Options::default()
     })
     .await
@@ -532,6 +584,15 @@ async fn row20_mid_turn_disconnect_is_held_with_its_evidence_until_an_owner_reso
     .await
     .unwrap();
     let task = h.live(&env).await.unwrap().remove(0);
+    if H::TURN_RUNS_IN.is_some() {
+        h.wait_until(
+            "the command runs in the executor",
+            H::STEP_TIMEOUT,
+            || async { Ok(!sandbox_e2e::os_commands_in(&env, "sleep 20").is_empty()) },
+        )
+        .await
+        .unwrap();
+    }
     // The executor drops its connection mid-command; its process (its task) lives on.
     h.client().disconnect(&env, None).await.unwrap();
     wait_idle(&h, &s).await;
