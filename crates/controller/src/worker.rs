@@ -326,7 +326,7 @@ where
             .await;
         let observed = self.observed(
             job,
-            &env,
+            env,
             session.clone(),
             locked.record.clone(),
             inventory,
