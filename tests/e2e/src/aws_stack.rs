@@ -83,8 +83,12 @@ impl Default for AwsOptions {
     }
 }
 
-/// The moto endpoint from `MOTO_ENDPOINT`. Panics (never skips) when it is unset.
+/// The moto endpoint: this process's [`crate::private_moto::PrivateMoto`] if one was
+/// started, else `MOTO_ENDPOINT`. Panics (never skips) when neither is there.
 pub fn moto_endpoint() -> String {
+    if let Some(private) = crate::private_moto::OVERRIDE.get() {
+        return private.clone();
+    }
     match std::env::var("MOTO_ENDPOINT") {
         Ok(v) if !v.is_empty() => v.trim_end_matches('/').to_owned(),
         _ => panic!(

@@ -13,6 +13,7 @@ mod lifecycle_harness;
 pub use lifecycle_harness::LifecycleHarness;
 pub mod ecs_idempotency_proxy;
 pub mod operator_cli;
+pub mod private_moto;
 pub mod serve_process;
 
 /// The simulator's `remote_url` scheme and host (`http://127.0.0.1:PORT/...`): the

@@ -21,6 +21,7 @@ use sandbox_core::compute::ComputeStatus;
 use sandbox_core::ids::{EnvironmentId, SessionId};
 use sandbox_core::observed::Trigger;
 use sandbox_e2e::aws_stack::{AwsHarness, AwsOptions};
+use sandbox_e2e::private_moto::PrivateMoto;
 use sandbox_e2e::{LifecycleHarness as _, Options};
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -31,6 +32,9 @@ const DEADLINE: Duration = Duration::from_secs(600);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aws_concurrency_200_environments_32_workers_duplicated_jobs_yield_one_task_each() {
+    // moto of its own: 32 workers on the run's shared server would slow every other AWS
+    // test into its deadlines (sandbox_e2e::private_moto).
+    let _moto = PrivateMoto::start().unwrap();
     let h = AwsHarness::start(AwsOptions {
         common: Options {
             workers: WORKERS,
@@ -230,6 +234,9 @@ const CAP: u32 = 12;
 /// given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aws_concurrency_cap_below_the_environments_never_more_live_tasks_than_the_cap_none_lost() {
+    // moto of its own: 32 workers on the run's shared server would slow every other AWS
+    // test into its deadlines (sandbox_e2e::private_moto).
+    let _moto = PrivateMoto::start().unwrap();
     let h = AwsHarness::start(AwsOptions {
         common: Options {
             workers: WORKERS,

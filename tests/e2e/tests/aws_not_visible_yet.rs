@@ -55,9 +55,15 @@ impl Lagging {
         let guard = resources.ecs_guard.clone();
         guard.hide_new_tasks_for(LAG);
         let (sim, s, env, api) = frozen_sim_with_a_waiting_session().await;
+        // No executor ever connects here (the simulator's clock stands still): a connect
+        // deadline longer than the test, so a slow run never turns the wait into a
+        // replacement of the task it waits for.
         let config = harness_config(
             DeploymentId::new(format!("nv-{}", unique())).unwrap(),
-            &AwsOptions::default(),
+            &AwsOptions {
+                connect_deadline_secs: 3_600,
+                ..AwsOptions::default()
+            },
         );
         let c = Controller::new(
             resources.events(),

@@ -53,6 +53,9 @@ fn worker_env(
         ("AGENTS_API_BASE_URL", agents_api.into()),
         // The simulator's remote_url is http://127.0.0.1:PORT/... (issue 13 allowlist).
         ("REMOTE_URL_ALLOWLIST", "http://127.0.0.1".into()),
+        // No executor connects in the drill: a connect deadline longer than the drill, so
+        // a slow run never replaces the task the drill follows.
+        ("CONNECT_DEADLINE_SECS", "3600".into()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -84,7 +87,9 @@ fn worker(env: &[(String, String)], crash: bool) -> Child {
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .envs(env.iter().map(|(k, v)| (k, v)))
         .env("E2E_VISIBILITY_SECS", "2")
-        .env("E2E_LOCK_TTL_SECS", "3")
+        // A lease a loaded moto cannot outrun (a job's dozen calls can take seconds
+        // each there); the restarted worker takes the dead one's lock over when it ends.
+        .env("E2E_LOCK_TTL_SECS", "15")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
