@@ -151,10 +151,6 @@ FUNCTIONS = {
     },
     "sweeper": {
         "always": {
-            # aws_wiring::controller reads the Agents API key at the cold start: the sweeper
-            # is built with the same controller (sweep jobs themselves read no session; the
-            # key read is a remaining over-grant, see README "Security").
-            ("secrets.rs", "get_secret_value"),
             # sweep_fan_out -> timers.send_batch (SendMessageBatch, 10 a call) and
             # timers.send; sweeper_handler -> events.dead_letter_count
             ("sqs_queue.rs", "send_message"),

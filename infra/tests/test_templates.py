@@ -212,6 +212,20 @@ def test_sweeper_role_starts_stops_and_passes_nothing(any_cfn, any_workspaces_cf
             assert cluster_id in flat(statement["Resource"]), action
 
 
+def test_only_the_worker_holds_the_agents_api_key(any_cfn, any_workspaces_cfn):
+    # Issue 24: a sweep reads no session (aws_wiring::sweeper_controller builds the sweeper
+    # with NoSessions), so the sweeper gets neither the key's ARN nor GetSecretValue on it.
+    for cfn in (any_cfn, any_workspaces_cfn):
+        sweeper = function_by_binary(cfn, "sweeper")["Environment"]["Variables"]
+        assert "OPENAI_API_KEY_SECRET_ARN" not in sweeper
+        assert "AGENTS_API_BASE_URL" not in sweeper
+        worker = function_by_binary(cfn, "worker")["Environment"]["Variables"]
+        assert "OPENAI_API_KEY_SECRET_ARN" in worker
+        roles = roles_by_purpose(cfn)
+        (sweeper_role,) = [r for p, r in roles.items() if p.startswith("sandbox-lifecycle sweeper")]
+        assert "secretsmanager:GetSecretValue" not in actions_of(role_statements(cfn, sweeper_role))
+
+
 def test_workspace_statements_and_the_infrastructure_role_exist_only_with_workspaces(any_cfn):
     roles = roles_by_purpose(any_cfn)
     for role_id in roles.values():

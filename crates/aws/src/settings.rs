@@ -30,8 +30,8 @@
 //! | `WORKSPACE_VOLUME_TYPE` | worker, sweeper | no | EBS volume type of the workspace volume: `gp3` (default), `gp2`, `io1`, `io2`, `st1`, `sc1` (`standard` is not supported on Fargate) |
 //! | `WORKSPACE_VOLUME_IOPS` | worker, sweeper | with `io1`/`io2` | provisioned IOPS: `gp3` 3,000–16,000 (default 3,000), `io1` 100–64,000, `io2` 100–256,000, at most 500 per GiB (`io1`: 50); refused for `gp2`, `st1`, `sc1` |
 //! | `WORKSPACE_VOLUME_THROUGHPUT` | worker, sweeper | no | provisioned throughput, MiB/s, `gp3` only: 125–1,000 (default 125), at most IOPS / 4 |
-//! | `AGENTS_API_BASE_URL` | worker, sweeper | no | Agents API root (default `https://api.openai.com/v1`) |
-//! | `OPENAI_API_KEY_SECRET_ARN` | worker, sweeper | yes | Secrets Manager ARN (or name) of the OpenAI API key |
+//! | `AGENTS_API_BASE_URL` | worker | no | Agents API root (default `https://api.openai.com/v1`) |
+//! | `OPENAI_API_KEY_SECRET_ARN` | worker | yes (worker) | Secrets Manager ARN (or name) of the OpenAI API key; the sweeper reads no session and is given none (issue 24) |
 //! | `WEBHOOK_SECRET_ARN` | webhook | yes | Secrets Manager ARN (or name) of the webhook signing secret (`whsec_...`) |
 //! | `WEBHOOK_PREVIOUS_SECRET_ARN` | webhook | no | ARN (or name) of the previous signing secret during a rotation: deliveries signed with either verify |
 //! | `WEBHOOK_TOLERANCE_SECS` | webhook | no | accepted `webhook-timestamp` skew, both directions, seconds (default 300; 1 to 900, refused at start-up above) |
@@ -390,8 +390,10 @@ pub struct ControllerSettings {
     pub ecs: EcsSettings,
     /// `AGENTS_API_BASE_URL`, or the default.
     pub agents_api_base_url: String,
-    /// `OPENAI_API_KEY_SECRET_ARN`.
-    pub api_key_secret: SecretRef,
+    /// `OPENAI_API_KEY_SECRET_ARN`: required by whatever reads a session (the worker,
+    /// `sandboxctl close`/`explain`), absent for the sweeper, which reads none
+    /// ([`ControllerSettings::api_key_secret`] names the variable when it is missing).
+    pub api_key_secret: Option<SecretRef>,
     /// Controller settings: `DEPLOYMENT_ID`, `AGENT_IDS`, `WORKSPACE_DIRECTORY`,
     /// `SHUTDOWN_GRACE_SECS`, `CONNECT_DEADLINE_SECS`, and a worker id unique to this
     /// execution environment (`AWS_LAMBDA_LOG_STREAM_NAME`), so lock owners of concurrent
@@ -593,6 +595,16 @@ impl WebhookSettings {
 }
 
 impl ControllerSettings {
+    /// The OpenAI API key's secret, for a process that reads sessions.
+    ///
+    /// # Errors
+    /// [`SettingsError::Missing`] naming `OPENAI_API_KEY_SECRET_ARN` when it is unset.
+    pub fn api_key_secret(&self) -> Result<&SecretRef, SettingsError> {
+        self.api_key_secret.as_ref().ok_or(SettingsError::Missing {
+            var: "OPENAI_API_KEY_SECRET_ARN",
+        })
+    }
+
     /// Reads the process environment.
     ///
     /// # Errors
@@ -721,7 +733,10 @@ impl ControllerSettings {
             table_name,
             ecs,
             agents_api_base_url,
-            api_key_secret: vars.secret_ref("OPENAI_API_KEY_SECRET_ARN")?,
+            api_key_secret: match vars.optional("OPENAI_API_KEY_SECRET_ARN") {
+                Some(_) => Some(vars.secret_ref("OPENAI_API_KEY_SECRET_ARN")?),
+                None => None,
+            },
             controller,
             aws_endpoint_url: vars.optional("AWS_ENDPOINT_URL"),
             history_retention_secs,

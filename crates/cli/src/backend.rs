@@ -465,7 +465,7 @@ impl Ops for AwsOps {
         Ok((report.moved, report.skipped))
     }
     async fn sessions(&self) -> anyhow::Result<AgentsClient> {
-        let secret = &self.settings.api_key_secret;
+        let secret = self.settings.api_key_secret()?;
         let key = sandbox_aws::read_secret(&self.secrets, &secret.arn)
             .await
             .with_context(|| {

@@ -30,7 +30,6 @@ mod decode_object;
 mod demo;
 mod evidence_view;
 mod explain_view;
-mod no_sessions;
 mod operator_jobs;
 mod report;
 mod secret_from_env;

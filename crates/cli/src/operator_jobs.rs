@@ -25,10 +25,10 @@
 //!   `completed` (with tool outcomes), `failed` or `not_found` — and never resubmits.
 
 use crate::backend::{BackendArgs, Ops, QueueKind};
-use crate::no_sessions::NoSessions;
 use crate::report::{Verdict, checked_id, write_json};
 use crate::timestamps::stamp;
 use sandbox_controller::Controller;
+use sandbox_controller::NoSessions;
 use sandbox_controller::job::Job;
 use sandbox_controller::ports::{Clock, Outgoing, Queue as _, Receipt, Registry as _, SystemClock};
 use sandbox_core::evidence::{EffectState, Evidence, EvidenceTrigger, Resolution};

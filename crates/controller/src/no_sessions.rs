@@ -1,6 +1,10 @@
-//! [`NoSessions`]: the Agents API port of a controller that must never read a session —
-//! `sandboxctl sweep` plans and fans out a sweep (registry, provider, timers queue), which
-//! reads no session, so it needs no API key. Every call is refused without a request.
+//! [`NoSessions`]: the Agents API port of a controller that must never read a session.
+//! A sweep (`Controller::sweep_fan_out`: the registry's open records, the provider
+//! inventory, the timers queue, stored workspaces) reads no session: the jobs it fans
+//! out are decided by the worker, which re-reads each session. So the sweeper function
+//! and `sandboxctl sweep` are built with this port and hold no Agents API key (issue 24:
+//! one role per function with exactly what its code calls). Every call is refused with
+//! [`ApiError::InvalidArgument`], without a request.
 
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_core::environment::EnvironmentInfo;
@@ -14,7 +18,7 @@ pub struct NoSessions;
 
 fn refused() -> ApiError {
     ApiError::InvalidArgument {
-        reason: "this sandboxctl command reads no session (no Agents API key configured)".into(),
+        reason: "this controller reads no session (it holds no Agents API key)".into(),
     }
 }
 

@@ -72,38 +72,64 @@ pub async fn webhook_intake(
 }
 
 #[cfg(feature = "controller")]
-pub use controller_stack::{AwsController, controller};
+pub use controller_stack::{AwsController, SweeperController, controller, sweeper_controller};
 
 #[cfg(feature = "controller")]
 mod controller_stack {
     use super::{InitError, sqs_queue};
     use crate::settings::ControllerSettings;
-    use sandbox_agents_api::{AgentsClient, ClientConfig};
+    use sandbox_agents_api::{AgentsClient, ClientConfig, SessionsApi};
     use sandbox_aws::{DynamoRegistry, EcsCompute, SqsQueue};
-    use sandbox_controller::Controller;
     use sandbox_controller::ports::SystemClock;
+    use sandbox_controller::{Controller, NoSessions};
     use std::sync::Arc;
 
-    /// The controller over the AWS adapters.
+    /// The worker's controller over the AWS adapters, with the Agents API client.
     pub type AwsController = Controller<SqsQueue, DynamoRegistry, EcsCompute, AgentsClient>;
 
-    /// The controller of the worker and sweeper: the API key from Secrets Manager, both
-    /// queues, the registry table, ECS, the Agents API client.
+    /// The sweeper's controller: the same adapters and no Agents API key ([`NoSessions`]:
+    /// a sweep reads no session; the jobs it fans out are decided by the worker).
+    pub type SweeperController = Controller<SqsQueue, DynamoRegistry, EcsCompute, NoSessions>;
+
+    /// The worker's controller: the API key from Secrets Manager (`OPENAI_API_KEY_SECRET_ARN`,
+    /// required here), both queues, the registry table, ECS, the Agents API client.
     ///
     /// # Errors
-    /// [`InitError`] when the API key is unreadable or unusable, or the Agents API client
-    /// refuses its configuration.
+    /// [`InitError`] when `OPENAI_API_KEY_SECRET_ARN` is unset, the API key is unreadable
+    /// or unusable, or the Agents API client refuses its configuration.
     pub async fn controller(settings: &ControllerSettings) -> Result<AwsController, InitError> {
         let sdk = sandbox_aws::load_sdk_config(settings.aws_endpoint_url.as_deref()).await;
         let secrets = aws_sdk_secretsmanager::Client::new(&sdk);
         let api_key =
-            crate::secrets_at_init::read_api_key(&secrets, &settings.api_key_secret).await?;
+            crate::secrets_at_init::read_api_key(&secrets, settings.api_key_secret()?).await?;
         let sessions = AgentsClient::new(ClientConfig {
             base_url: settings.agents_api_base_url.clone(),
             api_key,
             ..ClientConfig::new(String::new())
         })?;
-        let sqs = aws_sdk_sqs::Client::new(&sdk);
+        Ok(assemble(&sdk, settings, sessions)?)
+    }
+
+    /// The sweeper's controller: both queues, the registry table, ECS; no secret is read
+    /// and no Agents API client is built (issue 24: its role grants no `GetSecretValue`).
+    ///
+    /// # Errors
+    /// [`InitError::Settings`] when the ECS or workspace settings are unusable.
+    pub async fn sweeper_controller(
+        settings: &ControllerSettings,
+    ) -> Result<SweeperController, InitError> {
+        let sdk = sandbox_aws::load_sdk_config(settings.aws_endpoint_url.as_deref()).await;
+        Ok(assemble(&sdk, settings, NoSessions)?)
+    }
+
+    /// The adapters both functions share, around `sessions`.
+    fn assemble<S: SessionsApi>(
+        sdk: &aws_config::SdkConfig,
+        settings: &ControllerSettings,
+        sessions: S,
+    ) -> Result<Controller<SqsQueue, DynamoRegistry, EcsCompute, S>, crate::settings::SettingsError>
+    {
+        let sqs = aws_sdk_sqs::Client::new(sdk);
         let events = sqs_queue(
             &sqs,
             &settings.events_queue_url,
@@ -112,10 +138,10 @@ mod controller_stack {
         );
         let timers = sqs_queue(&sqs, &settings.timers_queue_url, false, None);
         let registry =
-            DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&sdk), &settings.table_name)
+            DynamoRegistry::new(aws_sdk_dynamodb::Client::new(sdk), &settings.table_name)
                 .with_history_retention(settings.history_retention_secs);
         // ECS, plus EBS workspaces when ECS_INFRASTRUCTURE_ROLE_ARN is set.
-        let compute: EcsCompute = settings.ecs.compute(&sdk)?;
+        let compute: EcsCompute = settings.ecs.compute(sdk)?;
         Ok(Controller::new(
             events,
             timers,

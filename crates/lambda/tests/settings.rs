@@ -73,7 +73,7 @@ fn complete_controller_environment_parses_every_variable() {
         sandbox_core::workspace::CloseWorkspace::Delete
     );
     assert_eq!(s.agents_api_base_url, "https://api.openai.com/v1");
-    assert_eq!(s.api_key_secret.var, "OPENAI_API_KEY_SECRET_ARN");
+    assert_eq!(s.api_key_secret().unwrap().var, "OPENAI_API_KEY_SECRET_ARN");
     assert_eq!(s.aws_endpoint_url, None);
     assert_eq!(
         s.controller.worker_id,
@@ -125,7 +125,6 @@ fn each_missing_required_controller_variable_is_named_in_the_error() {
         "CONTAINER_NAME",
         "SUBNETS",
         "DEPLOYMENT_ID",
-        "OPENAI_API_KEY_SECRET_ARN",
     ] {
         let mut env = controller_env();
         env.remove(var);
@@ -136,6 +135,28 @@ fn each_missing_required_controller_variable_is_named_in_the_error() {
             format!("environment variable {var} is not set")
         );
     }
+}
+
+/// Issue 24: the sweeper reads no session, so its settings parse without the API key's
+/// secret; what reads sessions (the worker's cold start, `sandboxctl close`) asks for it
+/// through `api_key_secret()`, which names the variable.
+#[test]
+fn the_api_key_secret_is_needed_only_by_what_reads_sessions() {
+    let mut env = controller_env();
+    env.remove("OPENAI_API_KEY_SECRET_ARN");
+    let s = controller(&env).unwrap();
+    assert_eq!(s.api_key_secret, None);
+    let err = s.api_key_secret().unwrap_err();
+    assert_eq!(
+        err,
+        SettingsError::Missing {
+            var: "OPENAI_API_KEY_SECRET_ARN"
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "environment variable OPENAI_API_KEY_SECRET_ARN is not set"
+    );
 }
 
 #[test]

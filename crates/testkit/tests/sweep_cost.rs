@@ -110,6 +110,9 @@ async fn sweep_fan_out_fits_the_schedule() {
     assert_eq!(report.queue_calls, N.div_ceil(10), "{report:?}");
     assert_eq!(calls.of("queue", "send_batch"), N.div_ceil(10));
     assert_eq!(calls.of("queue", "send"), 0, "no one-by-one sends");
+    // Issue 24: the sweeper function holds no Agents API key (aws_wiring::
+    // sweeper_controller, NoSessions): its sweep reads no session.
+    assert_eq!(calls.of_port("agents_api"), 0, "a sweep reads no session");
     assert_eq!((report.enqueued, report.deferred), (N - 2, 2), "{report:?}");
     let sent: Vec<u64> = world
         .timers

@@ -75,7 +75,7 @@ export interface SandboxLifecycleProps {
   readonly deploymentId?: string;
   /** Full ARN of the webhook signing secret (`whsec_...`); webhook function only. */
   readonly webhookSecretArn: string;
-  /** Full ARN of the OpenAI API key secret (`sk-...`); worker and sweeper only. */
+  /** Full ARN of the OpenAI API key secret (`sk-...`); the worker only (the sweeper reads no session). */
   readonly openAIApiKeySecretArn: string;
   /** Full ARN of the executor key secret; injected as `CODEX_API_KEY` by ECS only. */
   readonly executorKeySecretArn: string;
@@ -425,11 +425,6 @@ export class SandboxLifecycle extends Construct {
     // Workspace statements only with workspaces on.
     const sharedControllerStatements = (): iam.PolicyStatement[] => [
       new iam.PolicyStatement({
-        sid: "ApiKey",
-        actions: ["secretsmanager:GetSecretValue"],
-        resources: [props.openAIApiKeySecretArn],
-      }),
-      new iam.PolicyStatement({
         sid: "ScheduleRecheck",
         actions: ["sqs:SendMessage"],
         resources: [this.timersQueue.queueArn],
@@ -464,6 +459,13 @@ export class SandboxLifecycle extends Construct {
       }),
     ];
     const workerStatements = (): iam.PolicyStatement[] => [
+      // The worker alone reads sessions, so it alone reads the API key (the sweeper is
+      // built without it: aws_wiring::sweeper_controller).
+      new iam.PolicyStatement({
+        sid: "ApiKey",
+        actions: ["secretsmanager:GetSecretValue"],
+        resources: [props.openAIApiKeySecretArn],
+      }),
       ...sharedControllerStatements(),
       new iam.PolicyStatement({
         sid: "RunExecutor",
@@ -702,6 +704,10 @@ export class SandboxLifecycle extends Construct {
       WORKSPACE_VOLUME_IOPS: workspaces && props.workspaceVolumeIops !== undefined ? String(props.workspaceVolumeIops) : "",
       WORKSPACE_VOLUME_THROUGHPUT:
         workspaces && props.workspaceVolumeThroughput !== undefined ? String(props.workspaceVolumeThroughput) : "",
+    };
+    // What only the worker reads: the Agents API and its key (the sweeper reads no session).
+    const workerEnvironment: Record<string, string> = {
+      ...controllerEnvironment,
       AGENTS_API_BASE_URL: props.agentsApiBaseUrl ?? "https://api.openai.com/v1",
       OPENAI_API_KEY_SECRET_ARN: props.openAIApiKeySecretArn,
     };
@@ -714,7 +720,7 @@ export class SandboxLifecycle extends Construct {
       memorySize: 512,
       timeout: Duration.seconds(WORKER_TIMEOUT_SECS),
       logGroup: workerLogs,
-      environment: controllerEnvironment,
+      environment: workerEnvironment,
     });
     const batchSize = props.workerBatchSize ?? 10;
     const maxConcurrency = props.workerMaximumConcurrency ?? 10;
