@@ -139,8 +139,7 @@ pub const OPEN_INDEX: &str = "by_open";
 pub const OPEN_ATTR: &str = "open_shard";
 /// Shards of [`OPEN_INDEX`]'s partition key (the sweep queries each).
 pub const OPEN_SHARDS: u64 = 16;
-/// How long audit entries and receipts are kept unless configured: 30 days, in seconds.
-pub const DEFAULT_HISTORY_RETENTION_SECS: u64 = 30 * 86_400;
+pub use sandbox_controller::ports::DEFAULT_HISTORY_RETENTION_SECS;
 
 const SK_RECORD: &str = "record";
 const SK_LEDGER: &str = "ledger";

@@ -602,6 +602,39 @@ fn fence(key: &EffectKey, owner: &str) -> Fence {
     }
 }
 
+/// History expires (issue 22 item 2), for an adapter built with the default retention
+/// ([`crate::ports::DEFAULT_HISTORY_RETENTION_SECS`]) on the system clock: a receipt whose
+/// `at` is older than the retention reads as absent (DynamoDB: `expires_at` = `at` +
+/// retention is already past, read as absent before TTL deletes it; SQLite: before the
+/// cutoff), one a second inside it and a fresh one are read, oldest first.
+pub async fn registry_history_retention_contract<R: Registry>(r: &R) {
+    let rule = "history-expires";
+    let run = unique();
+    let now = SystemClock.now();
+    let retention = crate::ports::DEFAULT_HISTORY_RETENTION_SECS;
+    let key = EnvironmentId::new(format!("env_ret_{run}")).effect_key();
+    let receipt = |at: u64, session: &str| Receipt {
+        at,
+        effect_key: key.clone(),
+        kind: ReceiptKind::SessionDeleted {
+            session_id: SessionId::new(session),
+        },
+    };
+    let expired = receipt(now - retention - 60, "sess_ret_expired");
+    let kept = receipt(now - retention + 600, "sess_ret_kept");
+    let fresh = receipt(now, "sess_ret_fresh");
+    for entry in [&expired, &kept, &fresh] {
+        r.receipt(entry)
+            .await
+            .unwrap_or_else(|e| panic!("registry contract [{rule}]: receipt: {e}"));
+    }
+    assert_eq!(
+        r.receipts(&key).await.unwrap(),
+        vec![kept, fresh],
+        "registry contract [{rule}]: a receipt older than the history retention reads as absent; newer ones are read, oldest first"
+    );
+}
+
 /// The registry contract: fenced conditional record writes, locks that read the record,
 /// the atomic release, the delivery ledger, audit and receipts. Safe to run concurrently
 /// with other calls on one backend (unique keys).
@@ -621,6 +654,7 @@ pub async fn registry_contract<R: Registry>(r: &R) {
     registry_evidence_contract(r).await;
     registry_open_records_contract(r).await;
     registry_terminal_contract(r).await;
+    registry_history_retention_contract(r).await;
     let run = unique();
     let now = SystemClock.now();
     let env = EnvironmentId::new(format!("env_ct_{run}"));

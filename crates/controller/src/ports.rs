@@ -517,6 +517,14 @@ pub trait Registry: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<crate::terminal::TerminalRecord>, PortError>> + Send;
 }
 
+/// How long audit entries and receipts are kept by default, seconds (30 days; issue 22
+/// item 2): DynamoDB writes them with `expires_at` = `at` + this (TTL), SQLite prunes them
+/// after every local sweep, the twin reads them as absent. Every adapter reads an entry
+/// with `at + retention <= now` as absent, whether or not it was deleted yet
+/// ([`crate::contract::registry_history_retention_contract`]). Terminal records never
+/// expire.
+pub const DEFAULT_HISTORY_RETENTION_SECS: u64 = 30 * 86_400;
+
 /// What a start produced.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Started {

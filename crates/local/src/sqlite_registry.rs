@@ -131,8 +131,7 @@ pub struct SqliteRegistry {
     history_retention_secs: u64,
 }
 
-/// How long audit entries and receipts are kept unless configured: 30 days, in seconds.
-pub const DEFAULT_HISTORY_RETENTION_SECS: u64 = 30 * 86_400;
+pub use sandbox_controller::ports::DEFAULT_HISTORY_RETENTION_SECS;
 
 fn now_secs() -> u64 {
     u64::try_from(now_ms() / 1000).unwrap_or(0)

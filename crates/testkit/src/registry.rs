@@ -6,10 +6,17 @@
 //! index (the sparse `by_open` index), receipts per effect key (one partition), and
 //! [`TwinRegistry::items_read`] counts every item a read examined, so a test can show
 //! that the sweep's reads do not grow with closed records or history.
+//!
+//! History expires as on DynamoDB (issue 22 item 2): a receipt with `at` + the history
+//! retention ([`TwinRegistry::with_history_retention`], default
+//! [`DEFAULT_HISTORY_RETENTION_SECS`]) `<= now` of the registry's clock reads as absent,
+//! whether or not TTL deleted it yet; a read still examines it (TTL deletes late, and
+//! DynamoDB filters after reading). The inspection views ([`TwinRegistry::all_receipts`],
+//! [`TwinRegistry::audit_entries`]) keep everything ever written.
 
 use sandbox_controller::ports::{
-    AuditEntry, Fence, Locked, PortError, Receipt, Registry, Release, Slot, SlotHolder,
-    SlotRelease, Slots, Write,
+    AuditEntry, Clock, DEFAULT_HISTORY_RETENTION_SECS, Fence, Locked, PortError, Receipt, Registry,
+    Release, Slot, SlotHolder, SlotRelease, Slots, SystemClock, Write,
 };
 use sandbox_controller::terminal::TerminalRecord;
 use sandbox_core::ids::{EffectKey, SessionId};
@@ -89,15 +96,49 @@ fn check_key(fence: &Fence, record: &Record) -> Result<(), PortError> {
 }
 
 /// An in-memory registry. Clones share the same state.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone)]
 pub struct TwinRegistry {
     state: Arc<Mutex<State>>,
+    /// What "now" is for history expiry (the world's clock in a simulation).
+    clock: Arc<dyn Clock>,
+    /// Seconds receipts are kept (`at` + this > now reads).
+    history_retention_secs: u64,
+}
+
+impl std::fmt::Debug for TwinRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TwinRegistry")
+            .field("history_retention_secs", &self.history_retention_secs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for TwinRegistry {
+    fn default() -> Self {
+        Self {
+            state: Arc::default(),
+            clock: Arc::new(SystemClock),
+            history_retention_secs: DEFAULT_HISTORY_RETENTION_SECS,
+        }
+    }
 }
 
 impl TwinRegistry {
-    /// An empty registry.
+    /// An empty registry on the system clock with the default history retention.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// History read against `clock` (a simulation's clock) instead of the system's.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Keeps receipts for `secs` seconds after their `at` (older ones read as absent).
+    pub fn with_history_retention(mut self, secs: u64) -> Self {
+        self.history_retention_secs = secs;
+        self
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -289,10 +330,14 @@ impl Registry for TwinRegistry {
     }
 
     async fn receipts(&self, key: &EffectKey) -> Result<Vec<Receipt>, PortError> {
+        let now = self.clock.now();
         let mut s = self.state();
-        let out = s.receipts_by_key.get(key).cloned().unwrap_or_default();
-        s.items_read += out.len() as u64;
-        Ok(out)
+        let all = s.receipts_by_key.get(key).cloned().unwrap_or_default();
+        s.items_read += all.len() as u64;
+        Ok(all
+            .into_iter()
+            .filter(|r| r.at.saturating_add(self.history_retention_secs) > now)
+            .collect())
     }
     async fn acquire_slot(&self, fence: &Fence, now: u64, cap: u32) -> Result<Slot, PortError> {
         let mut s = self.state();

@@ -76,7 +76,7 @@ impl World {
         Self {
             events: TwinQueue::fifo(clock.clone(), MAX_RECEIVE_COUNT),
             timers: TwinQueue::standard(clock.clone(), MAX_RECEIVE_COUNT),
-            registry: TwinRegistry::new(),
+            registry: TwinRegistry::new().with_clock(Arc::new(clock.clone())),
             compute: TwinCompute::aws_like(clock.clone(), timing, aws),
             sessions: TwinSessions::new(),
             calls: CallLog::new(),

@@ -278,7 +278,8 @@ describe("SandboxLifecycle", () => {
     };
     assert.deepEqual(secretsOf("webhook"), [`${SECRET}:webhook-AbCdEf`]);
     assert.deepEqual(secretsOf("worker"), [`${SECRET}:api-key-AbCdEf`]);
-    assert.deepEqual(secretsOf("sweeper"), [`${SECRET}:api-key-AbCdEf`]);
+    // Issue 24: a sweep reads no session; the sweeper holds no key.
+    assert.deepEqual(secretsOf("sweeper"), []);
   });
 
   it("wires the props to the variables the Rust settings read", () => {
@@ -310,7 +311,10 @@ describe("SandboxLifecycle", () => {
     ]);
     // The webhook's metrics carry the deployment dimension too.
     assert.equal(functionNamed(t, "webhook").Environment.Variables.DEPLOYMENT_ID, "prod-1");
-    assert.deepEqual(functionNamed(t, "sweeper").Environment.Variables, env);
+    // The sweeper gets the worker's variables except the Agents API and its key.
+    const { AGENTS_API_BASE_URL, OPENAI_API_KEY_SECRET_ARN, ...sweeperEnv } = env;
+    assert.ok(AGENTS_API_BASE_URL && OPENAI_API_KEY_SECRET_ARN);
+    assert.deepEqual(functionNamed(t, "sweeper").Environment.Variables, sweeperEnv);
   });
 
   it("wires the metadata ownership rule and when to provision (issue 25)", () => {
