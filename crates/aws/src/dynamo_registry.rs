@@ -192,6 +192,19 @@ fn fnv1a(s: &str) -> u64 {
     })
 }
 
+/// What [`DynamoRegistry::backfill_open_index`] found and did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenIndexBackfill {
+    /// Records without `open_shard` that are not closed (each needs it).
+    pub open: u64,
+    /// Closed records without it (they belong outside the index: left alone).
+    pub closed: u64,
+    /// Open records given their `open_shard` by this run.
+    pub backfilled: u64,
+    /// Open records written meanwhile (their write set it; nothing to do).
+    pub changed: u64,
+}
+
 /// The `open_shard` value of an environment's open record: `open#{0..15}`.
 fn open_shard(env: &EnvironmentId) -> String {
     format!("open#{}", fnv1a(env.as_str()) % OPEN_SHARDS)
@@ -565,6 +578,75 @@ impl DynamoRegistry {
     /// The table name.
     pub fn table(&self) -> &str {
         &self.table
+    }
+
+    /// Puts the records written before the `by_open` index existed into it (issue 22):
+    /// such a record has no `open_shard`, so [`Registry::list_open`] (the sweep's read)
+    /// never sees it until its next write. One consistent `Scan` of the record items that
+    /// lack the attribute (every page; an operator's one-off, `sandboxctl migrate`: the
+    /// functions' roles grant no `Scan`), then for each record that is not closed one
+    /// `UpdateItem` `SET open_shard` conditioned on `version = :v AND
+    /// attribute_not_exists(open_shard)`: a record written meanwhile already carries it (every
+    /// record write sets it), and its failed condition counts as `changed`. With `dry_run`
+    /// nothing is written. Idempotent: a second run finds nothing to do.
+    ///
+    /// # Errors
+    /// A [`PortError`] from the `Scan` or an `UpdateItem`, or a record that cannot be
+    /// decoded; what was written before it stays written (each update stands alone).
+    pub async fn backfill_open_index(&self, dry_run: bool) -> Result<OpenIndexBackfill, PortError> {
+        let op = "backfill_open_index";
+        let mut pages = self
+            .client
+            .scan()
+            .table_name(self.table.as_ref())
+            .consistent_read(true)
+            .filter_expression(
+                "#sk = :record AND attribute_exists(#record) AND attribute_not_exists(#open)",
+            )
+            .expression_attribute_names("#sk", SK)
+            .expression_attribute_names("#record", "record")
+            .expression_attribute_names("#open", OPEN_ATTR)
+            .expression_attribute_values(":record", s(SK_RECORD))
+            .into_paginator()
+            .send();
+        let mut missing = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| port_error(DEP, op, &e))?;
+            for item in page.items() {
+                missing.push(decode_record(item, op)?);
+            }
+        }
+        let mut report = OpenIndexBackfill::default();
+        for record in missing {
+            if record.status == RecordStatus::Closed {
+                report.closed += 1;
+                continue;
+            }
+            report.open += 1;
+            if dry_run {
+                continue;
+            }
+            let written = self
+                .client
+                .update_item()
+                .table_name(self.table.as_ref())
+                .key(PK, s(record.environment_id.effect_key().as_str()))
+                .key(SK, s(SK_RECORD))
+                .update_expression("SET #open = :open")
+                .condition_expression("#version = :v AND attribute_not_exists(#open)")
+                .expression_attribute_names("#open", OPEN_ATTR)
+                .expression_attribute_names("#version", "version")
+                .expression_attribute_values(":open", s(open_shard(&record.environment_id)))
+                .expression_attribute_values(":v", n(record.version))
+                .send()
+                .await;
+            match written {
+                Ok(_) => report.backfilled += 1,
+                Err(e) if is_condition_failed(&e) => report.changed += 1,
+                Err(e) => return Err(port_error(DEP, op, &e)),
+            }
+        }
+        Ok(report)
     }
 
     /// The audit entries of one effect key, oldest first (for `sandboxctl explain`).

@@ -52,7 +52,7 @@ pub mod sqs_queue;
 pub mod strict_ecs;
 
 #[cfg(feature = "dynamodb")]
-pub use dynamo_registry::{DynamoRegistry, create_table};
+pub use dynamo_registry::{DynamoRegistry, OpenIndexBackfill, create_table};
 #[cfg(feature = "ec2")]
 pub use ebs_workspaces::EbsConfig;
 #[cfg(feature = "ecs")]

@@ -157,6 +157,12 @@ pub trait Ops {
     ) -> impl Future<Output = Result<(usize, Vec<String>), PortError>>;
     /// The Agents API client (for `sweep --dry-run`, which reads the sessions).
     fn sessions(&self) -> impl Future<Output = anyhow::Result<AgentsClient>>;
+    /// `sandboxctl migrate` ([`crate::migrate_cmd`]): puts the open records written before
+    /// the sweep's open-records index into it (`dry_run`: counts only).
+    fn migrate(
+        &self,
+        dry_run: bool,
+    ) -> impl Future<Output = Result<crate::migrate_cmd::Migration, PortError>>;
 }
 
 /// A local data directory.
@@ -300,6 +306,11 @@ impl Ops for LocalOps {
             api.base_url = base;
         }
         AgentsClient::new(api).context("the Agents API client")
+    }
+    /// Nothing to migrate: SQLite's partial index of the open records covers every row,
+    /// whenever it was written.
+    async fn migrate(&self, _dry_run: bool) -> Result<crate::migrate_cmd::Migration, PortError> {
+        Ok(crate::migrate_cmd::Migration::default())
     }
 }
 
@@ -479,6 +490,15 @@ impl Ops for AwsOps {
             ..ClientConfig::new(key.expose().trim().to_owned())
         };
         AgentsClient::new(api).context("the Agents API client")
+    }
+    async fn migrate(&self, dry_run: bool) -> Result<crate::migrate_cmd::Migration, PortError> {
+        let b = self.registry.backfill_open_index(dry_run).await?;
+        Ok(crate::migrate_cmd::Migration {
+            open: b.open,
+            closed: b.closed,
+            backfilled: b.backfilled,
+            changed: b.changed,
+        })
     }
 }
 

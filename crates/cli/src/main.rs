@@ -30,6 +30,7 @@ mod decode_object;
 mod demo;
 mod evidence_view;
 mod explain_view;
+mod migrate_cmd;
 mod operator_jobs;
 mod report;
 mod secret_from_env;
@@ -89,6 +90,9 @@ enum Command {
     /// Ask what became of an input submission that timed out: the worker records
     /// still_running, completed, failed or not_found; nothing is resubmitted.
     ReportTimeout(operator_jobs::ReportTimeoutArgs),
+    /// Bring stored data up to this version (after an upgrade): put records written
+    /// before the sweep's open-records index into it. Idempotent; --dry-run counts.
+    Migrate(migrate_cmd::MigrateArgs),
 }
 
 /// Runs `$body` (an async expression over `$ops`) on the backend `$args` select.
@@ -194,6 +198,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ))
             });
         }
+        Command::Migrate(args) => {
+            return operate(async move {
+                with_ops!(&args.backend, |ops| migrate_cmd::run(
+                    &ops,
+                    &args,
+                    &mut io::stdout().lock()
+                ))
+            });
+        }
         Command::Dlq(cmd) => {
             if let dead_letters_cmd::DlqCommand::Redrive(a) = &cmd {
                 operator_jobs::refuse_inferred_backend(&a.backend, "dlq redrive")?;
@@ -225,7 +238,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         | Command::Dlq(_)
         | Command::ResetStartFailures(_)
         | Command::Resolve(_)
-        | Command::ReportTimeout(_) => {
+        | Command::ReportTimeout(_)
+        | Command::Migrate(_) => {
             unreachable!("async commands are handled above")
         }
     };

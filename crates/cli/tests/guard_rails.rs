@@ -197,3 +197,32 @@ async fn redrive_refuses_jobs_of_sessions_no_record_names() {
         "moved with --force"
     );
 }
+
+/// `migrate` names what it acts on and, on the local backend, finds nothing to migrate
+/// (SQLite's partial index covers every row): exit 0, nothing written.
+#[test]
+fn migrate_names_its_target_and_finds_nothing_to_do_locally() {
+    let dir = tempfile::tempdir().unwrap();
+    empty_data_dir(dir.path());
+    let data_dir = dir.path().to_str().unwrap();
+    for dry_run in [true, false] {
+        let mut args = vec!["migrate", "--data-dir", data_dir];
+        if dry_run {
+            args.push("--dry-run");
+        }
+        let o = sandboxctl(&args, &[]);
+        assert_eq!(o.status.code(), Some(0), "{o:?}");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.contains("backend local, deployment local, data directory"),
+            "{out}"
+        );
+        assert!(out.contains("0 open record(s) outside it"), "{out}");
+    }
+    let o = sandboxctl(&["migrate", "--data-dir", data_dir, "--json"], &[]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["command"], "migrate");
+    assert_eq!(doc["open_index"]["open_records_missing"], 0);
+    assert_eq!(doc["open_index"]["backfilled"], 0);
+}

@@ -535,3 +535,69 @@ async fn registry_reads_do_not_grow_with_history() {
     let receipts = r.receipts(&open[0].effect_key()).await.unwrap();
     assert_eq!(receipts.len(), 30, "the expired receipt reads as absent");
 }
+
+/// Issue 22: records written before the `by_open` index existed carry no `open_shard`, so
+/// the sweep's read (`list_open`) never sees them; `backfill_open_index` (behind
+/// `sandboxctl migrate`) puts every open one into the index, leaves closed ones out, writes
+/// nothing on a dry run and nothing on a second run.
+#[tokio::test]
+async fn records_written_before_the_open_index_are_backfilled() {
+    let (r, ddb, table) = registry().await;
+    let u = unique();
+    let old_open = EnvironmentId::new(format!("env_{u}_old_open"));
+    let old_closed = EnvironmentId::new(format!("env_{u}_old_closed"));
+    let new_open = EnvironmentId::new(format!("env_{u}_new_open"));
+    for (env, closed) in [(&old_open, false), (&old_closed, true), (&new_open, false)] {
+        let mut record = Record::new(env.clone(), SessionId::new(format!("sess_{env}")));
+        if closed {
+            record.status = sandbox_core::record::RecordStatus::Closed;
+        }
+        assert_eq!(put_locked(&r, &record, None).await, Write::Written(1));
+    }
+    // The two old records as a pre-issue-22 writer left them: no `open_shard`.
+    for env in [&old_open, &old_closed] {
+        ddb.update_item()
+            .table_name(&table)
+            .key(
+                "pk",
+                AttributeValue::S(env.effect_key().as_str().to_owned()),
+            )
+            .key("sk", AttributeValue::S("record".to_owned()))
+            .update_expression("REMOVE open_shard")
+            .send()
+            .await
+            .unwrap();
+    }
+    let open_ids = |records: Vec<Record>| -> Vec<EnvironmentId> {
+        records.into_iter().map(|r| r.environment_id).collect()
+    };
+    assert_eq!(
+        open_ids(r.list_open().await.unwrap()),
+        vec![new_open.clone()]
+    );
+
+    let dry = r.backfill_open_index(true).await.unwrap();
+    assert_eq!((dry.open, dry.closed, dry.backfilled), (1, 1, 0), "{dry:?}");
+    assert_eq!(
+        open_ids(r.list_open().await.unwrap()),
+        vec![new_open.clone()]
+    );
+
+    let done = r.backfill_open_index(false).await.unwrap();
+    assert_eq!(
+        (done.open, done.closed, done.backfilled),
+        (1, 1, 1),
+        "{done:?}"
+    );
+    let mut listed = open_ids(r.list_open().await.unwrap());
+    listed.sort();
+    let mut expected = vec![new_open.clone(), old_open.clone()];
+    expected.sort();
+    assert_eq!(listed, expected);
+    // The record itself is untouched (same version, same content).
+    let stored = r.get(&old_open.effect_key()).await.unwrap().unwrap();
+    assert_eq!(stored.version, 1);
+
+    let again = r.backfill_open_index(false).await.unwrap();
+    assert_eq!((again.open, again.backfilled), (0, 0), "{again:?}");
+}
