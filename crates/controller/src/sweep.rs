@@ -52,7 +52,7 @@ use sandbox_core::compute::ComputeInstance;
 use sandbox_core::ids::{EnvironmentId, InstanceId, SessionId};
 use sandbox_core::observed::Trigger;
 use sandbox_core::record::{Record, RecordStatus};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// What one sweep did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -178,7 +178,10 @@ where
         } else {
             self.compute.describe_many(&unlisted).await?
         };
-        let mut by_env: BTreeMap<EnvironmentId, Vec<ComputeInstance>> = BTreeMap::new();
+        // Hash maps and sets for the per-environment lookups (one each per record): the
+        // sweep's own work stays linear in what is live (issue 22 item 5; a tree map's
+        // string comparisons made it grow ×2 faster than N from 100 to 10,000).
+        let mut by_env: HashMap<EnvironmentId, Vec<ComputeInstance>> = HashMap::new();
         for i in live.into_iter().chain(described) {
             by_env.entry(i.environment_id.clone()).or_default().push(i);
         }
@@ -218,10 +221,13 @@ where
             }
             plan.jobs.push(job(env, r.session_id.clone(), Some(r)));
         }
-        for (env, instances) in &by_env {
-            if recorded.contains(env) {
-                continue;
-            }
+        // Compute no open record names, in environment order (a deterministic plan).
+        let mut unrecorded: Vec<(&EnvironmentId, &Vec<ComputeInstance>)> = by_env
+            .iter()
+            .filter(|(env, _)| !recorded.contains(env))
+            .collect();
+        unrecorded.sort_unstable_by_key(|(env, _)| *env);
+        for (env, instances) in unrecorded {
             let Some(live) = instances.iter().find(|i| i.status.is_live()) else {
                 continue;
             };
@@ -263,7 +269,7 @@ where
             .iter()
             .filter_map(|j| j.environment_id.clone())
             .collect();
-        let by_env: BTreeMap<&EnvironmentId, &Record> =
+        let by_env: HashMap<&EnvironmentId, &Record> =
             records.iter().map(|r| (&r.environment_id, r)).collect();
         for h in &slots.holders {
             let env = &h.environment_id;
@@ -509,12 +515,12 @@ where
                 return 0;
             }
         };
-        let by_env: BTreeMap<&EnvironmentId, &Record> =
+        let by_env: HashMap<&EnvironmentId, &Record> =
             records.iter().map(|r| (&r.environment_id, r)).collect();
         let grace = self.config.policy.visibility_window_secs;
         let max = self.config.sweep_workspace_deletions_max;
         let mut reads_left = max.saturating_mul(10);
-        let mut closed: BTreeMap<EnvironmentId, Option<Record>> = BTreeMap::new();
+        let mut closed: HashMap<EnvironmentId, Option<Record>> = HashMap::new();
         let mut deleted = 0;
         let start = if stored.is_empty() {
             0
