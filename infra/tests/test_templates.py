@@ -420,8 +420,9 @@ def test_each_secret_is_readable_only_where_needed(any_cfn):
     assert sorted(set(map(tuple, map(sorted, readers.values())))) == sorted(
         [
             ("executor execution role",),
-            ("sandbox-lifecycle sweeper", "sandbox-lifecycle worker"),
             ("sandbox-lifecycle webhook",),
+            # Issue 24: the sweeper reads no session, so only the worker reads the API key.
+            ("sandbox-lifecycle worker",),
         ]
     ), readers
     # No other secret action anywhere.
@@ -459,7 +460,10 @@ def test_functions_set_exactly_the_variables_the_code_reads(any_cfn):
 def test_settings_parser_sees_the_known_variables():
     wanted = settings_vars()
     assert wanted["webhook"]["required"] == {"EVENTS_QUEUE_URL", "WEBHOOK_SECRET_ARN"}
-    assert {"TABLE_NAME", "DEPLOYMENT_ID", "SUBNETS", "OPENAI_API_KEY_SECRET_ARN"} <= wanted["controller"]["required"]
+    assert {"TABLE_NAME", "DEPLOYMENT_ID", "SUBNETS"} <= wanted["controller"]["required"]
+    # Issue 24: required only where sessions are read (the worker; ControllerSettings::
+    # api_key_secret); the sweeper is given none (test_only_the_worker_holds_the_agents_api_key).
+    assert "OPENAI_API_KEY_SECRET_ARN" in wanted["controller"]["optional"]
     assert {"AGENT_IDS", "WORKSPACE_DIRECTORY", "SHUTDOWN_GRACE_SECS"} <= wanted["controller"]["optional"]
     # Issue 13: the cost and safety ceilings, and the webhook's rotation and tolerance.
     assert {
