@@ -145,10 +145,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = Policy::default().max_executors)]
     max_executors: u32,
     /// Issue 27: warm pool size, listening executors started ahead of any session and
-    /// claimed by a start (0 = off). Split mode only; members count toward
-    /// `--max-executors`.
-    #[arg(long, default_value_t = 2)]
-    pool_size: u32,
+    /// claimed by a start (0 = off). Split mode only (default there: 2; without a
+    /// forwarder: off); members count toward `--max-executors`.
+    #[arg(long)]
+    pool_size: Option<u32>,
     /// Issue 27: a pool member older than this, seconds, is never claimed and is replaced
     /// (a new executor binary or a rotated key reaches the pool within this).
     #[arg(long, default_value_t = sandbox_controller::config::PoolSettings::default().max_age_secs,
@@ -221,6 +221,9 @@ fn ceilings(args: &ServeArgs, policy: &mut Policy) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Issue 27: the warm pool's size in split mode when `--pool-size` is not given.
+pub const DEFAULT_LOCAL_POOL_SIZE: u32 = 2;
+
 /// Runs the stack until Ctrl-C.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Before any secret is read (issue 24): a same-user process cannot read this one's
@@ -280,9 +283,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     controller.lock_ttl_secs = args.lock_ttl_secs.max(1);
     controller.pool.max_age_secs = args.pool_max_age_secs;
     controller.pool.size = if forwarder.is_some() {
-        args.pool_size
+        args.pool_size.unwrap_or(DEFAULT_LOCAL_POOL_SIZE)
     } else {
-        if args.pool_size > 0 {
+        if args.pool_size.is_some_and(|n| n > 0) {
             eprintln!(
                 "warning: warm pool off: it needs the split mode (the single-mode executor gets its assignment and the key at its start)"
             );
