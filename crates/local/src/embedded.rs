@@ -9,7 +9,7 @@ use crate::process_compute::{ExecutorCommand, KeySource, ProcessCompute, Process
 use crate::sqlite_queue::{QueueOptions, SqliteQueue};
 use crate::sqlite_registry::SqliteRegistry;
 use sandbox_agents_api::{AgentsClient, ClientConfig};
-use sandbox_controller::ports::{Clock, PortError, SystemClock};
+use sandbox_controller::ports::{Clock, Compute, PortError, SystemClock};
 use sandbox_controller::{Controller, ControllerConfig, Intake, SweepReport, router};
 use sandbox_core::webhook::WebhookVerifier;
 use std::net::SocketAddr;
@@ -304,7 +304,8 @@ impl EmbeddedStack {
 
     /// Stops the loops and the endpoint; with `stop_executors`, also stops every live
     /// executor this stack's database knows (SIGTERM, then SIGKILL after the grace).
-    /// Returns how many executors were stopped.
+    /// Returns how many executors were stopped, idle warm pool members (issue 27: expected
+    /// to run until the end, serving nothing) not counted; they are stopped too.
     ///
     /// # Errors
     /// A [`PortError`] from stopping executors.
@@ -314,7 +315,13 @@ impl EmbeddedStack {
             let _ = t.await;
         }
         if stop_executors {
-            self.controller.compute.shutdown_all().await
+            // The refill loop has ended: no member starts between the two reads.
+            let compute = &self.controller.compute;
+            let idle = compute
+                .list_pool(&self.controller.config.deployment)
+                .await?
+                .len();
+            Ok(compute.shutdown_all().await?.saturating_sub(idle))
         } else {
             Ok(0)
         }
