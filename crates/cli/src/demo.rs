@@ -139,6 +139,8 @@ impl Demo {
             ..Policy::default()
         };
         controller.stop_readback_interval = Duration::from_millis(100);
+        // Issue 27: two warm listening executors; a session's start claims one.
+        controller.pool.size = 2;
         let mut api = ClientConfig::new(agents_sim::DEFAULT_API_KEY);
         api.base_url = sim.base_url();
         let mut cfg = EmbeddedConfig::new(

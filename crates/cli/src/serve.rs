@@ -144,6 +144,16 @@ pub struct ServeArgs {
     /// executor's connection.
     #[arg(long, default_value_t = Policy::default().max_executors)]
     max_executors: u32,
+    /// Issue 27: warm pool size, listening executors started ahead of any session and
+    /// claimed by a start (0 = off). Split mode only (default there: 2; without a
+    /// forwarder: off); members count toward `--max-executors`.
+    #[arg(long)]
+    pool_size: Option<u32>,
+    /// Issue 27: a pool member older than this, seconds, is never claimed and is replaced
+    /// (a new executor binary or a rotated key reaches the pool within this).
+    #[arg(long, default_value_t = sandbox_controller::config::PoolSettings::default().max_age_secs,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pool_max_age_secs: u64,
     /// Hosts a session's `remote_url` may name (repeatable: `host`, `*.domain`, or
     /// `scheme://host` to allow a scheme other than https). Default: api.openai.com.
     #[arg(long = "remote-url-allow")]
@@ -211,6 +221,9 @@ fn ceilings(args: &ServeArgs, policy: &mut Policy) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Issue 27: the warm pool's size in split mode when `--pool-size` is not given.
+pub const DEFAULT_LOCAL_POOL_SIZE: u32 = 2;
+
 /// Runs the stack until Ctrl-C.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Before any secret is read (issue 24): a same-user process cannot read this one's
@@ -268,6 +281,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     controller.filter.metadata = owner_metadata;
     controller.visibility_secs = args.visibility_secs.max(1);
     controller.lock_ttl_secs = args.lock_ttl_secs.max(1);
+    controller.pool.max_age_secs = args.pool_max_age_secs;
+    controller.pool.size = if forwarder.is_some() {
+        args.pool_size.unwrap_or(DEFAULT_LOCAL_POOL_SIZE)
+    } else {
+        if args.pool_size.is_some_and(|n| n > 0) {
+            eprintln!(
+                "warning: warm pool off: it needs the split mode (the single-mode executor gets its assignment and the key at its start)"
+            );
+        }
+        0
+    };
     let mut api = ClientConfig::new(api_key);
     api.base_url = args.agents_api;
     let mut cfg = EmbeddedConfig::new(

@@ -228,6 +228,20 @@ pub async fn run<O: Ops>(
             o.instance_id, o.environment_id
         ));
     }
+    // Issue 27: the warm pool's idle members and their age (seconds).
+    let pool: Vec<serde_json::Value> = ops
+        .compute()
+        .list_pool(&ops.config().deployment)
+        .await?
+        .iter()
+        .map(|m| {
+            json!({
+                "instance_id": m.instance_id,
+                "created_at": stamp(m.created_at),
+                "age_secs": now.saturating_sub(m.created_at),
+            })
+        })
+        .collect();
     let mut dead = serde_json::Map::new();
     for q in QueueKind::ALL {
         let n = ops.queue(q).dead_letter_count().await?;
@@ -250,6 +264,7 @@ pub async fn run<O: Ops>(
                 "deployment": ops.config().deployment,
                 "environments": envs,
                 "orphans": orphans.iter().map(|i| instance_json(i)).collect::<Vec<_>>(),
+                "pool": pool,
                 "dead_letters": dead,
                 "problems": problems,
             }),
@@ -325,6 +340,15 @@ pub async fn run<O: Ops>(
                 e["generation"],
                 e["instance"]["provider_status"].as_str().unwrap_or("-"),
                 notes.join("; ")
+            )?;
+        }
+        writeln!(out, "pool: {} idle member(s)", pool.len())?;
+        for m in &pool {
+            writeln!(
+                out,
+                "pool member {} age {}s",
+                m["instance_id"].as_str().unwrap_or(""),
+                m["age_secs"]
             )?;
         }
         for o in &orphans {

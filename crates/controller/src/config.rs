@@ -55,6 +55,29 @@ pub struct ControllerConfig {
     /// `executor_credential` (issue 25: what to rotate and where), e.g. the Secrets
     /// Manager secret the task definition injects, or `serve`'s key file.
     pub executor_key_location: String,
+    /// The warm pool (issue 27, [`crate::pool`]). Default: off.
+    pub pool: PoolSettings,
+}
+
+/// The warm pool's settings (issue 27).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolSettings {
+    /// Idle members the refill keeps (`pool_size`). 0 (the default, and AWS's): no pool,
+    /// every start is cold and no claim is tried.
+    pub size: u32,
+    /// A member older than this, seconds, is never claimed and the refill stops and
+    /// replaces it (`pool_max_age_secs`: a new image or a rotated key reaches the pool
+    /// within this). Default: 3600.
+    pub max_age_secs: u64,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self {
+            size: 0,
+            max_age_secs: 3_600,
+        }
+    }
 }
 
 impl ControllerConfig {
@@ -78,6 +101,7 @@ impl ControllerConfig {
             sweep_workspace_deletions_max: 100,
             executor_key_location:
                 "the deployment's executor key (CODEX_API_KEY of every executor)".into(),
+            pool: PoolSettings::default(),
         }
     }
 }

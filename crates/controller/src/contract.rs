@@ -26,8 +26,8 @@
 
 use crate::job::Job;
 use crate::ports::{
-    AuditEntry, Clock, Compute, Fence, Locked, NO_DEADLINE, Outgoing, Queue, Receipt, ReceiptKind,
-    Received, Registry, Release, Sent, Slot, SlotRelease, Started, SystemClock, Write,
+    AuditEntry, Clock, Compute, Fence, Locked, NO_DEADLINE, Outgoing, PoolMember, Queue, Receipt,
+    ReceiptKind, Received, Registry, Release, Sent, Slot, SlotRelease, Started, SystemClock, Write,
 };
 use sandbox_core::compute::{ComputeInstance, ComputeStatus, InstanceRef};
 use sandbox_core::decision::StartSpec;
@@ -2158,4 +2158,139 @@ async fn futures_join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Out
         }
     })
     .await
+}
+
+async fn claim<C: Compute>(
+    c: &C,
+    spec: &StartSpec,
+    d: &DeploymentId,
+    created_after: u64,
+    rule: &str,
+) -> Option<ComputeInstance> {
+    match c
+        .claim_pool_member(spec, d, created_after, NO_DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("pool contract [{rule}]: claim failed: {e}"))
+    {
+        None => None,
+        Some(Started::Instance(i)) => Some(i),
+        Some(Started::Failed { reason }) => {
+            panic!("pool contract [{rule}]: a claimed member could not be assigned: {reason}")
+        }
+    }
+}
+
+async fn pool_member<C: Compute>(c: &C, d: &DeploymentId) -> PoolMember {
+    c.start_pool_member(d, NO_DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("pool contract [start]: start_pool_member failed: {e}"))
+}
+
+/// Issue 27, the warm pool, for every adapter that has one ([`Compute::start_pool_member`],
+/// [`Compute::list_pool`], [`Compute::claim_pool_member`]) in a deployment of its own (no
+/// other member in `deployment`): an idle member is listed in the pool and in neither
+/// `list` nor `find`; of two concurrent claims exactly one gets it, as an instance tagged
+/// like a started one, found by `find` from then on; a claimed member is never claimable
+/// again (a replay with the winner's token returns it, another claim misses); a member
+/// older than the claim's bound is not claimed, and once stopped (recycled) it is out of
+/// the pool for good. Everything it started is stopped before it returns.
+pub async fn compute_pool_contract<C: Compute>(c: &C, deployment: &DeploymentId) {
+    let run = unique();
+    let member = pool_member(c, deployment).await;
+    let rule = "an idle member is in the pool only";
+    let pool = c.list_pool(deployment).await.expect("list_pool");
+    assert_eq!(
+        pool.iter().map(|m| &m.instance_id).collect::<Vec<_>>(),
+        vec![&member.instance_id],
+        "pool contract [{rule}]"
+    );
+    assert!(
+        !list(c, deployment, rule)
+            .await
+            .iter()
+            .any(|i| i.instance_id == member.instance_id),
+        "pool contract [{rule}]: an idle member names no environment, so list leaves it out"
+    );
+
+    let rule = "a member is claimed by exactly one of two concurrent claims";
+    let a = contract_spec(&run, "pa");
+    let b = contract_spec(&run, "pb");
+    let got = futures_join_all(vec![
+        Box::pin(claim(c, &a, deployment, 0, rule))
+            as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>,
+        Box::pin(claim(c, &b, deployment, 0, rule)),
+    ])
+    .await;
+    let winners: Vec<(usize, &ComputeInstance)> = got
+        .iter()
+        .enumerate()
+        .filter_map(|(n, g)| g.as_ref().map(|i| (n, i)))
+        .collect();
+    assert_eq!(winners.len(), 1, "pool contract [{rule}]: {got:?}");
+    let (n, claimed) = winners[0];
+    let (spec, loser) = if n == 0 { (&a, &b) } else { (&b, &a) };
+    assert_eq!(
+        claimed.instance_id, member.instance_id,
+        "pool contract [{rule}]: the claim names the member"
+    );
+    assert_tags(claimed, spec, rule);
+    let found = c
+        .find(deployment, &spec.environment_id)
+        .await
+        .expect("find");
+    assert_eq!(
+        found.iter().map(|i| &i.instance_id).collect::<Vec<_>>(),
+        vec![&member.instance_id],
+        "pool contract [{rule}]: the claimed member is found as the environment's compute"
+    );
+    assert!(
+        c.find(deployment, &loser.environment_id)
+            .await
+            .expect("find")
+            .is_empty(),
+        "pool contract [{rule}]: the losing claim assigned nothing"
+    );
+
+    let rule = "a claimed member is never claimable again";
+    assert!(
+        c.list_pool(deployment).await.expect("list_pool").is_empty(),
+        "pool contract [{rule}]: a claimed member left the pool"
+    );
+    let replay = claim(c, spec, deployment, 0, rule).await;
+    assert_eq!(
+        replay.map(|i| i.instance_id),
+        Some(member.instance_id.clone()),
+        "pool contract [{rule}]: a replay with the winner's token returns its instance"
+    );
+    let third = contract_spec(&run, "pc");
+    assert_eq!(
+        claim(c, &third, deployment, 0, rule).await,
+        None,
+        "pool contract [{rule}]: nothing else to claim"
+    );
+
+    let rule = "a member past its maximum age is not claimed and is recycled";
+    let old = pool_member(c, deployment).await;
+    assert_eq!(
+        claim(c, &third, deployment, old.created_at, rule).await,
+        None,
+        "pool contract [{rule}]: created at the bound, so too old"
+    );
+    c.stop(&old.instance_id, crate::pool::RECYCLE_REASON, NO_DEADLINE)
+        .await
+        .expect("stop");
+    assert!(
+        !c.list_pool(deployment)
+            .await
+            .expect("list_pool")
+            .iter()
+            .any(|m| m.instance_id == old.instance_id),
+        "pool contract [{rule}]: a recycled member left the pool"
+    );
+    assert_eq!(
+        claim(c, &third, deployment, 0, rule).await,
+        None,
+        "pool contract [{rule}]: a recycled member is never claimed"
+    );
+    stop_and_confirm(c, &member.instance_id).await;
 }

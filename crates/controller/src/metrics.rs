@@ -31,7 +31,11 @@
 //! | `executor_slots` | count (one value per sweep) | | executor slots in use (the cap's counter), read by every sweep while the cap is on |
 //! | `held_environments` | count (one value per sweep) | | environments with open reconciliation evidence (issue 15: held for an owner), counted by every sweep in the registry's list (a value, not a gauge: the EMF recorder writes a gauge on every flush, and an invocation that recorded nothing writes nothing) |
 //!
-//! | `start_to_connected_seconds` | seconds | | from the accepted start (`RunTask`) to the first observation of its executor connected ([`sandbox_core::record::Record::instance_connected_at`]: an upper bound, read when the connection request is no longer required) |
+//! | `pool_hits` | count | | a start applied by claiming a warm pool member (issue 27, [`crate::pool`]) |
+//! | `pool_misses` | count | | a start with the pool on that found no usable member and started cold |
+//! | `pool_size` | count (one value per refill) | | idle, live pool members after a refill |
+//!
+//! | `start_to_connected_seconds` | seconds | `path` (`warm`: a claimed pool member, `cold`: a started compute) | from the accepted start (`RunTask`, or the claim) to the first observation of its executor connected ([`sandbox_core::record::Record::instance_connected_at`]: an upper bound, read when the connection request is no longer required) |
 
 use crate::job::Job;
 use sandbox_core::decision::{Decision, Effect, StopReason};
@@ -88,6 +92,12 @@ pub mod names {
     /// Sweep jobs decided without the lock and without an effect: nothing written, no
     /// audit entry (issue 22 item 3).
     pub const SWEEP_NO_EFFECT: &str = "sweep_no_effect";
+    /// Starts applied by claiming a warm pool member (issue 27).
+    pub const POOL_HITS: &str = "pool_hits";
+    /// Starts with the pool on that found no usable member (issue 27).
+    pub const POOL_MISSES: &str = "pool_misses";
+    /// Idle, live pool members after a refill, one value per refill (issue 27).
+    pub const POOL_SIZE: &str = "pool_size";
 }
 
 /// Registers units and descriptions with the installed recorder (EMF needs the units).
@@ -121,6 +131,11 @@ pub fn describe() {
             SWEEP_NO_EFFECT,
             "sweep jobs with nothing to do, decided without the lock (nothing written)",
         ),
+        (POOL_HITS, "starts applied by claiming a warm pool member"),
+        (
+            POOL_MISSES,
+            "starts with the pool on that found no usable member",
+        ),
     ] {
         describe_counter!(name, Unit::Count, what);
     }
@@ -129,6 +144,7 @@ pub fn describe() {
         Unit::Count,
         "executor slots in use, per sweep"
     );
+    describe_histogram!(POOL_SIZE, Unit::Count, "idle pool members, per refill");
     describe_histogram!(
         HELD_ENVIRONMENTS,
         Unit::Count,
@@ -222,9 +238,26 @@ pub fn ceiling_of(decision: &Decision) -> Option<&'static str> {
 }
 
 /// The current instance's executor was seen connected for the first time, `secs` seconds
-/// after the record began naming it (the accepted start).
-pub fn executor_connected(secs: u64) {
-    metrics::histogram!(names::START_TO_CONNECTED).record(secs as f64);
+/// after the record began naming it (the accepted start or claim); `warm`: the instance
+/// was a claimed pool member (label `path` = `warm`, else `cold`).
+pub fn executor_connected(secs: u64, warm: bool) {
+    let path = if warm { "warm" } else { "cold" };
+    metrics::histogram!(names::START_TO_CONNECTED, "path" => path).record(secs as f64);
+}
+
+/// A start claimed a pool member (`hit`) or found none and started cold (issue 27).
+pub fn pool_claim(hit: bool) {
+    let name = if hit {
+        names::POOL_HITS
+    } else {
+        names::POOL_MISSES
+    };
+    metrics::counter!(name).increment(1);
+}
+
+/// The idle, live pool members after a refill (issue 27).
+pub fn pool_size(idle: usize) {
+    metrics::histogram!(names::POOL_SIZE).record(idle as f64);
 }
 
 /// The executor slots in use, read by a sweep (issue 13 item 3).

@@ -538,6 +538,18 @@ pub enum Started {
     },
 }
 
+/// An idle member of the warm pool (issue 27): a pre-started executor that serves no
+/// environment yet (its listening executor up, no forwarder or a forwarder waiting for
+/// its assignment), single-use: once claimed it is an ordinary instance of one
+/// environment, stopped at release like any other, never returned to the pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolMember {
+    /// Provider id (the instance id it keeps once claimed).
+    pub instance_id: InstanceId,
+    /// When it was started, Unix seconds (its age is measured from this).
+    pub created_at: u64,
+}
+
 /// No deadline: for callers that hold no effect-key lock (tests, operator tools).
 pub const NO_DEADLINE: u64 = u64::MAX;
 
@@ -658,6 +670,65 @@ pub trait Compute: Workspaces + Send + Sync + 'static {
         reason: &str,
         not_after: u64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Issue 27: starts one warm pool member of `deployment` (see [`PoolMember`]), unless
+    /// `not_after` passed. A member is in neither [`Compute::list`] nor [`Compute::find`]
+    /// until it is claimed (it names no environment): only in [`Compute::list_pool`].
+    /// It is stopped with [`Compute::stop`] like any instance, and a stopped member is
+    /// never claimed. The default: a provider without a pool refuses (permanent).
+    ///
+    /// # Errors
+    /// A [`PortError`]: nothing was started, or (transient) the outcome is unknown.
+    fn start_pool_member(
+        &self,
+        _deployment: &DeploymentId,
+        _not_after: u64,
+    ) -> impl Future<Output = Result<PoolMember, PortError>> + Send {
+        async {
+            Err(PortError::permanent(
+                "compute",
+                "start_pool_member",
+                "this compute provider has no warm pool",
+            ))
+        }
+    }
+    /// Issue 27: the idle, live members of `deployment`'s pool, oldest first (claimed,
+    /// stopped or dead members are left out). The default: none.
+    fn list_pool(
+        &self,
+        _deployment: &DeploymentId,
+    ) -> impl Future<Output = Result<Vec<PoolMember>, PortError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+    /// Issue 27: assigns `spec` (environment id, session, `remote_url`, generation,
+    /// idempotency token, restore) to one idle, live member of `deployment` created at or
+    /// after `created_after` (Unix seconds: older members are past their maximum age and
+    /// left for the refill to recycle), unless `not_after` passed.
+    ///
+    /// The pick and the guard against double assignment are ONE conditional write
+    /// (idle → assigned): of two concurrent claims, at most one gets a given member
+    /// (twin: under its mutex; SQLite: one `UPDATE ... WHERE state = 'idle'` in an
+    /// `IMMEDIATE` transaction; DynamoDB: one `UpdateItem` with
+    /// `ConditionExpression` `#state = :idle`). Idempotent by `spec.idempotency_token`
+    /// like [`Compute::start`]: a token that already started or claimed an instance
+    /// returns that instance and claims nothing.
+    ///
+    /// `Ok(None)`: a miss (no usable member; the caller starts cold). `Ok(Some(..))`: the
+    /// claimed member as an instance of the environment (tagged like a started one, found
+    /// by [`Compute::find`] from then on), or `Failed` when the member was claimed but
+    /// could not be assigned (it is stopped: single-use). The default: always a miss.
+    ///
+    /// # Errors
+    /// A [`PortError`]: the outcome is unknown (the member may be assigned), as for a
+    /// start.
+    fn claim_pool_member(
+        &self,
+        _spec: &StartSpec,
+        _deployment: &DeploymentId,
+        _created_after: u64,
+        _not_after: u64,
+    ) -> impl Future<Output = Result<Option<Started>, PortError>> + Send {
+        async { Ok(None) }
+    }
 }
 
 /// What kind of stored workspace a [`StoredWorkspace`] is.

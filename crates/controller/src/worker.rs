@@ -1057,7 +1057,10 @@ where
         if let Some(at) = first_connected(observed, &act.fresh) {
             act.fresh.instance_connected_at = Some(observed.now);
             act.dirty = true;
-            crate::metrics::executor_connected(observed.now.saturating_sub(at));
+            crate::metrics::executor_connected(
+                observed.now.saturating_sub(at),
+                act.fresh.instance_from_pool,
+            );
         }
         if let Some(status) = observed.environment_status.status() {
             let changed = act.fresh.connection.is_none_or(|c| c.status != status);
@@ -1149,11 +1152,18 @@ where
         let mut spec = spec.clone();
         spec.restore = act.fresh.latest_snapshot().cloned();
         let spec = &spec;
-        match self
-            .compute
-            .start(spec, &self.config.deployment, act.not_after)
-            .await
-        {
+        // Issue 27: a claim of a warm pool member first, when the pool is on.
+        let started = crate::pool::start_or_claim(
+            &self.compute,
+            spec,
+            &self.config.deployment,
+            self.config.pool,
+            self.clock.now(),
+            act.not_after,
+        )
+        .await;
+        let warm = matches!(started, Ok((_, crate::pool::StartPath::Warm)));
+        match started.map(|(s, _)| s) {
             Ok(Started::Instance(instance)) => {
                 act.fresh.restored_from = spec.restore.as_ref().map(|s| s.snapshot_id.clone());
                 tracing::info!(
@@ -1162,6 +1172,7 @@ where
                 );
                 crash_point("after-compute-start");
                 act.change(&Effect::AdoptCompute(instance.as_ref()));
+                act.fresh.instance_from_pool = warm;
                 act.fresh.instance_recorded_at = Some(self.clock.now());
                 act.fresh.generation = act.fresh.generation.max(spec.generation);
                 // Recorded before anything else (docs/ARCHITECTURE.md principle 3): every later side
@@ -1745,6 +1756,7 @@ impl Act {
                 r.generation = r.generation.max(i.generation);
                 if r.instance.as_ref() != Some(i) {
                     r.instance_connected_at = None;
+                    r.instance_from_pool = false;
                 }
                 r.instance = Some(i.clone());
                 r.instance_recorded_at = Some(self.now);
@@ -1756,6 +1768,7 @@ impl Act {
                 r.instance = None;
                 r.instance_recorded_at = None;
                 r.instance_connected_at = None;
+                r.instance_from_pool = false;
             }
             Effect::ClearStartFailure => r.start_failure = None,
             Effect::NoteConnectionRequest { at } => r.connection_requested_at = Some(*at),

@@ -92,6 +92,11 @@ pub struct Record {
     /// Feeds the `start_to_connected_seconds` metric (issue 12).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_connected_at: Option<u64>,
+    /// Issue 27: the current instance was a claimed warm pool member (not a cold start);
+    /// cleared whenever the record names a new instance. Labels `start_to_connected_seconds`
+    /// (`path` = `warm` / `cold`). Absent in records written before the field: `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub instance_from_pool: bool,
 }
 
 /// What the controller believes about the environment's compute.
@@ -156,6 +161,7 @@ impl Record {
             snapshots: Vec::new(),
             restored_from: None,
             instance_connected_at: None,
+            instance_from_pool: false,
         }
     }
 

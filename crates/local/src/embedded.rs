@@ -9,7 +9,7 @@ use crate::process_compute::{ExecutorCommand, KeySource, ProcessCompute, Process
 use crate::sqlite_queue::{QueueOptions, SqliteQueue};
 use crate::sqlite_registry::SqliteRegistry;
 use sandbox_agents_api::{AgentsClient, ClientConfig};
-use sandbox_controller::ports::{Clock, PortError, SystemClock};
+use sandbox_controller::ports::{Clock, Compute, PortError, SystemClock};
 use sandbox_controller::{Controller, ControllerConfig, Intake, SweepReport, router};
 use sandbox_core::webhook::WebhookVerifier;
 use std::net::SocketAddr;
@@ -265,12 +265,17 @@ impl EmbeddedStack {
             let rx = stopped.clone();
             tasks.push(tokio::spawn(async move { worker_loop(n, c, rx).await }));
         }
+        if cfg.controller.pool.size > 0 {
+            let c = controller.clone();
+            let rx = stopped.clone();
+            tasks.push(tokio::spawn(async move { pool_loop(c, rx).await }));
+        }
         let c = controller.clone();
         let interval = cfg.sweep_interval;
         tasks.push(tokio::spawn(async move {
             sweeper_loop(c, interval, stopped).await
         }));
-        tracing::info!(%webhook_addr, workers = cfg.workers, "embedded stack started");
+        tracing::info!(%webhook_addr, workers = cfg.workers, pool_size = cfg.controller.pool.size, "embedded stack started");
         Ok(Self {
             controller,
             webhook_addr,
@@ -299,7 +304,8 @@ impl EmbeddedStack {
 
     /// Stops the loops and the endpoint; with `stop_executors`, also stops every live
     /// executor this stack's database knows (SIGTERM, then SIGKILL after the grace).
-    /// Returns how many executors were stopped.
+    /// Returns how many executors were stopped, idle warm pool members (issue 27: expected
+    /// to run until the end, serving nothing) not counted; they are stopped too.
     ///
     /// # Errors
     /// A [`PortError`] from stopping executors.
@@ -309,7 +315,13 @@ impl EmbeddedStack {
             let _ = t.await;
         }
         if stop_executors {
-            self.controller.compute.shutdown_all().await
+            // The refill loop has ended: no member starts between the two reads.
+            let compute = &self.controller.compute;
+            let idle = compute
+                .list_pool(&self.controller.config.deployment)
+                .await?
+                .len();
+            Ok(compute.shutdown_all().await?.saturating_sub(idle))
         } else {
             Ok(0)
         }
@@ -329,6 +341,28 @@ async fn worker_loop(n: usize, c: Arc<LocalController>, stop: watch::Receiver<bo
             }
             (Ok(0), Ok(0)) => tokio::time::sleep(Duration::from_millis(50)).await,
             _ => {}
+        }
+    }
+}
+
+/// How often `serve` refills the warm pool (issue 27): a claim's member is replaced
+/// within this, and a member past its age recycled.
+pub const POOL_REFILL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Issue 27: keeps the warm pool at its size ([`Controller::refill_pool`]) every
+/// [`POOL_REFILL_INTERVAL`] until the stop.
+async fn pool_loop(c: Arc<LocalController>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(POOL_REFILL_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = tick.tick() => {}
+        }
+        match c.refill_pool().await {
+            Ok(r) if r.started > 0 || r.recycled > 0 => tracing::info!(?r, "pool refilled"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "pool not refilled this tick"),
         }
     }
 }

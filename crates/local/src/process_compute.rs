@@ -44,6 +44,8 @@
 //!   live child the database knows (the demo calls it to leave no process behind);
 //!   [`ProcessComputeConfig::kill_on_drop`] kills them when the last handle drops.
 
+mod pool;
+
 use crate::db::{Db, DbError, from_sql_int, now_ms, to_sql_int};
 use crate::workspace_archive as ws;
 use nix::sys::signal::{Signal, kill, killpg};
@@ -100,6 +102,15 @@ CREATE TABLE IF NOT EXISTS compute_forwarders (
     pid INTEGER NOT NULL,
     proc_start_ticks INTEGER
 );
+CREATE TABLE IF NOT EXISTS compute_pool (
+    instance_id TEXT PRIMARY KEY,
+    deployment TEXT NOT NULL,
+    state TEXT NOT NULL,
+    listen_url TEXT NOT NULL,
+    member_dir TEXT NOT NULL,
+    claimed_at_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS compute_pool_idle ON compute_pool (deployment, state);
 ";
 
 /// The executor program and its arguments.
@@ -191,6 +202,42 @@ impl ExecutorCommand {
                 "$LISTEN_URL",
             ],
         )
+    }
+
+    /// Whether an argument names a value of the assignment (`$REMOTE_URL`,
+    /// `$ENVIRONMENT_ID`, `$SESSION_ID`, `$GENERATION`): a command that does cannot be
+    /// started before its assignment (issue 27: a pool member's executor).
+    fn needs_assignment(&self) -> bool {
+        self.args.iter().any(|a| {
+            let name = a
+                .strip_prefix("${")
+                .and_then(|s| s.strip_suffix('}'))
+                .or_else(|| a.strip_prefix('$'));
+            matches!(
+                name,
+                Some("REMOTE_URL" | "ENVIRONMENT_ID" | "SESSION_ID" | "GENERATION")
+            )
+        })
+    }
+
+    /// The arguments of a command started before its assignment (issue 27, a pool
+    /// member's executor): only `$WORKSPACE_DIR` and `$LISTEN_URL` are replaced (the caller
+    /// checked [`Self::needs_assignment`]).
+    fn substituted_unassigned(&self, workspace: &Path, listen_url: &str) -> Vec<String> {
+        self.args
+            .iter()
+            .map(|a| {
+                let name = a
+                    .strip_prefix("${")
+                    .and_then(|s| s.strip_suffix('}'))
+                    .or_else(|| a.strip_prefix('$'));
+                match name {
+                    Some("WORKSPACE_DIR") => workspace.display().to_string(),
+                    Some("LISTEN_URL") => listen_url.to_owned(),
+                    _ => a.clone(),
+                }
+            })
+            .collect()
     }
 
     fn substituted(&self, spec: &StartSpec, workspace: &Path, listen_url: &str) -> Vec<String> {
@@ -1040,6 +1087,52 @@ impl ProcessCompute {
         Ok(n)
     }
 
+    /// Records `child` (the executor of instance `id`) as this process's own and awaits
+    /// its exit in the background: the exit status is recorded and the instance marked
+    /// stopped. `cleanup` (issue 27: a pool member's directory, or the link left where it
+    /// was once claimed) is removed after the exit.
+    fn watch_executor(
+        &self,
+        id: String,
+        mut child: tokio::process::Child,
+        cleanup: Option<PathBuf>,
+    ) {
+        self.inner
+            .children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone(), None);
+        let children = Arc::clone(&self.inner.children);
+        let db = self.inner.db.clone();
+        tokio::spawn(async move {
+            match child.wait().await {
+                Ok(status) => {
+                    let exit = ExitInfo::from(status);
+                    children
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(id.clone(), Some(exit));
+                    tracing::info!(instance_id = %id, code = ?exit.code, signal = ?exit.signal, "executor exited");
+                    let id2 = id.clone();
+                    if let Err(e) = db
+                        .call(DEP, "reap", move |conn| {
+                            Ok(mark_stopped(conn, &id2, Some(exit))?)
+                        })
+                        .await
+                    {
+                        tracing::error!(instance_id = %id, error = %e, "exit could not be recorded");
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(instance_id = %id, error = %e, "waiting for the executor failed");
+                }
+            }
+            if let Some(path) = cleanup {
+                pool::remove_member_dir(&path);
+            }
+        });
+    }
+
     fn build_command(
         &self,
         spec: &StartSpec,
@@ -1312,7 +1405,7 @@ impl Compute for ProcessCompute {
                 tracing::warn!(environment_id = %spec.environment_id, generation = spec.generation.0, %reason, "executor start failed");
                 Ok(Started::Failed { reason })
             }
-            Spawned::New(row, mut child, forwarder_child) => {
+            Spawned::New(row, child, forwarder_child) => {
                 if let Some(fwd) = forwarder_child {
                     watch_forwarder(*fwd, row.pid, row.proc_start_ticks, row.instance_id.clone());
                 }
@@ -1324,40 +1417,36 @@ impl Compute for ProcessCompute {
                     pid = row.pid,
                     "executor started"
                 );
-                self.inner
-                    .children
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(row.instance_id.clone(), None);
-                let children = Arc::clone(&self.inner.children);
-                let db = self.inner.db.clone();
-                let id = row.instance_id.clone();
-                tokio::spawn(async move {
-                    let exit = match child.wait().await {
-                        Ok(status) => ExitInfo::from(status),
-                        Err(e) => {
-                            tracing::error!(instance_id = %id, error = %e, "waiting for the executor failed");
-                            return;
-                        }
-                    };
-                    children
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(id.clone(), Some(exit));
-                    tracing::info!(instance_id = %id, code = ?exit.code, signal = ?exit.signal, "executor exited");
-                    let id2 = id.clone();
-                    if let Err(e) = db
-                        .call(DEP, "reap", move |conn| {
-                            Ok(mark_stopped(conn, &id2, Some(exit))?)
-                        })
-                        .await
-                    {
-                        tracing::error!(instance_id = %id, error = %e, "exit could not be recorded");
-                    }
-                });
+                self.watch_executor(row.instance_id.clone(), child, None);
                 Ok(Started::Instance(row.instance()))
             }
         }
+    }
+
+    async fn start_pool_member(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<sandbox_controller::ports::PoolMember, PortError> {
+        self.start_member(deployment, not_after).await
+    }
+
+    async fn list_pool(
+        &self,
+        deployment: &DeploymentId,
+    ) -> Result<Vec<sandbox_controller::ports::PoolMember>, PortError> {
+        self.idle_members(deployment).await
+    }
+
+    async fn claim_pool_member(
+        &self,
+        spec: &StartSpec,
+        deployment: &DeploymentId,
+        created_after: u64,
+        not_after: u64,
+    ) -> Result<Option<Started>, PortError> {
+        self.claim_member(spec, deployment, created_after, not_after)
+            .await
     }
 
     async fn describe(&self, id: &InstanceId) -> Result<Option<ComputeInstance>, PortError> {
@@ -1380,7 +1469,7 @@ impl Compute for ProcessCompute {
                 let rows: Vec<InstanceRow> = {
                     let mut stmt = conn.prepare_cached(&format!(
                         "SELECT {COLUMNS} FROM compute_instances
-                         WHERE deployment = ?1
+                         WHERE deployment = ?1 AND environment_id != ''
                            AND (status != 'stopped' OR stopped_at_ms IS NULL OR stopped_at_ms >= ?2)
                          ORDER BY started_at_ms, instance_id"
                     ))?;

@@ -726,3 +726,119 @@ async fn child_process_workspaces_pass_the_workspace_contract() {
     assert!(f.root().join(".snapshots").is_dir());
     c.shutdown_all().await.unwrap();
 }
+
+/// Issue 27: a split-mode compute whose executor and forwarder are `sleep`s.
+fn pooled(f: &Fixture) -> ProcessCompute {
+    let mut config = f.config(
+        ExecutorCommand::new("sleep", ["300"]),
+        KeySource::Value(ExecutorKey::new("sk-env-pool")),
+    );
+    // The assignment on the forwarder's command line, as the real `forward` takes it.
+    config.forwarder = Some(ExecutorCommand::new(
+        "sh",
+        [
+            "-c",
+            "while :; do sleep 1; done",
+            "forwarder",
+            "$ENVIRONMENT_ID",
+            "$LISTEN_URL",
+        ],
+    ));
+    ProcessCompute::open(config).unwrap()
+}
+
+/// The command line of `pid` once it exec'd a command line containing `marker` (a
+/// spawned child shows its parent's until its `execve`); panics after 10 s.
+async fn cmdline_once_execd(pid: u32, marker: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let c = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        if c.contains(marker) {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "{pid} never ran {marker}: {c}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn proc_environ(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', "\n"))
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_compute_passes_the_pool_contract() {
+    let f = Fixture::new();
+    let c = pooled(&f);
+    sandbox_controller::contract::compute_pool_contract(&c, &deployment()).await;
+    assert_eq!(
+        c.shutdown_all().await.unwrap(),
+        0,
+        "the contract stopped all it started"
+    );
+}
+
+/// Issue 27: the claimed member's executor keeps running, now in the generation's
+/// workspace (its directory was renamed, so its working directory moved with it); the
+/// forwarder spawned at the claim alone gets the assignment and the key; the executor's
+/// environment holds neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_pool_member_runs_in_the_generation_workspace_and_only_its_forwarder_is_assigned()
+{
+    let f = Fixture::new();
+    let c = pooled(&f);
+    let member = c
+        .start_pool_member(&deployment(), NO_DEADLINE)
+        .await
+        .unwrap();
+    let before = c.info(&member.instance_id).await.unwrap().unwrap();
+    let s = spec("env_pool_claim", 3);
+    let claimed = match c
+        .claim_pool_member(&s, &deployment(), 0, NO_DEADLINE)
+        .await
+        .unwrap()
+    {
+        Some(Started::Instance(i)) => i,
+        other => panic!("not claimed: {other:?}"),
+    };
+    assert_eq!(claimed.instance_id, member.instance_id);
+    let info = c.info(&claimed.instance_id).await.unwrap().unwrap();
+    assert_eq!(
+        info.pid, before.pid,
+        "the pre-started executor serves the claim"
+    );
+    let workspace = f.root().join("env_pool_claim").join("g3");
+    assert_eq!(info.workspace, workspace);
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{}/cwd", info.pid)).unwrap(),
+        workspace.canonicalize().unwrap()
+    );
+    let fwd = c
+        .forwarder_pid(&claimed.instance_id)
+        .await
+        .unwrap()
+        .expect("a forwarder");
+    let fwd_cmdline = cmdline_once_execd(fwd, "forwarder").await;
+    assert!(fwd_cmdline.contains("env_pool_claim"), "{fwd_cmdline}");
+    cmdline_once_execd(info.pid, "sleep 300").await;
+    let fwd_env = proc_environ(fwd);
+    assert!(
+        fwd_env.contains("CODEX_API_KEY=sk-env-pool")
+            && fwd_env.contains("ENVIRONMENT_ID=env_pool_claim")
+    );
+    let exec_env = proc_environ(info.pid);
+    assert!(
+        !exec_env.is_empty(),
+        "the executor's environment is readable"
+    );
+    for name in ["CODEX_API_KEY", "REMOTE_URL", "ENVIRONMENT_ID"] {
+        assert!(
+            !exec_env.contains(&format!("{name}=")),
+            "{name} in the executor"
+        );
+    }
+    assert_eq!(c.shutdown_all().await.unwrap(), 1);
+}

@@ -38,7 +38,8 @@
 use crate::clock::SimClock;
 use crate::rng::SimRng;
 use sandbox_controller::ports::{
-    Compute, PortError, Started, StoredKind, StoredWorkspace, Workspaces, check_deadline,
+    Compute, PoolMember, PortError, Started, StoredKind, StoredWorkspace, Workspaces,
+    check_deadline,
 };
 use sandbox_core::compute::{ComputeInstance, ComputeStatus, TASK_FAILED_TO_START};
 use sandbox_core::decision::StartSpec;
@@ -270,6 +271,25 @@ struct State {
     snapshots: HashMap<String, TwinSnapshot>,
     /// Counter of volume and snapshot ids.
     ws_next: u64,
+    /// Warm pool members (issue 27), in start order.
+    pool: Vec<TwinMember>,
+}
+
+/// A warm pool member of the twin (issue 27).
+#[derive(Debug)]
+struct TwinMember {
+    id: InstanceId,
+    deployment: DeploymentId,
+    created_ms: u64,
+    state: MemberState,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MemberState {
+    Idle,
+    Claimed,
+    Stopped,
+    Died,
 }
 
 /// A workspace volume of the twin (ECS-managed EBS volume: created at `RunTask`, from the
@@ -362,6 +382,7 @@ impl TwinCompute {
                 volumes: HashMap::new(),
                 snapshots: HashMap::new(),
                 ws_next: 0,
+                pool: vec![],
             })),
         }
     }
@@ -585,6 +606,14 @@ impl TwinCompute {
     pub fn kill(&self, id: &InstanceId) -> bool {
         let now = self.clock.now_ms();
         let mut s = self.state();
+        if let Some(m) = s
+            .pool
+            .iter_mut()
+            .find(|m| &m.id == id && m.state == MemberState::Idle)
+        {
+            m.state = MemberState::Died;
+            return true;
+        }
         let Some(&pos) = s.by_id.get(id) else {
             return false;
         };
@@ -818,6 +847,62 @@ impl Workspaces for TwinCompute {
     }
 }
 
+impl TwinCompute {
+    /// Creates the workspace volume of a start or claim (from the snapshot it names) and
+    /// stores `instance` under its id and token.
+    fn launch(
+        &self,
+        s: &mut State,
+        instance: Instance,
+        key: (DeploymentId, String),
+        now: u64,
+    ) -> Started {
+        let spec = instance.spec.clone();
+        let deployment = instance.deployment.clone();
+        let id = instance.id.clone();
+        let files = match &spec.restore {
+            None => BTreeMap::new(),
+            Some(r) => match s.snapshots.get(&r.snapshot_id) {
+                Some(snap) => snap.files.clone(),
+                // ECS: the task fails to attach a volume from a snapshot that is gone.
+                None => {
+                    return Started::Failed {
+                        reason: format!(
+                            "InvalidSnapshot.NotFound: snapshot {} does not exist",
+                            r.snapshot_id
+                        ),
+                    };
+                }
+            },
+        };
+        s.ws_next += 1;
+        let volume = TwinVolume {
+            id: format!("vol-twin{}", s.ws_next),
+            files,
+            created_at: now / 1000,
+        };
+        s.volumes.insert(
+            (
+                deployment.clone(),
+                spec.environment_id.clone(),
+                spec.generation,
+            ),
+            volume,
+        );
+        let view = self.view(&instance, now);
+        let pos = s.instances.len();
+        s.instances.push(instance);
+        s.by_id.insert(id, pos);
+        s.by_token.insert(key, pos);
+        s.events.push(ComputeEvent::Started {
+            instance: view.clone(),
+            created: true,
+            at_ms: now,
+        });
+        Started::Instance(view)
+    }
+}
+
 impl Compute for TwinCompute {
     async fn start(
         &self,
@@ -862,7 +947,7 @@ impl Compute for TwinCompute {
             .then(|| now + 1_000 * (1 + s.rng.below(self.aws.max_failed_start_secs.max(1))));
         s.answers.failing_starts += u64::from(fails_at_ms.is_some());
         let instance = Instance {
-            id: id.clone(),
+            id,
             deployment: deployment.clone(),
             spec: spec.clone(),
             created_ms: now,
@@ -871,46 +956,7 @@ impl Compute for TwinCompute {
             stop_requested_ms: None,
             died_ms: None,
         };
-        let files = match &spec.restore {
-            None => BTreeMap::new(),
-            Some(r) => match s.snapshots.get(&r.snapshot_id) {
-                Some(snap) => snap.files.clone(),
-                // ECS: the task fails to attach a volume from a snapshot that is gone.
-                None => {
-                    return Ok(Started::Failed {
-                        reason: format!(
-                            "InvalidSnapshot.NotFound: snapshot {} does not exist",
-                            r.snapshot_id
-                        ),
-                    });
-                }
-            },
-        };
-        s.ws_next += 1;
-        let volume = TwinVolume {
-            id: format!("vol-twin{}", s.ws_next),
-            files,
-            created_at: now / 1000,
-        };
-        s.volumes.insert(
-            (
-                deployment.clone(),
-                spec.environment_id.clone(),
-                spec.generation,
-            ),
-            volume,
-        );
-        let view = self.view(&instance, now);
-        let pos = s.instances.len();
-        s.instances.push(instance);
-        s.by_id.insert(id, pos);
-        s.by_token.insert(key, pos);
-        s.events.push(ComputeEvent::Started {
-            instance: view.clone(),
-            created: true,
-            at_ms: now,
-        });
-        Ok(Started::Instance(view))
+        Ok(self.launch(&mut s, instance, key, now))
     }
 
     async fn describe(&self, id: &InstanceId) -> Result<Option<ComputeInstance>, PortError> {
@@ -976,6 +1022,13 @@ impl Compute for TwinCompute {
                 format!("reason has {n} characters (at most 255)"),
             ));
         }
+        if let Some(m) = s
+            .pool
+            .iter_mut()
+            .find(|m| &m.id == id && m.state == MemberState::Idle)
+        {
+            m.state = MemberState::Stopped;
+        }
         let pos = s.by_id.get(id).copied();
         let before = pos.map(|p| self.view(&s.instances[p], now));
         if let Some(p) = pos
@@ -990,5 +1043,81 @@ impl Compute for TwinCompute {
             at_ms: now,
         });
         Ok(())
+    }
+
+    async fn start_pool_member(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<PoolMember, PortError> {
+        let now = self.clock.now_ms();
+        check_deadline(DEP, "start_pool_member", now / 1000, not_after)?;
+        let mut s = self.state();
+        self.request(&mut s, "RunTask", now)?;
+        s.next += 1;
+        let id = InstanceId::new(format!("twin-pool-{}-t", s.next));
+        s.pool.push(TwinMember {
+            id: id.clone(),
+            deployment: deployment.clone(),
+            created_ms: now,
+            state: MemberState::Idle,
+        });
+        Ok(PoolMember {
+            instance_id: id,
+            created_at: now / 1000,
+        })
+    }
+
+    async fn list_pool(&self, deployment: &DeploymentId) -> Result<Vec<PoolMember>, PortError> {
+        Ok(self
+            .state()
+            .pool
+            .iter()
+            .filter(|m| &m.deployment == deployment && m.state == MemberState::Idle)
+            .map(|m| PoolMember {
+                instance_id: m.id.clone(),
+                created_at: m.created_ms / 1000,
+            })
+            .collect())
+    }
+
+    /// Under the twin's mutex: the pick (the oldest idle member young enough) and the
+    /// write (idle → claimed) are one step, so two claims never get one member.
+    async fn claim_pool_member(
+        &self,
+        spec: &StartSpec,
+        deployment: &DeploymentId,
+        created_after: u64,
+        not_after: u64,
+    ) -> Result<Option<Started>, PortError> {
+        let now = self.clock.now_ms();
+        check_deadline(DEP, "claim_pool_member", now / 1000, not_after)?;
+        let mut s = self.state();
+        self.check_start(spec, deployment)?;
+        let key = (deployment.clone(), spec.idempotency_token.clone());
+        if let Some(&p) = s.by_token.get(&key) {
+            s.answers.replays += 1;
+            return Ok(Some(Started::Instance(self.view(&s.instances[p], now))));
+        }
+        let Some(m) = s.pool.iter_mut().find(|m| {
+            &m.deployment == deployment
+                && m.state == MemberState::Idle
+                && m.created_ms / 1000 > created_after
+        }) else {
+            return Ok(None);
+        };
+        m.state = MemberState::Claimed;
+        let instance = Instance {
+            id: m.id.clone(),
+            deployment: deployment.clone(),
+            spec: spec.clone(),
+            // Started when the member was: already running, and visible at once.
+            created_ms: m.created_ms,
+            visible_at_ms: now,
+            fails_at_ms: None,
+            stop_requested_ms: None,
+            died_ms: None,
+        };
+        Ok(Some(self.launch(&mut s, instance, key, now)))
     }
 }

@@ -6,9 +6,9 @@
 
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
-    AuditEntry, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, Received, Registry,
-    Release, Sent, Slot, SlotRelease, Slots, Started, StoredKind, StoredWorkspace, Workspaces,
-    Write,
+    AuditEntry, Compute, Fence, Locked, Outgoing, PoolMember, PortError, Queue, Receipt, Received,
+    Registry, Release, Sent, Slot, SlotRelease, Slots, Started, StoredKind, StoredWorkspace,
+    Workspaces, Write,
 };
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
@@ -447,6 +447,30 @@ impl<C: Compute> Compute for Counting<C> {
     async fn stop(&self, id: &InstanceId, reason: &str, not_after: u64) -> Result<(), PortError> {
         self.log.record("compute", "stop");
         self.inner.stop(id, reason, not_after).await
+    }
+    async fn start_pool_member(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<PoolMember, PortError> {
+        self.log.record("compute", "start_pool_member");
+        self.inner.start_pool_member(deployment, not_after).await
+    }
+    async fn list_pool(&self, deployment: &DeploymentId) -> Result<Vec<PoolMember>, PortError> {
+        self.log.record("compute", "list_pool");
+        self.inner.list_pool(deployment).await
+    }
+    async fn claim_pool_member(
+        &self,
+        spec: &StartSpec,
+        deployment: &DeploymentId,
+        created_after: u64,
+        not_after: u64,
+    ) -> Result<Option<Started>, PortError> {
+        self.log.record("compute", "claim_pool_member");
+        self.inner
+            .claim_pool_member(spec, deployment, created_after, not_after)
+            .await
     }
 }
 

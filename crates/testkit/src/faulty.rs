@@ -19,9 +19,9 @@
 
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
-    AuditEntry, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, Received, Registry,
-    Release, Sent, Slot, SlotRelease, Slots, Started, StoredKind, StoredWorkspace, Workspaces,
-    Write,
+    AuditEntry, Compute, Fence, Locked, Outgoing, PoolMember, PortError, Queue, Receipt, Received,
+    Registry, Release, Sent, Slot, SlotRelease, Slots, Started, StoredKind, StoredWorkspace,
+    Workspaces, Write,
 };
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
@@ -630,6 +630,46 @@ impl<C: Compute> Compute for Faulty<C> {
             "stop",
             self.inner.stop(id, reason, not_after)
         )
+    }
+    async fn start_pool_member(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<PoolMember, PortError> {
+        if let Some(f) = self.plan.check("compute", "start_pool_member") {
+            return Err(port_error("compute", "start_pool_member", &f));
+        }
+        self.inner.start_pool_member(deployment, not_after).await
+    }
+    async fn list_pool(&self, deployment: &DeploymentId) -> Result<Vec<PoolMember>, PortError> {
+        if let Some(f) = self.plan.check("compute", "list_pool") {
+            return Err(port_error("compute", "list_pool", &f));
+        }
+        self.inner.list_pool(deployment).await
+    }
+    async fn claim_pool_member(
+        &self,
+        spec: &StartSpec,
+        deployment: &DeploymentId,
+        created_after: u64,
+        not_after: u64,
+    ) -> Result<Option<Started>, PortError> {
+        let claim = self
+            .inner
+            .claim_pool_member(spec, deployment, created_after, not_after);
+        match self.plan.check("compute", "claim_pool_member") {
+            None => claim.await,
+            Some(Fault::LostResponse) => {
+                // Claimed, but the answer is lost: the outcome is unknown to the caller.
+                let _ = claim.await;
+                Err(port_error(
+                    "compute",
+                    "claim_pool_member",
+                    &Fault::LostResponse,
+                ))
+            }
+            Some(f) => Err(port_error("compute", "claim_pool_member", &f)),
+        }
     }
 }
 

@@ -11,8 +11,9 @@
 
 use sandbox_agents_api::{ApiError, PageParams, SessionDeleted, SessionsApi};
 use sandbox_controller::ports::{
-    AuditEntry, Compute, Fence, Locked, Outgoing, PortError, Queue, Receipt, Received, Registry,
-    Release, Sent, SlotRelease, Slots, Started, StoredKind, StoredWorkspace, Workspaces, Write,
+    AuditEntry, Compute, Fence, Locked, Outgoing, PoolMember, PortError, Queue, Receipt, Received,
+    Registry, Release, Sent, SlotRelease, Slots, Started, StoredKind, StoredWorkspace, Workspaces,
+    Write,
 };
 use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
@@ -271,6 +272,30 @@ impl<C: Compute> Compute for Interleaved<C> {
     async fn stop(&self, id: &InstanceId, reason: &str, not_after: u64) -> Result<(), PortError> {
         yield_once().await;
         self.inner.stop(id, reason, not_after).await
+    }
+    async fn start_pool_member(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<PoolMember, PortError> {
+        yield_once().await;
+        self.inner.start_pool_member(deployment, not_after).await
+    }
+    async fn list_pool(&self, deployment: &DeploymentId) -> Result<Vec<PoolMember>, PortError> {
+        yield_once().await;
+        self.inner.list_pool(deployment).await
+    }
+    async fn claim_pool_member(
+        &self,
+        spec: &StartSpec,
+        deployment: &DeploymentId,
+        created_after: u64,
+        not_after: u64,
+    ) -> Result<Option<Started>, PortError> {
+        yield_once().await;
+        self.inner
+            .claim_pool_member(spec, deployment, created_after, not_after)
+            .await
     }
 }
 

@@ -74,6 +74,8 @@ pub struct Options {
     pub split_executor: Option<(ExecutorCommand, ExecutorCommand)>,
     /// The simulator's turn command (default: its own, simulated unless split).
     pub turn_command: Option<String>,
+    /// Issue 27: the warm pool's size (default 0: off; split mode only).
+    pub pool_size: u32,
 }
 
 impl Default for Options {
@@ -92,6 +94,7 @@ impl Default for Options {
             close_workspace: Default::default(),
             split_executor: None,
             turn_command: None,
+            pool_size: 0,
         }
     }
 }
@@ -207,6 +210,7 @@ impl Harness {
         (opts.ceilings)(&mut controller.policy);
         controller.stop_readback_interval = Duration::from_millis(50);
         controller.lock_busy_retry_secs = 1;
+        controller.pool.size = opts.pool_size;
         let mut api = ClientConfig::new(agents_sim::DEFAULT_API_KEY);
         api.base_url = sim.base_url();
         let mut config = EmbeddedConfig::new(

@@ -1,0 +1,230 @@
+//! The warm pool (issue 27): pre-started executors that serve no environment yet, claimed
+//! by a start instead of a cold start.
+//!
+//! - **Claim.** A `StartCompute` effect is applied by [`start_or_claim`]: with the pool on
+//!   ([`PoolSettings::size`] > 0) it first claims an idle member
+//!   ([`Compute::claim_pool_member`], one conditional write: the pick and the guard against
+//!   double assignment), else it starts cold ([`Compute::start`]). Either way the worker
+//!   records the instance the same way under the environment's lock, before the release
+//!   (one compute per environment, adopt after a crash, the sweep: nothing changes for
+//!   them). The pure decision does not know about the pool.
+//! - **Refill.** [`plan_refill`] (pure) says which members to recycle (older than
+//!   [`PoolSettings::max_age_secs`]) and how many to start, so that the pool holds
+//!   [`PoolSettings::size`] young idle members and — with the executor cap on
+//!   ([`sandbox_core::observed::Policy::max_executors`]) — slots in use plus idle members
+//!   stay within the cap. [`Controller::refill_pool`] applies it (local mode: after every
+//!   claim and on a short timer). The cap's guard is still the slot counter
+//!   ([`Registry::acquire_slot`]): a claimed member takes the slot of the environment that
+//!   claims it, like a started compute; the refill's count is a read, so under races the
+//!   pool may briefly hold one member more than the cap leaves room for.
+//! - **Single-use.** A claimed member is an ordinary instance of its environment, stopped
+//!   at release; nothing returns to the pool.
+
+use crate::config::PoolSettings;
+use crate::ports::{Compute, PoolMember, PortError, Queue, Registry, Started};
+use crate::worker::Controller;
+use sandbox_agents_api::SessionsApi;
+use sandbox_core::decision::StartSpec;
+use sandbox_core::ids::{DeploymentId, InstanceId};
+
+/// The stop reason of a member recycled for its age (ECS `StopTask` `reason`).
+pub const RECYCLE_REASON: &str = "pool_max_age";
+
+/// How a start was applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartPath {
+    /// A claimed pool member.
+    Warm,
+    /// A cold start ([`Compute::start`]): the pool is off, or it missed.
+    Cold,
+}
+
+/// Applies a start: a claim of an idle member created at or after `now -
+/// pool.max_age_secs` when the pool is on, else (or on a miss) a cold start. `now` and
+/// `not_after` are Unix seconds. Records `pool_hits` / `pool_misses`.
+///
+/// # Errors
+/// The [`PortError`] of the claim or the start: the outcome is unknown (the caller keeps
+/// the lock unclean, so the next holder reads the environment's inventory).
+pub async fn start_or_claim<C: Compute>(
+    compute: &C,
+    spec: &StartSpec,
+    deployment: &DeploymentId,
+    pool: PoolSettings,
+    now: u64,
+    not_after: u64,
+) -> Result<(Started, StartPath), PortError> {
+    if pool.size > 0 {
+        let created_after = now.saturating_sub(pool.max_age_secs);
+        match compute
+            .claim_pool_member(spec, deployment, created_after, not_after)
+            .await?
+        {
+            Some(started) => {
+                crate::metrics::pool_claim(true);
+                return Ok((started, StartPath::Warm));
+            }
+            None => {
+                crate::metrics::pool_claim(false);
+                tracing::info!(environment_id = %spec.environment_id, "pool miss: starting cold");
+            }
+        }
+    }
+    let started = compute.start(spec, deployment, not_after).await?;
+    Ok((started, StartPath::Cold))
+}
+
+/// What a refill should do.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RefillPlan {
+    /// Members past their maximum age, to stop (reason [`RECYCLE_REASON`]).
+    pub recycle: Vec<InstanceId>,
+    /// Members to start.
+    pub start: usize,
+}
+
+/// The refill for the idle members `idle` at `now` (Unix seconds): recycle every member
+/// with `created_at + max_age_secs <= now` (the same bound the claim uses, so a member is
+/// either claimable or recycled), then start enough to reach `settings.size` young
+/// members, limited by `cap` (0: no cap) minus `slots_in_use` minus the young members.
+pub fn plan_refill(
+    idle: &[PoolMember],
+    settings: PoolSettings,
+    cap: u32,
+    slots_in_use: u64,
+    now: u64,
+) -> RefillPlan {
+    let created_after = now.saturating_sub(settings.max_age_secs);
+    let (young, old): (Vec<&PoolMember>, Vec<&PoolMember>) =
+        idle.iter().partition(|m| m.created_at > created_after);
+    let young = young.len() as u64;
+    let mut start = u64::from(settings.size).saturating_sub(young);
+    if cap > 0 {
+        start = start.min(u64::from(cap).saturating_sub(slots_in_use.saturating_add(young)));
+    }
+    RefillPlan {
+        recycle: old.into_iter().map(|m| m.instance_id.clone()).collect(),
+        start: usize::try_from(start).unwrap_or(usize::MAX),
+    }
+}
+
+/// What [`Controller::refill_pool`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Refilled {
+    /// Members stopped for their age.
+    pub recycled: usize,
+    /// Members started.
+    pub started: usize,
+    /// Idle, live members afterwards (as listed before, minus the recycled, plus the
+    /// started).
+    pub idle: usize,
+}
+
+impl<Q, R, C, S> Controller<Q, R, C, S>
+where
+    Q: Queue,
+    R: Registry,
+    C: Compute,
+    S: SessionsApi,
+{
+    /// Keeps the pool at its size ([`plan_refill`] over [`Compute::list_pool`] and, with
+    /// the cap on, [`Registry::slots`]), then records `pool_size`. Takes no lock: members
+    /// belong to no environment. Nothing to do when the pool is off and empty.
+    ///
+    /// # Errors
+    /// The first [`PortError`] of a read, a stop or a start; what was done before stays
+    /// done (the next refill picks up from the provider's listing).
+    pub async fn refill_pool(&self) -> Result<Refilled, PortError> {
+        let settings = self.config.pool;
+        let deployment = &self.config.deployment;
+        let idle = self.compute.list_pool(deployment).await?;
+        if settings.size == 0 && idle.is_empty() {
+            return Ok(Refilled::default());
+        }
+        let cap = self.config.policy.max_executors;
+        let in_use = if cap > 0 {
+            self.registry.slots().await?.in_use
+        } else {
+            0
+        };
+        let now = self.clock.now();
+        let plan = plan_refill(&idle, settings, cap, in_use, now);
+        let not_after = now.saturating_add(self.config.lock_ttl_secs);
+        for id in &plan.recycle {
+            tracing::info!(instance_id = %id, max_age_secs = settings.max_age_secs, "pool member past its age: recycled");
+            self.compute.stop(id, RECYCLE_REASON, not_after).await?;
+        }
+        let mut started = 0;
+        for _ in 0..plan.start {
+            let member = self
+                .compute
+                .start_pool_member(deployment, not_after)
+                .await?;
+            tracing::info!(instance_id = %member.instance_id, "pool member started");
+            started += 1;
+        }
+        let idle = idle.len() - plan.recycle.len() + started;
+        crate::metrics::pool_size(idle);
+        Ok(Refilled {
+            recycled: plan.recycle.len(),
+            started,
+            idle,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: &str, created_at: u64) -> PoolMember {
+        PoolMember {
+            instance_id: InstanceId::new(id),
+            created_at,
+        }
+    }
+
+    const SETTINGS: PoolSettings = PoolSettings {
+        size: 2,
+        max_age_secs: 100,
+    };
+
+    #[test]
+    fn an_empty_pool_is_filled_to_its_size() {
+        assert_eq!(plan_refill(&[], SETTINGS, 0, 0, 1_000).start, 2);
+    }
+
+    #[test]
+    fn members_at_their_maximum_age_are_recycled_and_replaced() {
+        let plan = plan_refill(
+            &[member("old", 900), member("young", 901)],
+            SETTINGS,
+            0,
+            0,
+            1_000,
+        );
+        assert_eq!(plan.recycle, vec![InstanceId::new("old")]);
+        assert_eq!(plan.start, 1);
+    }
+
+    #[test]
+    fn the_refill_leaves_room_under_the_executor_cap() {
+        // 3 slots in use of 4, no member yet: one member fits.
+        assert_eq!(plan_refill(&[], SETTINGS, 4, 3, 1_000).start, 1);
+        // The cap is full: nothing is started, and nothing goes negative.
+        assert_eq!(
+            plan_refill(&[member("m", 990)], SETTINGS, 4, 4, 1_000).start,
+            0
+        );
+    }
+
+    #[test]
+    fn a_pool_that_is_off_starts_nothing_and_still_recycles() {
+        let off = PoolSettings {
+            size: 0,
+            ..SETTINGS
+        };
+        let plan = plan_refill(&[member("old", 1)], off, 0, 0, 1_000);
+        assert_eq!((plan.recycle.len(), plan.start), (1, 0));
+    }
+}

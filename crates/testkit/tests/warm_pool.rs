@@ -1,0 +1,207 @@
+//! Issue 27, the warm pool, through the worker over the twins: a start claims an idle
+//! member (one conditional write) and records it like a started compute; a miss starts
+//! cold; members past their age are never claimed and the refill recycles them.
+
+use sandbox_controller::Job;
+use sandbox_controller::config::PoolSettings;
+use sandbox_controller::contract::compute_pool_contract;
+use sandbox_controller::pool::RECYCLE_REASON;
+use sandbox_controller::ports::{Clock, Compute};
+use sandbox_core::ids::{DeploymentId, EnvironmentId, InstanceId, SessionId};
+use sandbox_core::observed::Trigger;
+use sandbox_core::session::SessionStatus;
+use sandbox_testkit::World;
+use sandbox_testkit::compute::ComputeEvent;
+use sandbox_testkit::world::TwinController;
+use sandbox_testkit::{SimClock, TwinCompute};
+
+fn pooled(world: &World, size: u32, max_age_secs: u64) -> TwinController {
+    let mut config = World::config("pool");
+    config.pool = PoolSettings { size, max_age_secs };
+    world.controller_with(config)
+}
+
+/// Session `i` requires a connection to its environment.
+fn requiring(world: &World, i: usize) -> (SessionId, EnvironmentId) {
+    let (s, e) = (
+        SessionId::new(format!("sess_pool_{i}")),
+        EnvironmentId::new(format!("env_pool_{i}")),
+    );
+    world.sessions.add(&s, &e, SessionStatus::Idle);
+    world.sessions.require_connection(&s);
+    (s, e)
+}
+
+/// Processes the connection request of session `i`; the instance its record names.
+async fn start(world: &World, c: &TwinController, i: usize) -> InstanceId {
+    let (s, e) = requiring(world, i);
+    let job = Job {
+        handoffs: 0,
+        swept: None,
+        trigger: Trigger::ConnectionRequested,
+        session_id: s,
+        environment_id: Some(e.clone()),
+        webhook_id: None,
+        enqueued_at: world.clock.now(),
+    };
+    let p = c.process(&job).await.unwrap();
+    assert_eq!(p.error, None, "{p:?}");
+    let record = world.registry.record(&e.effect_key()).expect("a record");
+    record.current().expect("an instance").instance_id.clone()
+}
+
+fn warm(world: &World, env: usize) -> bool {
+    world
+        .registry
+        .record(&EnvironmentId::new(format!("env_pool_{env}")).effect_key())
+        .is_some_and(|r| r.instance_from_pool)
+}
+
+fn cold_starts(world: &World) -> usize {
+    world
+        .compute
+        .events()
+        .iter()
+        .filter(|e| matches!(e, ComputeEvent::Started { instance, created: true, .. } if instance.instance_id.as_str().starts_with("twin-task-")))
+        .count()
+}
+
+#[tokio::test]
+async fn compute_twin_passes_the_pool_contract() {
+    let c = TwinCompute::new(SimClock::wall());
+    compute_pool_contract(&c, &DeploymentId::new("twin-pool-contract").unwrap()).await;
+}
+
+#[tokio::test]
+async fn a_claimed_pool_member_serves_exactly_one_environment() {
+    let world = World::new();
+    let c = pooled(&world, 2, 3_600);
+    let filled = c.refill_pool().await.unwrap();
+    assert_eq!((filled.started, filled.idle), (2, 2));
+    let members: Vec<InstanceId> = world
+        .compute
+        .list_pool(&World::deployment())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.instance_id)
+        .collect();
+
+    let first = start(&world, &c, 1).await;
+    let second = start(&world, &c, 2).await;
+    assert_ne!(first, second, "one member, one environment");
+    assert!(members.contains(&first) && members.contains(&second));
+    assert!(warm(&world, 1) && warm(&world, 2));
+    assert_eq!(cold_starts(&world), 0, "both starts were claims");
+    // Each environment has exactly its member as compute.
+    for (env, id) in [(1, &first), (2, &second)] {
+        let found = world
+            .compute
+            .find(
+                &World::deployment(),
+                &EnvironmentId::new(format!("env_pool_{env}")),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            found.iter().map(|i| &i.instance_id).collect::<Vec<_>>(),
+            vec![id]
+        );
+    }
+    // Single-use: the pool is empty until the refill starts new members.
+    assert!(
+        world
+            .compute
+            .list_pool(&World::deployment())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(c.refill_pool().await.unwrap().started, 2);
+    let fresh = world.compute.list_pool(&World::deployment()).await.unwrap();
+    assert!(
+        fresh
+            .iter()
+            .all(|m| m.instance_id != first && m.instance_id != second)
+    );
+    // A replayed job for environment 1 claims nothing more.
+    assert_eq!(start(&world, &c, 1).await, first);
+    assert_eq!(
+        world
+            .compute
+            .list_pool(&World::deployment())
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_pool_miss_falls_back_to_a_cold_start() {
+    let world = World::new();
+    let c = pooled(&world, 1, 3_600);
+    // The pool is on but empty: the start is cold.
+    let cold = start(&world, &c, 1).await;
+    assert!(cold.as_str().starts_with("twin-task-"), "{cold}");
+    assert!(!warm(&world, 1));
+    assert_eq!(cold_starts(&world), 1);
+    // Refilled, the next start is warm; the one after misses again.
+    c.refill_pool().await.unwrap();
+    assert!(
+        start(&world, &c, 2)
+            .await
+            .as_str()
+            .starts_with("twin-pool-")
+    );
+    assert!(warm(&world, 2));
+    assert!(
+        start(&world, &c, 3)
+            .await
+            .as_str()
+            .starts_with("twin-task-")
+    );
+    assert!(!warm(&world, 3));
+    assert_eq!(cold_starts(&world), 2);
+}
+
+#[tokio::test]
+async fn pool_members_past_their_age_are_recycled() {
+    let world = World::new();
+    let c = pooled(&world, 1, 100);
+    c.refill_pool().await.unwrap();
+    let old = world.compute.list_pool(&World::deployment()).await.unwrap();
+    assert_eq!(old.len(), 1);
+    world.clock.advance_secs(100);
+    // At its maximum age the member is not claimed: the start is cold.
+    let id = start(&world, &c, 1).await;
+    assert!(id.as_str().starts_with("twin-task-"), "{id}");
+    // The refill stops it and starts a replacement.
+    let refilled = c.refill_pool().await.unwrap();
+    assert_eq!(
+        (refilled.recycled, refilled.started, refilled.idle),
+        (1, 1, 1)
+    );
+    let stopped: Vec<_> = world
+        .compute
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            ComputeEvent::Stopped {
+                instance_id,
+                reason,
+                ..
+            } => Some((instance_id, reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        stopped,
+        vec![(old[0].instance_id.clone(), RECYCLE_REASON.to_owned())]
+    );
+    let now = world.compute.list_pool(&World::deployment()).await.unwrap();
+    assert_eq!(now.len(), 1);
+    assert_ne!(now[0].instance_id, old[0].instance_id);
+    // The young replacement is claimed.
+    assert_eq!(start(&world, &c, 2).await, now[0].instance_id);
+}
