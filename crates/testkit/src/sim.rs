@@ -900,8 +900,22 @@ impl Sim {
             let close_held = record
                 .as_ref()
                 .is_some_and(|r| r.cleanup_required && r.open_evidence().next().is_some());
+            // Issue 23: a start waiting for the snapshot it restores (still `pending` at
+            // the end, a recheck queued) is deferred, not lost.
+            let now_ms = self.clock.now_ms();
+            let snapshot_wait = recheck_queued
+                && record
+                    .as_ref()
+                    .and_then(|r| r.latest_snapshot())
+                    .is_some_and(|l| {
+                        self.compute.snapshots().iter().any(|x| {
+                            x.id == l.snapshot_id
+                                && x.state_at(now_ms)
+                                    == sandbox_core::workspace::SnapshotState::Pending
+                        })
+                    });
             let expected = match &world {
-                _ if start_failing || replacement_cap || close_held => None,
+                _ if start_failing || replacement_cap || close_held || snapshot_wait => None,
                 None => Some(0),
                 Some(s) if s.status == SessionStatus::Failed => Some(0),
                 Some(s) if s.requires_connection_of(&env.env) => Some(1),
