@@ -1505,7 +1505,10 @@ impl Workspaces for ProcessCompute {
         snapshot_id: &str,
     ) -> Result<SnapshotState, PortError> {
         let root = &self.inner.config.workspace_root;
-        let archive = ws::archive_path(root, deployment.as_str(), snapshot_id)?;
+        // Not an archive name this deployment could have written: no such snapshot.
+        let Ok(archive) = ws::archive_path(root, deployment.as_str(), snapshot_id) else {
+            return Ok(SnapshotState::Gone);
+        };
         Ok(if archive.is_file() {
             SnapshotState::Completed
         } else {

@@ -466,10 +466,24 @@ async fn the_sweeper_deletes_an_orphaned_volume_and_an_expired_snapshot_on_ebs()
         Arc::new(FixedClock(later)) as Arc<dyn Clock>,
         config,
     );
+    // The saves' volumes outlive them (issue 23) until their snapshots completed.
+    for id in [&expired, &latest] {
+        let begun = std::time::Instant::now();
+        while compute.snapshot_state(&d, id).await.unwrap() != SnapshotState::Completed {
+            assert!(
+                begun.elapsed() < Duration::from_secs(30),
+                "{id} never completed"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     let deleted = controller
         .sweep_workspaces(&[closed_record, kept_record])
         .await;
-    assert_eq!(deleted, 2, "the orphaned volume and the expired snapshot");
+    assert_eq!(
+        deleted, 4,
+        "the orphaned volume, the expired snapshot, and the two saved volumes whose recorded snapshots completed"
+    );
 
     let stored = compute.list_stored(&d).await.unwrap();
     let mut left: Vec<_> = stored
