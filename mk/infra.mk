@@ -102,7 +102,7 @@ deploy-help:
 	@echo "Optional: STACK_NAME (default sandbox-lifecycle, <= 36 characters unless DEPLOYMENT_ID is set),"
 	@echo "  DEPLOYMENT_ID, ASSIGN_PUBLIC_IP (ENABLED/DISABLED), AGENT_IDS (comma-separated),"
 	@echo "  OWNER_METADATA (comma-separated key=value), PROVISION_ON (connection_request/created),"
-	@echo "  WORKSPACE_DIRECTORY, SHUTDOWN_GRACE_SECS, CONNECT_DEADLINE_SECS, SNAPSHOT_KEEP, CLOSE_WORKSPACE,"
+	@echo "  WORKSPACE_DIRECTORY, SHUTDOWN_GRACE_SECS, CONNECT_DEADLINE_SECS, SNAPSHOT_KEEP, SNAPSHOT_WAIT_SECS, SNAPSHOT_RECHECK_SECS, CLOSE_WORKSPACE,"
 	@echo "  WORKSPACE_VOLUME_GIB (0 = off), WORKSPACE_VOLUME_TYPE, WORKSPACE_VOLUME_IOPS, WORKSPACE_VOLUME_THROUGHPUT,"
 	@echo "  AGENTS_API_BASE_URL, MAX_LIFETIME_SECS, LIFETIME_HARD_CAP_SECS, NO_WORK_SECS, MAX_REPLACEMENTS,"
 	@echo "  REPLACEMENT_WINDOW_SECS, REMOTE_URL_ALLOWLIST (comma-separated), WEBHOOK_TOLERANCE_SECS,"
@@ -139,6 +139,8 @@ SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=
 	$(call sam-param,ShutdownGraceSecs,SHUTDOWN_GRACE_SECS) \
 	$(call sam-param,ConnectDeadlineSecs,CONNECT_DEADLINE_SECS) \
 	$(call sam-param,SnapshotKeep,SNAPSHOT_KEEP) $(call sam-param,CloseWorkspace,CLOSE_WORKSPACE) \
+	$(call sam-param,SnapshotWaitSecs,SNAPSHOT_WAIT_SECS) \
+	$(call sam-param,SnapshotRecheckSecs,SNAPSHOT_RECHECK_SECS) \
 	$(call sam-param,HistoryRetentionDays,HISTORY_RETENTION_DAYS) \
 	$(call sam-param,WorkspaceVolumeGiB,WORKSPACE_VOLUME_GIB) \
 	$(call sam-param,WorkspaceVolumeType,WORKSPACE_VOLUME_TYPE) \
@@ -187,6 +189,8 @@ CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' 
 	$(call cdk-context,shutdownGraceSecs,SHUTDOWN_GRACE_SECS) \
 	$(call cdk-context,connectDeadlineSecs,CONNECT_DEADLINE_SECS) \
 	$(call cdk-context,snapshotKeep,SNAPSHOT_KEEP) $(call cdk-context,closeWorkspace,CLOSE_WORKSPACE) \
+	$(call cdk-context,snapshotWaitSecs,SNAPSHOT_WAIT_SECS) \
+	$(call cdk-context,snapshotRecheckSecs,SNAPSHOT_RECHECK_SECS) \
 	$(call cdk-context,historyRetentionDays,HISTORY_RETENTION_DAYS) \
 	$(call cdk-context,workspaceVolumeGiB,WORKSPACE_VOLUME_GIB) \
 	$(call cdk-context,workspaceVolumeType,WORKSPACE_VOLUME_TYPE) \

@@ -42,8 +42,6 @@ CLIENT_RECEIVER = r"\b(?:client|ecs|ec2|sqs|secrets|dynamodb|ddb)\s*\.\s*([a-z_]
 # Operations whose IAM action is not the operation's own name.
 RENAMED = {
     # Waiters poll the describe call (aws-sdk-ec2 waiters; EC2 API reference).
-    ("ec2", "wait_until_volume_available"): {"ec2:DescribeVolumes"},
-    ("ec2", "wait_until_snapshot_completed"): {"ec2:DescribeSnapshots"},
     # TransactWriteItems has no action of its own: DynamoDB authorizes each item action
     # (DynamoDB Developer Guide, "Using IAM with DynamoDB transactions"); the item kinds
     # the adapter builds are found in its source (TRANSACT_ITEMS below).
@@ -143,8 +141,6 @@ FUNCTIONS = {
                 "describe_snapshots",
                 "delete_volume",
                 "delete_snapshot",
-                "wait_until_volume_available",
-                "wait_until_snapshot_completed",
             )
         },
         "extra": EVENT_SOURCE,

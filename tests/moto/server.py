@@ -39,6 +39,18 @@ handler; every other service and operation is moto's own:
   `false` (the documented default deletes it). A task returned again for its client
   token creates nothing.
 
+- EBS snapshots take time (issue 23): "Snapshot creation is asynchronous. The snapshot is
+  created immediately, but it remains in the pending state until all of data has been
+  transferred to Amazon S3. This can take several hours" (Amazon EBS User Guide, "Create
+  Amazon EBS snapshots"). moto's snapshots are `completed` at once. Here a new snapshot
+  answers `pending` (CreateSnapshot, DescribeSnapshots, the `status` filter) until
+  `SANDBOX_MOTO_SNAPSHOT_PENDING_SECS` seconds (default 2) passed since it was created,
+  then `completed`. A RunTask whose managed volume names a snapshot that is not
+  `completed` is refused with `InvalidParameterException`: EC2 creates a volume only from
+  a completed snapshot (`CreateVolume` answers `IncorrectState`; velero-io/velero#1799),
+  and where ECS would only fail the task's volume attach later, refusing at once makes a
+  controller that restores a pending snapshot fail its test.
+
 And one change to DynamoDB: the DynamoDB *write* requests (PutItem, UpdateItem,
 DeleteItem, BatchWriteItem, TransactWriteItems) to one table are handled one at a time,
 under a lock per table (moto's `DynamoHandler.call_action`); reads, and writes to other
@@ -64,6 +76,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 import threading
 import time
@@ -74,6 +87,7 @@ from moto.core.responses import ActionResult
 from moto.dynamodb.responses import DynamoHandler
 from moto.ecs.exceptions import ECSException, InvalidParameterException
 from moto.ecs.responses import EC2ContainerServiceResponse
+from moto.ec2.models.elastic_block_store import Snapshot
 from moto.server import main
 
 # "the same task is returned for 24 hours" (ECS API reference, RunTask clientToken).
@@ -188,6 +202,11 @@ def _check_volume_configurations(self: EC2ContainerServiceResponse, body: dict) 
                 raise InvalidParameterException(
                     f"The snapshot {snapshot_id} does not exist."
                 ) from None
+            if snapshot.status != "completed":
+                raise InvalidParameterException(
+                    f"The snapshot {snapshot_id} is {snapshot.status}: a volume is created "
+                    "only from a completed snapshot."
+                )
             size = ebs.get("sizeInGiB")
             if size is not None and int(size) < int(snapshot.volume.size):
                 raise InvalidParameterException(
@@ -402,6 +421,26 @@ def dynamodb_call_action(self: DynamoHandler) -> Any:
             lock.release()
 
 
+# Seconds a new snapshot stays `pending` (module docs).
+SNAPSHOT_PENDING_SECS = float(os.environ.get("SANDBOX_MOTO_SNAPSHOT_PENDING_SECS", "2"))
+
+
+def _snapshot_status(self: Any) -> str:
+    """`pending` until SNAPSHOT_PENDING_SECS after the snapshot's creation, then what moto set."""
+    status = self.__dict__.get("_sandbox_status", "completed")
+    ready_at = self.__dict__.get("_sandbox_ready_at", 0.0)
+    if status == "completed" and time.time() < ready_at:
+        return "pending"
+    return status
+
+
+def _set_snapshot_status(self: Any, value: str) -> None:
+    if "_sandbox_ready_at" not in self.__dict__:
+        self.__dict__["_sandbox_ready_at"] = time.time() + SNAPSHOT_PENDING_SECS
+    self.__dict__["_sandbox_status"] = value
+
+
+Snapshot.status = property(_snapshot_status, _set_snapshot_status)  # type: ignore[assignment]
 DynamoHandler.call_action = dynamodb_call_action  # type: ignore[method-assign]
 EC2ContainerServiceResponse.run_task = run_task  # type: ignore[method-assign]
 EC2ContainerServiceResponse.list_tasks = list_tasks  # type: ignore[method-assign]

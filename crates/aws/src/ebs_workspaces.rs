@@ -17,24 +17,30 @@
 //! - **save** (after the task was read back `STOPPED`): `DescribeVolumes` by the tags
 //!   (deployment, environment, generation) — never the stopped task's attachments (ECS
 //!   forgets stopped tasks after about an hour). A volume still `in-use` (ECS detaches it
-//!   after the stop) is waited for with the SDK's `VolumeAvailable` waiter for at most
-//!   [`EbsConfig::detach_wait`], then the save fails transiently and the job is retried:
-//!   nothing is snapshotted while anything may still write. An `available` volume gets
-//!   one `CreateSnapshot` with `TagSpecifications` (resource type `snapshot`, the same
-//!   tags) unless a snapshot of that generation already exists (a retried save). "Snapshot
-//!   creation is asynchronous. The snapshot is created immediately, but it remains in the
-//!   pending state until all of data has been transferred to Amazon S3. This can take
-//!   several hours" (Amazon EBS User Guide, "Create Amazon EBS snapshots"). The volume is
-//!   deleted only once its snapshot is `completed` (the SDK's `SnapshotCompleted` waiter,
-//!   at most [`EbsConfig::snapshot_wait`]): the guide promises the point-in-time content,
-//!   not that the data survives the source volume's deletion while pending, so the safe
-//!   order is kept. A volume whose snapshot is still pending stays; the next save of that
-//!   generation or the sweeper ([`Workspaces::delete_stored`], which refuses while a
-//!   snapshot of the volume is pending) deletes it later.
-//! - **discard**: `DeleteVolume` for the generation's volumes (waited for like a save).
+//!   after the stop) fails the save transiently at once, with no in-job wait (issue 23:
+//!   the SDK's EC2 waiters poll at a 15 s minimum delay, so a wait costs its whole budget
+//!   inside the invocation); the job is retried through the queue: nothing is
+//!   snapshotted while anything may still write. An `available` volume gets one
+//!   `CreateSnapshot` with `TagSpecifications` (resource type `snapshot`, the same tags)
+//!   unless a snapshot of that generation not in `error` already exists (a retried save),
+//!   and the save returns at once. "Snapshot creation is asynchronous. The snapshot is
+//!   created immediately, but it remains in the pending state until all of data has been
+//!   transferred to Amazon S3. This can take several hours" (Amazon EBS User Guide,
+//!   "Create Amazon EBS snapshots"). The save never deletes the volume.
+//! - **snapshot_state**: `DescribeSnapshots` by id: `pending`/`recovering` →
+//!   pending, `completed`, `error`; `InvalidSnapshot.NotFound` or `recoverable` (in the
+//!   Recycle Bin) → gone. A `RunTask` `snapshotId` is `CreateVolume`'s `SnapshotId`,
+//!   which restores only a completed snapshot: the controller starts from one only then.
+//! - **delete_working_copy**: once the record names the snapshot, `DeleteVolume` for the
+//!   generation's `available` volumes if the snapshot is `completed`; otherwise nothing
+//!   (`false`): the guide promises the point-in-time content, not that the data survives
+//!   the source volume's deletion while pending, so the safe order is kept; a later save
+//!   or the sweeper deletes it.
+//! - **discard**: `DeleteVolume` for the generation's volumes (an attached one fails
+//!   transiently, like a save).
 //! - **delete_stored**: `DeleteSnapshot` / `DeleteVolume`; `InvalidSnapshot.NotFound` and
-//!   `InvalidVolume.NotFound` are success. A volume `in-use`, or with a pending snapshot,
-//!   is a transient error (the sweeper tries again next time).
+//!   `InvalidVolume.NotFound` are success. A volume `in-use`, or with snapshots none of
+//!   which is `completed`, is a transient error (the sweeper tries again next time).
 //! - **list_stored** (the sweep): `DescribeVolumes` and `DescribeSnapshots`
 //!   (`OwnerIds = self`), both filtered by `tag:sandbox:deployment`, every page (SDK
 //!   paginators). A volume `creating` or `in-use` is `in_use` (never deleted); one in
@@ -48,14 +54,14 @@
 //! Amazon EBS User Guide.
 //!
 //! moto 5.2.5 (what the tests run on): `CreateSnapshot` is `completed` at once, and ECS
-//! `RunTask` ignores `volumeConfigurations`; tests/moto/server.py creates the volume the
-//! way ECS would (and refuses a request ECS refuses), see there.
+//! `RunTask` ignores `volumeConfigurations`; tests/moto/server.py keeps snapshots
+//! `pending` for `SANDBOX_MOTO_SNAPSHOT_PENDING_SECS`, creates the volume the way ECS
+//! would (and refuses a request ECS refuses, a pending `snapshotId` included), see there.
 
 use crate::ecs_compute::{
     EcsCompute, TAG_DEPLOYMENT, TAG_ENVIRONMENT, TAG_GENERATION, TAG_SESSION,
 };
 use crate::sdk_error::{code, port_error};
-use aws_sdk_ec2::client::Waiters;
 use aws_sdk_ec2::types::{
     Filter, ResourceType, Snapshot, SnapshotState, Tag as Ec2Tag, TagSpecification, Volume,
     VolumeState,
@@ -68,8 +74,7 @@ use aws_sdk_ecs::types::{
 use sandbox_controller::ports::{PortError, StoredKind, StoredWorkspace, Workspaces};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation};
-use sandbox_core::workspace::WorkspaceDisposition;
-use std::time::Duration;
+use sandbox_core::workspace::{SnapshotState as State, WorkspaceDisposition};
 
 const DEP: &str = "workspace";
 
@@ -101,19 +106,12 @@ pub struct EbsConfig {
     pub iops: Option<i32>,
     /// Provisioned throughput, MiB/s (`throughput`, gp3 only); `None`: not sent.
     pub throughput: Option<i32>,
-    /// How long a save or discard waits for a just-stopped task's volume to be detached
-    /// (`available`) before it fails transiently (the job is retried).
-    pub detach_wait: Duration,
-    /// How long a save waits for its snapshot to be `completed` before it leaves the
-    /// volume for later (the next save or the sweeper deletes it).
-    pub snapshot_wait: Duration,
 }
 
 impl EbsConfig {
-    /// A configuration with the default type (`gp3`) and waits (15 s to detach, 10 s for
-    /// the snapshot): they run inside a worker job after a stop's read-back (up to 60 s of
-    /// the worker's 120 s), so they are a job's budget, not a snapshot's duration; what
-    /// does not finish in time is retried (detach) or left to the sweeper (the volume).
+    /// A configuration with the default type (`gp3`). Nothing in it waits (issue 23):
+    /// a volume still attached fails the save transiently (retried through the queue), a
+    /// pending snapshot is waited for by the decision, never inside a job.
     pub fn new(infrastructure_role_arn: impl Into<String>, size_gib: i32) -> Self {
         Self {
             infrastructure_role_arn: infrastructure_role_arn.into(),
@@ -121,8 +119,6 @@ impl EbsConfig {
             volume_type: DEFAULT_VOLUME_TYPE.to_owned(),
             iops: None,
             throughput: None,
-            detach_wait: Duration::from_secs(15),
-            snapshot_wait: Duration::from_secs(10),
         }
     }
 }
@@ -288,22 +284,13 @@ impl Ebs {
         Ok(out)
     }
 
-    /// Waits (at most `detach_wait`) until `volume` is `available`; a transient error
-    /// naming the volume otherwise.
-    async fn await_available(&self, volume: &Volume, op: &'static str) -> Result<(), PortError> {
+    /// `Ok` when `volume` is `available`; a transient error naming it otherwise (no
+    /// in-job wait: the job is retried through the queue).
+    fn require_available(volume: &Volume, op: &'static str) -> Result<(), PortError> {
         if volume.state() == Some(&VolumeState::Available) {
             return Ok(());
         }
         let id = volume.volume_id().unwrap_or_default();
-        let waited = self
-            .client
-            .wait_until_volume_available()
-            .volume_ids(id)
-            .wait(self.config.detach_wait)
-            .await;
-        if waited.is_ok() {
-            return Ok(());
-        }
         Err(PortError::transient(
             DEP,
             op,
@@ -326,18 +313,66 @@ impl Ebs {
         }
     }
 
-    /// Whether `snapshot_id` is `completed` within `snapshot_wait`.
-    async fn completed(&self, snapshot: &Snapshot) -> bool {
-        if snapshot.state() == Some(&SnapshotState::Completed) {
-            return true;
-        }
-        self.client
-            .wait_until_snapshot_completed()
-            .snapshot_ids(snapshot.snapshot_id().unwrap_or_default())
+    /// The state of snapshot `id` (module docs, **snapshot_state**).
+    async fn state(&self, id: &str, op: &'static str) -> Result<State, PortError> {
+        let out = match self
+            .client
+            .describe_snapshots()
             .owner_ids("self")
-            .wait(self.config.snapshot_wait)
+            .snapshot_ids(id)
+            .send()
             .await
-            .is_ok()
+        {
+            Ok(out) => out,
+            Err(e) if code(&e) == Some("InvalidSnapshot.NotFound") => return Ok(State::Gone),
+            Err(e) => return Err(port_error(DEP, op, &e)),
+        };
+        let Some(snapshot) = out.snapshots().iter().find(|s| s.snapshot_id() == Some(id)) else {
+            return Ok(State::Gone);
+        };
+        Ok(match snapshot.state() {
+            Some(SnapshotState::Completed) => State::Completed,
+            Some(SnapshotState::Pending | SnapshotState::Recovering) => State::Pending,
+            Some(SnapshotState::Error) => State::Error,
+            Some(SnapshotState::Recoverable) => State::Gone,
+            other => {
+                return Err(PortError::transient(
+                    DEP,
+                    op,
+                    format!("snapshot {id} in a state this build does not know: {other:?}"),
+                ));
+            }
+        })
+    }
+
+    /// Deletes the `available` volumes of the generation once `snapshot_id` is
+    /// `completed` (module docs, **delete_working_copy**).
+    async fn delete_working_copy(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+        snapshot_id: &str,
+    ) -> Result<bool, PortError> {
+        let op = "delete_working_copy";
+        let volumes = self
+            .volumes(
+                tag_filters(deployment, Some(environment_id), Some(generation)),
+                op,
+            )
+            .await?;
+        if volumes.is_empty() {
+            return Ok(true);
+        }
+        if self.state(snapshot_id, op).await? != State::Completed {
+            return Ok(false);
+        }
+        for v in &volumes {
+            Self::require_available(v, op)?;
+            self.delete_volume(v.volume_id().unwrap_or_default(), op)
+                .await?;
+        }
+        Ok(true)
     }
 
     async fn save(
@@ -373,7 +408,7 @@ impl Ebs {
             });
         };
         for v in &volumes {
-            self.await_available(v, op).await?;
+            Self::require_available(v, op)?;
         }
         let volume_id = volume.volume_id().unwrap_or_default().to_owned();
         let snapshot = match snapshots
@@ -417,19 +452,9 @@ impl Ebs {
                     .build()
             }
         };
+        // Issue 23: no wait and no delete here; the volume goes once the record names a
+        // completed snapshot (`delete_working_copy`, or the sweeper).
         let snapshot_id = snapshot.snapshot_id().unwrap_or_default().to_owned();
-        if self.completed(&snapshot).await {
-            for v in &volumes {
-                self.delete_volume(v.volume_id().unwrap_or_default(), op)
-                    .await?;
-            }
-        } else {
-            tracing::warn!(
-                snapshot = %snapshot_id,
-                volume = %volume_id,
-                "workspace snapshot still pending: the volume is kept until it completes (next save or sweep)"
-            );
-        }
         Ok(WorkspaceDisposition::Snapshot { snapshot_id })
     }
 
@@ -450,7 +475,7 @@ impl Ebs {
             return Ok(WorkspaceDisposition::None);
         }
         for v in &volumes {
-            self.await_available(v, op).await?;
+            Self::require_available(v, op)?;
             self.delete_volume(v.volume_id().unwrap_or_default(), op)
                 .await?;
         }
@@ -491,22 +516,22 @@ impl Ebs {
                         format!("volume {id} is not available (attached or changing); kept"),
                     ));
                 }
-                let pending = self
-                    .snapshots(
-                        vec![
-                            filter("volume-id", id),
-                            filter("status", SnapshotState::Pending.as_str()),
-                        ],
-                        op,
-                    )
-                    .await?;
-                if let Some(s) = pending.first() {
+                let taken = self.snapshots(vec![filter("volume-id", id)], op).await?;
+                if !taken.is_empty()
+                    && !taken
+                        .iter()
+                        .any(|s| s.state() == Some(&SnapshotState::Completed))
+                {
                     return Err(PortError::transient(
                         DEP,
                         op,
                         format!(
-                            "volume {id} has a pending snapshot {}; kept until it completes",
-                            s.snapshot_id().unwrap_or_default()
+                            "volume {id} has no completed snapshot yet ({}); kept",
+                            taken
+                                .iter()
+                                .map(|s| s.snapshot_id().unwrap_or_default())
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                     ));
                 }
@@ -575,6 +600,33 @@ impl Workspaces for EcsCompute {
         match self.ebs() {
             Some(ebs) => ebs.save(deployment, environment_id, generation).await,
             None => Ok(WorkspaceDisposition::None),
+        }
+    }
+
+    async fn snapshot_state(
+        &self,
+        _deployment: &DeploymentId,
+        snapshot_id: &str,
+    ) -> Result<State, PortError> {
+        match self.ebs() {
+            Some(ebs) => ebs.state(snapshot_id, "snapshot_state").await,
+            None => Ok(State::Gone),
+        }
+    }
+
+    async fn delete_working_copy(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+        snapshot_id: &str,
+    ) -> Result<bool, PortError> {
+        match self.ebs() {
+            Some(ebs) => {
+                ebs.delete_working_copy(deployment, environment_id, generation, snapshot_id)
+                    .await
+            }
+            None => Ok(true),
         }
     }
 

@@ -24,6 +24,8 @@
 //! | `SHUTDOWN_GRACE_SECS` | worker, sweeper | no | seconds between an idle session and the stop (default 300) |
 //! | `CONNECT_DEADLINE_SECS` | worker, sweeper | no | seconds a started executor has to connect before it is replaced (default 180; ≥ 1) |
 //! | `SNAPSHOT_KEEP` | worker, sweeper | no | workspace snapshots kept per environment (default 1; ≥ 1) |
+//! | `SNAPSHOT_WAIT_SECS` | worker, sweeper | no | seconds a start waits for the snapshot it restores to leave `pending`, counted from the snapshot, before it is a failed start (default 14,400 = 4 h; ≥ 1; issue 23) |
+//! | `SNAPSHOT_RECHECK_SECS` | worker, sweeper | no | seconds between two looks at a pending snapshot a start waits for (default 30; ≥ 1) |
 //! | `CLOSE_WORKSPACE` | worker, sweeper | no | what a close does with the workspace: `delete` or `retain:<days ≥ 1>` (default `retain:7`) |
 //! | `ECS_INFRASTRUCTURE_ROLE_ARN` | worker, sweeper | no | ARN of the ECS infrastructure role for EBS volumes: set, every task gets a workspace volume that is snapshotted after it stops (issue 14; unset: no workspace is kept, `none`) |
 //! | `WORKSPACE_VOLUME_GIB` | worker, sweeper | with `ECS_INFRASTRUCTURE_ROLE_ARN` | size of each workspace volume, GiB, within its type's range: `gp2`/`gp3` 1–16,384, `io1`/`io2` 4–16,384, `st1`/`sc1` 125–16,384 |
@@ -671,6 +673,13 @@ impl ControllerSettings {
             true,
         )?;
         ceilings(&vars, &mut controller.policy)?;
+        controller.policy.snapshot_wait_secs =
+            vars.secs("SNAPSHOT_WAIT_SECS", defaults.snapshot_wait_secs, true)?;
+        controller.policy.snapshot_recheck_secs = vars.secs(
+            "SNAPSHOT_RECHECK_SECS",
+            defaults.snapshot_recheck_secs,
+            true,
+        )?;
         controller.policy.snapshot_keep = match vars.optional("SNAPSHOT_KEEP") {
             None => defaults.snapshot_keep,
             Some(raw) => {

@@ -58,6 +58,7 @@ fn observed(trigger: Trigger, session: Session, running: bool) -> Observed {
         now: NOW,
         turn_not_found: false,
         turns_read: true,
+        snapshot: Default::default(),
     }
 }
 

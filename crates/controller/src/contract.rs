@@ -1778,8 +1778,12 @@ fn stored_of<'a>(
 /// compute is live is refused and deletes nothing; after the stop reads back `Stopped`,
 /// `save_workspace` returns `snapshot <id>`, and again the same id (idempotent);
 /// `list_stored(deployment)` shows the snapshot with its environment and generation tags
-/// and no working copy of generation 1 (deleted after the snapshot), and nothing of it
-/// under another deployment; generation 2 started with `restore` = that snapshot reads the
+/// and still the working copy of generation 1 unless its snapshot is already `completed`
+/// (issue 23: a local archive is complete when written; an EBS snapshot is `pending`), and
+/// nothing of it under another deployment; while the snapshot is `pending`
+/// (`snapshot_state`), `delete_working_copy` keeps the working copy and `delete_stored`
+/// refuses it; once `completed` (waited for, at most 120 s), `delete_working_copy` deletes
+/// it; an unknown snapshot is `gone`; generation 2 started with `restore` = that snapshot reads the
 /// file (`probe`); after its stop, `discard_workspace` answers `deleted` and leaves no
 /// working copy; `delete_stored` removes the snapshot, twice without error; a save of a
 /// generation that has nothing is `none`. Everything started is stopped.
@@ -1789,7 +1793,7 @@ pub async fn workspace_contract<C: Compute, P: WorkspaceProbe>(
     probe: Option<&P>,
 ) {
     use crate::ports::StoredKind;
-    use sandbox_core::workspace::{SnapshotRef, WorkspaceDisposition};
+    use sandbox_core::workspace::{SnapshotRef, SnapshotState, WorkspaceDisposition};
     let run = unique();
     let spec = contract_spec(&run, "_ws");
     let env = spec.environment_id.clone();
@@ -1838,12 +1842,22 @@ pub async fn workspace_contract<C: Compute, P: WorkspaceProbe>(
             .any(|s| s.id == snapshot_id && s.generation == g1),
         "workspace contract [{rule_list}]: the snapshot is listed with its tags: {stored:?}"
     );
-    assert!(
-        stored_of(&stored, &env, StoredKind::Volume)
-            .iter()
-            .all(|v| v.generation != g1),
-        "workspace contract [{rule_list}]: generation 1's working copy is deleted after its snapshot: {stored:?}"
-    );
+    let volumes = stored_of(&stored, &env, StoredKind::Volume);
+    let volume_id = volumes
+        .iter()
+        .find(|v| v.generation == g1)
+        .map(|v| v.id.clone());
+    if volume_id.is_none() {
+        // Only an adapter whose snapshot is complete when the save returns (a local
+        // archive) may have let the working copy go; never one with a pending snapshot.
+        assert_eq!(
+            c.snapshot_state(deployment, &snapshot_id)
+                .await
+                .unwrap_or_else(|e| fail(rule_list, e)),
+            SnapshotState::Completed,
+            "workspace contract [{rule_list}]: generation 1's working copy outlives a save whose snapshot is not completed (issue 23): {stored:?}"
+        );
+    }
     let others = c
         .list_stored(&other_deployment(deployment))
         .await
@@ -1851,6 +1865,72 @@ pub async fn workspace_contract<C: Compute, P: WorkspaceProbe>(
     assert!(
         others.iter().all(|s| s.id != snapshot_id),
         "workspace contract [{rule_list}]: another deployment does not list this snapshot"
+    );
+
+    let rule = "working-copy-after-completed";
+    let waited = std::time::Instant::now();
+    loop {
+        let state = c
+            .snapshot_state(deployment, &snapshot_id)
+            .await
+            .unwrap_or_else(|e| fail(rule, e));
+        match state {
+            SnapshotState::Completed => break,
+            SnapshotState::Pending => {
+                let kept = c
+                    .delete_working_copy(deployment, &env, g1, &snapshot_id)
+                    .await
+                    .unwrap_or_else(|e| fail(rule, e));
+                // Read again: it may have completed between the two calls.
+                let now = c
+                    .snapshot_state(deployment, &snapshot_id)
+                    .await
+                    .unwrap_or_else(|e| fail(rule, e));
+                if now == SnapshotState::Pending {
+                    assert!(
+                        !kept,
+                        "workspace contract [{rule}]: a working copy whose snapshot is pending is kept"
+                    );
+                    if let Some(volume_id) = &volume_id {
+                        assert!(
+                            c.delete_stored(deployment, StoredKind::Volume, volume_id)
+                                .await
+                                .is_err(),
+                            "workspace contract [{rule}]: delete_stored keeps a working copy whose only snapshot is pending"
+                        );
+                    }
+                }
+                assert!(
+                    waited.elapsed() < std::time::Duration::from_secs(120),
+                    "workspace contract [{rule}]: snapshot {snapshot_id} still pending after 120 s"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            other => panic!("workspace contract [{rule}]: snapshot {snapshot_id} is {other}"),
+        }
+    }
+    assert!(
+        c.delete_working_copy(deployment, &env, g1, &snapshot_id)
+            .await
+            .unwrap_or_else(|e| fail(rule, e)),
+        "workspace contract [{rule}]: the working copy of a completed snapshot is deleted"
+    );
+    let stored = c
+        .list_stored(deployment)
+        .await
+        .unwrap_or_else(|e| fail(rule, e));
+    assert!(
+        stored_of(&stored, &env, StoredKind::Volume)
+            .iter()
+            .all(|v| v.generation != g1),
+        "workspace contract [{rule}]: generation 1's working copy is deleted: {stored:?}"
+    );
+    assert_eq!(
+        c.snapshot_state(deployment, "snap-00000000000000000")
+            .await
+            .unwrap_or_else(|e| fail(rule, e)),
+        SnapshotState::Gone,
+        "workspace contract [{rule}]: an unknown snapshot is gone"
     );
 
     let rule = "restore-latest";

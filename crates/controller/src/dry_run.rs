@@ -18,7 +18,7 @@ use crate::job::Job;
 use crate::ports::{Compute, Locked, PortError, Queue, Registry, Slots};
 use crate::worker::Controller;
 use sandbox_agents_api::SessionsApi;
-use sandbox_core::decision::{Decision, decide};
+use sandbox_core::decision::Decision;
 use sandbox_core::ids::{EnvironmentId, SessionId};
 use sandbox_core::observed::Observed;
 
@@ -69,7 +69,7 @@ where
         let gathered = self
             .evidence(job, env, &session, &inventory, locked.record.as_ref(), now)
             .await;
-        let observed = Observed {
+        let mut observed = Observed {
             trigger: job.trigger.clone(),
             environment_id: env.clone(),
             session,
@@ -82,8 +82,9 @@ where
             now,
             turn_not_found: gathered.turn_not_found,
             turns_read: gathered.turns_read,
+            snapshot: Default::default(),
         };
-        let decision = decide(&observed);
+        let decision = self.decide_with_snapshot(&mut observed).await;
         let cap = self.config.policy.max_executors;
         if cap == 0 || !sandbox_core::decision::starts_compute(&decision) {
             return Ok(decision);

@@ -381,6 +381,7 @@ mod tests {
             latest_turn: None,
             turn_not_found: false,
             turns_read: false,
+            snapshot: Default::default(),
             filter: OwnershipFilter::default(),
             policy: Policy::default(),
             now: NOW,

@@ -9,7 +9,7 @@ use sandbox_core::compute::ComputeInstance;
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EffectKey, EnvironmentId, InstanceId, SessionId};
 use sandbox_core::record::Record;
-use sandbox_core::workspace::WorkspaceDisposition;
+use sandbox_core::workspace::{SnapshotState, WorkspaceDisposition};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 
@@ -769,14 +769,20 @@ pub struct StoredWorkspace {
 /// holds a credential for it. Every method is idempotent, and deletes of what is already
 /// gone succeed. The defaults keep nothing (`none`): a provider without persistence.
 pub trait Workspaces: Send + Sync + 'static {
-    /// Saves the workspace of `generation` of `environment_id` and then deletes its working
-    /// copy. Returns `Snapshot { id }`, `None` when there is nothing to save (never written
-    /// or saved already and gone), or `RetainedLocalDir` when the working copy could not be
-    /// saved and was left in place. A second call for a generation already saved returns
-    /// the same snapshot.
+    /// Saves the workspace of `generation` of `environment_id`: requests its snapshot
+    /// (EBS `CreateSnapshot`) and returns at once, without waiting for it to complete and
+    /// without deleting the working copy (issue 23: the record must name the snapshot
+    /// before the working copy can go; [`Workspaces::delete_working_copy`] does that once
+    /// the snapshot is `completed`). Returns `Snapshot { id }` (its state may be
+    /// `pending`: [`Workspaces::snapshot_state`]), `None` when there is nothing to save
+    /// (never written or saved already and gone), or `RetainedLocalDir` when the working
+    /// copy could not be saved and was left in place. A second call for a generation
+    /// already saved returns the same snapshot (one in `error` does not count: a new one
+    /// is taken).
     ///
     /// # Errors
-    /// A [`PortError`]: nothing was deleted; the caller retries.
+    /// A [`PortError`]: nothing was deleted; the caller retries (e.g. through the queue
+    /// while ECS still detaches the volume).
     fn save_workspace(
         &self,
         _deployment: &DeploymentId,
@@ -784,6 +790,37 @@ pub trait Workspaces: Send + Sync + 'static {
         _generation: sandbox_core::ids::Generation,
     ) -> impl Future<Output = Result<WorkspaceDisposition, PortError>> + Send {
         async { Ok(WorkspaceDisposition::None) }
+    }
+    /// The state of snapshot `snapshot_id` of `deployment` (EBS `DescribeSnapshots`; a
+    /// local archive is `completed` once it exists). A snapshot the provider does not know
+    /// is [`SnapshotState::Gone`]. The default (no persistence): `completed`.
+    ///
+    /// # Errors
+    /// A [`PortError`]: the state is unknown; nothing may start from it.
+    fn snapshot_state(
+        &self,
+        _deployment: &DeploymentId,
+        _snapshot_id: &str,
+    ) -> impl Future<Output = Result<SnapshotState, PortError>> + Send {
+        async { Ok(SnapshotState::Completed) }
+    }
+    /// Deletes the working copy of `generation` (EBS: its volumes) once `snapshot_id`, the
+    /// snapshot the record names for it, is `completed`: `Ok(true)` when deleted or
+    /// already gone, `Ok(false)` when kept because the snapshot is not `completed` yet (a
+    /// later save of that generation or the sweeper deletes it). The caller calls it only
+    /// after the record naming `snapshot_id` was written (issue 23: the only copy of the
+    /// files is never a snapshot nobody recorded). The default: `Ok(true)`.
+    ///
+    /// # Errors
+    /// A [`PortError`]: nothing was deleted; retry.
+    fn delete_working_copy(
+        &self,
+        _deployment: &DeploymentId,
+        _environment_id: &EnvironmentId,
+        _generation: sandbox_core::ids::Generation,
+        _snapshot_id: &str,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send {
+        async { Ok(true) }
     }
     /// Deletes the working copy of `generation` without saving it (a close with
     /// `delete`, an orphan, a divergent duplicate). `Deleted` or `None` (nothing there).
@@ -799,7 +836,9 @@ pub trait Workspaces: Send + Sync + 'static {
         async { Ok(WorkspaceDisposition::None) }
     }
     /// Deletes one stored workspace by kind and id (a pruned or expired snapshot, an
-    /// orphaned volume); one that is gone already counts as deleted.
+    /// orphaned volume); one that is gone already counts as deleted. A working copy that
+    /// has snapshots, none of them `completed`, is kept (a transient error): it may be
+    /// the only copy of the files (issue 23).
     ///
     /// # Errors
     /// A [`PortError`]: retry.

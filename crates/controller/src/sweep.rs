@@ -461,9 +461,17 @@ fn expendable(w: &StoredWorkspace, record: Option<&Record>, now: u64, grace_secs
     match w.kind {
         StoredKind::Snapshot => {
             let kept = record.and_then(|r| r.snapshots.iter().find(|s| s.snapshot_id == w.id));
+            // Issue 23: a snapshot newer than the latest an open record names may be the
+            // only copy of a generation whose save was never recorded (a release that
+            // failed); the next save of that generation records it.
+            let unrecorded_newer = record.is_some_and(|r| {
+                r.status != RecordStatus::Closed
+                    && r.latest_snapshot()
+                        .is_none_or(|s| s.generation < w.generation)
+            });
             match kept {
                 Some(s) => s.expires_at.is_some_and(|at| at <= now),
-                None => old,
+                None => old && !unrecorded_newer,
             }
         }
         StoredKind::Volume => {
@@ -491,11 +499,14 @@ where
     ///   [`sandbox_core::workspace::CloseWorkspace::Retain`] days);
     /// - a snapshot no record's chain names (a worker that crashed before recording it, a
     ///   record that is gone), older than `Policy::visibility_window_secs` (a snapshot just
-    ///   taken is recorded when its worker releases the lock);
+    ///   taken is recorded when its worker releases the lock), and never one of a newer
+    ///   generation than the latest snapshot an open record names (issue 23: it may be the
+    ///   only copy of that generation's files; the next save of it records it);
     /// - a working copy (EBS volume, local directory) not in use whose environment has no
     ///   record, a closed one, or a snapshot of that generation or a later one, older than
     ///   the same window. A stopped generation not saved yet is kept: the next start or
-    ///   the close saves it.
+    ///   the close saves it. The adapter keeps a working copy none of whose snapshots is
+    ///   `completed` ([`crate::ports::Workspaces::delete_stored`]).
     ///
     /// `records` are the open ones the sweep read: a workspace of an environment without
     /// an open record is only deleted after a point read ([`Registry::get`]) of its

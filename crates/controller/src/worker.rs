@@ -46,7 +46,7 @@ use crate::ports::{
 use sandbox_agents_api::{ApiError, PageParams, SessionsApi};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::{
-    Decision, Effect, Outcome, StopReason, StopSpec, TurnDetail, decide, evidence_for,
+    Decision, Effect, Outcome, Reason, StopReason, StopSpec, TurnDetail, decide, evidence_for,
 };
 use sandbox_core::environment::EnvironmentStatus;
 use sandbox_core::evidence::{ConnectionObservation, ToolLayer};
@@ -55,7 +55,9 @@ use sandbox_core::observed::{
     EnvironmentRead, Inventory, Observed, SessionView, Trigger, TurnEvidence,
 };
 use sandbox_core::record::{Record, StartFailure};
-use sandbox_core::workspace::{self, CloseWorkspace, SnapshotRef, WorkspaceDisposition};
+use sandbox_core::workspace::{
+    self, CloseWorkspace, SnapshotRead, SnapshotRef, SnapshotState, WorkspaceDisposition,
+};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -374,6 +376,7 @@ where
             retry_after: None,
             slot: SlotTaken::NotNeeded,
             start_failed: false,
+            restorable: observed.snapshot.clone(),
         };
         self.keep_mapping(
             job,
@@ -500,7 +503,36 @@ where
             now,
             turn_not_found: gathered.turn_not_found,
             turns_read: gathered.turns_read,
+            snapshot: SnapshotRead::NotRead,
         }
+    }
+
+    /// [`decide`], and when the decision needs the state of the snapshot a start would
+    /// restore ([`Reason::SnapshotNotRead`], issue 23) the state read through
+    /// [`crate::ports::Workspaces::snapshot_state`] (one call) and `decide` again on it.
+    /// A failed read is [`SnapshotRead::Unavailable`]: the decision is `uncertain`.
+    pub(crate) async fn decide_with_snapshot(&self, observed: &mut Observed) -> Decision {
+        let decision = decide(observed);
+        let Reason::SnapshotNotRead { snapshot_id } = &decision.reason else {
+            return decision;
+        };
+        observed.snapshot = match self
+            .compute
+            .snapshot_state(&self.config.deployment, snapshot_id)
+            .await
+        {
+            Ok(state) => SnapshotRead::Read {
+                snapshot_id: snapshot_id.clone(),
+                state,
+            },
+            Err(e) => {
+                tracing::warn!(%snapshot_id, error = %e, "snapshot state unavailable");
+                SnapshotRead::Unavailable {
+                    snapshot_id: snapshot_id.clone(),
+                }
+            }
+        };
+        decide(observed)
     }
 
     async fn decide_and_act(
@@ -536,7 +568,7 @@ where
             tracing::info!(effect_key = %env.effect_key(), "lock recovered from an unclean holder: the environment's live instances were read");
         }
         let record = locked.record;
-        let observed = self.observed(
+        let mut observed = self.observed(
             job,
             &env,
             session,
@@ -545,7 +577,7 @@ where
             &gathered,
             now,
         );
-        let decision = decide(&observed);
+        let decision = self.decide_with_snapshot(&mut observed).await;
         // Issue 13 item 3: a start takes an executor slot first (one conditional write);
         // at the cap the start becomes a `capacity_limit` wait.
         let (decision, slot) = self.take_slot(decision, &observed, &fence).await;
@@ -574,6 +606,7 @@ where
             retry_after: None,
             slot,
             start_failed: false,
+            restorable: observed.snapshot.clone(),
         };
         self.keep_mapping(
             job,
@@ -1092,7 +1125,12 @@ where
                 break;
             }
             let result = match effect {
-                Effect::StartCompute(spec) => self.start(spec, act, now).await,
+                Effect::StartCompute(spec) => match self.start(spec, act, now).await {
+                    // Deferred until the snapshot it restores completes: not applied.
+                    Ok(false) => continue,
+                    Ok(true) => Ok(()),
+                    Err(e) => Err(e),
+                },
                 Effect::StopCompute(stop) => self.stop(stop, act).await,
                 Effect::DeleteSession { session_id: id } => {
                     if let Err(e) = self.delete_session(id, act).await {
@@ -1129,12 +1167,15 @@ where
         // What is still dirty is written by the release, atomically with the unlock.
     }
 
+    /// Applies a start; `Ok(false)`: deferred (nothing sent) because the snapshot it would
+    /// restore is not `completed` yet (issue 23), the job retried after
+    /// [`sandbox_core::observed::Policy::snapshot_recheck_secs`].
     async fn start(
         &self,
         spec: &sandbox_core::decision::StartSpec,
         act: &mut Act,
         now: u64,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         if let SlotTaken::Refused(why) = &act.slot {
             // The slot could not be checked (registry error, lost lock): never start
             // beyond what the cap allows; the message is retried.
@@ -1152,6 +1193,31 @@ where
         let mut spec = spec.clone();
         spec.restore = act.fresh.latest_snapshot().cloned();
         let spec = &spec;
+        // Issue 23: a start restores only a `completed` snapshot. One this decision did
+        // not read completed (a replacement's stop or the save above just took it) is
+        // read now; not completed, nothing starts and the next decision waits for it.
+        if let Some(r) = &spec.restore
+            && act.restorable.state_of(&r.snapshot_id) != Ok(Some(SnapshotState::Completed))
+        {
+            let state = self
+                .compute
+                .snapshot_state(&self.config.deployment, &r.snapshot_id)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "snapshot {} state unavailable, nothing started: {e}",
+                        r.snapshot_id
+                    )
+                })?;
+            if state != SnapshotState::Completed {
+                tracing::info!(
+                    environment_id = %spec.environment_id, snapshot_id = %r.snapshot_id, %state,
+                    "start deferred: the snapshot it restores is not completed"
+                );
+                act.retry_after = Some(self.config.policy.snapshot_recheck_secs.max(1));
+                return Ok(false);
+            }
+        }
         // Issue 27: a claim of a warm pool member first, when the pool is on.
         let started = crate::pool::start_or_claim(
             &self.compute,
@@ -1177,7 +1243,7 @@ where
                 act.fresh.generation = act.fresh.generation.max(spec.generation);
                 // Recorded before anything else (docs/ARCHITECTURE.md principle 3): every later side
                 // effect flushes first, and the release writes it with the lock's release.
-                Ok(())
+                Ok(true)
             }
             Ok(Started::Failed { reason }) => {
                 tracing::warn!(environment_id = %spec.environment_id, %reason, "compute start failed");
@@ -1311,6 +1377,9 @@ where
 
     /// Saves generation `generation`'s workspace, appends the snapshot to the record's
     /// chain (its parent: what that generation was restored from) and prunes the chain.
+    /// The save returns at once (the snapshot may be `pending`); the working copy is
+    /// deleted here only when the written record already names the snapshot and it is
+    /// `completed` (issue 23), else by a later save or the sweeper.
     async fn save_workspace(
         &self,
         act: &mut Act,
@@ -1322,12 +1391,38 @@ where
             .save_workspace(&self.config.deployment, &env, generation)
             .await
             .map_err(|e| format!("workspace snapshot failed (files kept): {e}"))?;
-        if let WorkspaceDisposition::Snapshot { snapshot_id } = &saved
-            && !act
-                .fresh
-                .snapshots
-                .iter()
-                .any(|s| &s.snapshot_id == snapshot_id)
+        let WorkspaceDisposition::Snapshot { snapshot_id } = &saved else {
+            return Ok(saved);
+        };
+        // Issue 23: a working copy is deleted only once the record as written names its
+        // snapshot (the version read under the lock or flushed since, never one only in
+        // memory) and that snapshot is `completed`. A snapshot just taken is recorded by
+        // this job's release; its working copy goes with a later save of the generation
+        // or the sweeper, once the snapshot completed.
+        let recorded = act
+            .record
+            .as_ref()
+            .is_some_and(|r| r.snapshots.iter().any(|s| &s.snapshot_id == snapshot_id));
+        if recorded {
+            let completed = match self
+                .compute
+                .delete_working_copy(&self.config.deployment, &env, generation, snapshot_id)
+                .await
+            {
+                Ok(deleted) => deleted,
+                Err(e) => {
+                    tracing::warn!(environment_id = %env, %generation, %snapshot_id, error = %e, "working copy not deleted; the sweeper retries");
+                    false
+                }
+            };
+            self.prune_snapshots(act, completed).await;
+            return Ok(saved);
+        }
+        if !act
+            .fresh
+            .snapshots
+            .iter()
+            .any(|s| &s.snapshot_id == snapshot_id)
         {
             let parent = (act.fresh.current().map(|i| i.generation) == Some(generation))
                 .then(|| act.fresh.restored_from.clone())
@@ -1347,22 +1442,41 @@ where
                 snapshot_id,
             );
             act.dirty = true;
-            self.prune_snapshots(act).await;
         }
+        // Its state is not known yet (on EBS a new snapshot is `pending`): the prune reads
+        // it if it would delete anything, and keeps one more while it is not completed.
+        self.prune_snapshots(act, false).await;
         Ok(saved)
     }
 
     /// Deletes the snapshots beyond the last `snapshot_keep`, except those open
-    /// reconciliation evidence names; one whose delete fails stays in the chain (retried
-    /// after the next snapshot; the sweeper reports it).
-    async fn prune_snapshots(&self, act: &mut Act) {
-        let prunable = workspace::prune(&act.fresh.snapshots, self.config.policy.snapshot_keep)
-            .into_iter()
-            // A snapshot open evidence names is kept until an owner resolves it.
-            .filter(|s| {
-                !sandbox_core::evidence::names_snapshot(&act.fresh.evidence, &s.snapshot_id)
-            })
-            .collect::<Vec<_>>();
+    /// reconciliation evidence names, and one more while the latest is not `completed`
+    /// (`latest_completed`, else read when the chain is longer than `snapshot_keep`;
+    /// [`workspace::prune`]); one whose delete fails stays
+    /// in the chain (retried after the next snapshot; the sweeper reports it).
+    async fn prune_snapshots(&self, act: &mut Act, mut latest_completed: bool) {
+        let keep = usize::try_from(self.config.policy.snapshot_keep.max(1)).unwrap_or(usize::MAX);
+        // Only when a prune could delete something: one read of the latest's state.
+        if !latest_completed
+            && act.fresh.snapshots.len() > keep
+            && let Some(latest) = act.fresh.latest_snapshot()
+        {
+            latest_completed = matches!(
+                self.compute
+                    .snapshot_state(&self.config.deployment, &latest.snapshot_id)
+                    .await,
+                Ok(SnapshotState::Completed)
+            );
+        }
+        let prunable = workspace::prune(
+            &act.fresh.snapshots,
+            self.config.policy.snapshot_keep,
+            latest_completed,
+        )
+        .into_iter()
+        // A snapshot open evidence names is kept until an owner resolves it.
+        .filter(|s| !sandbox_core::evidence::names_snapshot(&act.fresh.evidence, &s.snapshot_id))
+        .collect::<Vec<_>>();
         for old in prunable {
             match self
                 .compute
@@ -1728,6 +1842,9 @@ struct Act {
     slot: SlotTaken,
     /// The provider answered a start without an instance.
     start_failed: bool,
+    /// The snapshot state this decision read ([`Observed::snapshot`]): a start whose
+    /// restore it does not show `completed` reads the state again first (issue 23).
+    restorable: sandbox_core::workspace::SnapshotRead,
 }
 
 /// What [`Controller::take_slot`] found before the effects (issue 13 item 3).

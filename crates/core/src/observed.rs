@@ -345,6 +345,16 @@ pub struct Policy {
     /// the same either way.
     #[serde(default)]
     pub provision_on: ProvisionOn,
+    /// How long a start waits for the snapshot it would restore to leave `pending`,
+    /// seconds since the snapshot was taken (default 14,400 = 4 h: "this can take several
+    /// hours", Amazon EBS User Guide, "Create Amazon EBS snapshots"). Past it the start is
+    /// a failed start (`snapshot_pending_too_long`, counted and backed off like any).
+    #[serde(default = "default_snapshot_wait_secs")]
+    pub snapshot_wait_secs: u64,
+    /// Delay between two looks at a `pending` snapshot a start waits for, seconds
+    /// (default 30; ≥ 1).
+    #[serde(default = "default_snapshot_recheck_secs")]
+    pub snapshot_recheck_secs: u64,
 }
 
 /// When a deployment starts a session's first executor (`PROVISION_ON`, `serve
@@ -397,6 +407,19 @@ fn default_snapshot_keep() -> u32 {
     1
 }
 
+/// Default of [`Policy::snapshot_wait_secs`]: 4 h, seconds.
+pub const DEFAULT_SNAPSHOT_WAIT_SECS: u64 = 14_400;
+/// Default of [`Policy::snapshot_recheck_secs`], seconds.
+pub const DEFAULT_SNAPSHOT_RECHECK_SECS: u64 = 30;
+
+fn default_snapshot_wait_secs() -> u64 {
+    DEFAULT_SNAPSHOT_WAIT_SECS
+}
+
+fn default_snapshot_recheck_secs() -> u64 {
+    DEFAULT_SNAPSHOT_RECHECK_SECS
+}
+
 impl Default for Policy {
     fn default() -> Self {
         Self {
@@ -419,6 +442,8 @@ impl Default for Policy {
             close_workspace: crate::workspace::CloseWorkspace::default(),
             max_executors: 0,
             provision_on: ProvisionOn::ConnectionRequest,
+            snapshot_wait_secs: DEFAULT_SNAPSHOT_WAIT_SECS,
+            snapshot_recheck_secs: DEFAULT_SNAPSHOT_RECHECK_SECS,
         }
     }
 }
@@ -488,4 +513,9 @@ pub struct Observed {
     /// the stop is recorded with evidence for an owner.
     #[serde(default)]
     pub turns_read: bool,
+    /// The state of the record's latest snapshot, what a start would restore (issue 23):
+    /// read by the worker when the decision asks for it before a start
+    /// ([`crate::decision::Reason::SnapshotNotRead`]); [`crate::workspace::SnapshotRead::NotRead`] otherwise.
+    #[serde(default)]
+    pub snapshot: crate::workspace::SnapshotRead,
 }

@@ -118,6 +118,47 @@ pub enum Reason {
         /// The provider's last reason.
         last_reason: String,
     },
+    /// A start would restore a snapshot whose state this decision did not read (issue
+    /// 23): the worker reads it ([`crate::observed::Observed::snapshot`]) and decides again.
+    SnapshotNotRead {
+        /// The snapshot the start would restore.
+        snapshot_id: String,
+    },
+    /// The state of the snapshot a start would restore could not be read: nothing starts
+    /// on missing evidence (`uncertain`, retried).
+    SnapshotStateUnavailable {
+        /// The snapshot.
+        snapshot_id: String,
+    },
+    /// The snapshot a start would restore is still `pending` (issue 23: EBS snapshots take
+    /// minutes to hours; a start restores only a `completed` one): the start waits,
+    /// rechecking every [`crate::observed::Policy::snapshot_recheck_secs`], up to
+    /// [`crate::observed::Policy::snapshot_wait_secs`].
+    SnapshotPending {
+        /// The snapshot waited for.
+        snapshot_id: String,
+        /// Seconds since it was taken.
+        pending_secs: u64,
+    },
+    /// The snapshot a start would restore stayed `pending` past
+    /// [`crate::observed::Policy::snapshot_wait_secs`]: a failed start (counted, backed
+    /// off), never a start from an empty workspace.
+    SnapshotPendingTooLong {
+        /// The snapshot.
+        snapshot_id: String,
+        /// Seconds since it was taken.
+        pending_secs: u64,
+    },
+    /// The snapshot a start would restore is in `error` or gone: a failed start (counted,
+    /// backed off, then held for an operator), never a start from an empty workspace. The
+    /// working copy it was taken from is kept (never deleted before a completed snapshot
+    /// of it is recorded).
+    SnapshotUnusable {
+        /// The snapshot.
+        snapshot_id: String,
+        /// `error` or `gone`.
+        state: crate::workspace::SnapshotState,
+    },
     /// Idle, nothing pending: stop after the grace period (row 14).
     IdleGrace,
     /// A lease is pending already.
@@ -288,6 +329,36 @@ impl fmt::Display for Reason {
             } => write!(
                 f,
                 "start failed {attempts} times (last: {last_reason}); next attempt after the cooldown or an operator reset"
+            ),
+            Self::SnapshotNotRead { snapshot_id } => {
+                write!(
+                    f,
+                    "state of snapshot {snapshot_id} not read yet; reading it before the start"
+                )
+            }
+            Self::SnapshotStateUnavailable { snapshot_id } => {
+                write!(
+                    f,
+                    "state of snapshot {snapshot_id} unavailable; nothing starts"
+                )
+            }
+            Self::SnapshotPending {
+                snapshot_id,
+                pending_secs,
+            } => write!(
+                f,
+                "workspace snapshot {snapshot_id} pending for {pending_secs} s; the start waits for it"
+            ),
+            Self::SnapshotPendingTooLong {
+                snapshot_id,
+                pending_secs,
+            } => write!(
+                f,
+                "workspace snapshot {snapshot_id} still pending after {pending_secs} s; start failed (files kept)"
+            ),
+            Self::SnapshotUnusable { snapshot_id, state } => write!(
+                f,
+                "workspace snapshot {snapshot_id} is {state}; start failed (the working copy is kept)"
             ),
             Self::IdleGrace => f.write_str("session idle; stop after the grace period"),
             Self::LeaseAlreadyPending => f.write_str("shutdown lease already pending"),

@@ -12,6 +12,15 @@
 //!
 //! A snapshot is an EBS snapshot id (`snap-…`) on AWS, an archive name
 //! (`g<generation>-<unix secs>.tar.zst`) in local mode.
+//!
+//! Snapshots take time (issue 23): an EBS snapshot "remains in the pending state until all
+//! of data has been transferred to Amazon S3. This can take several hours" (Amazon EBS
+//! User Guide, "Create Amazon EBS snapshots"), and a `RunTask` `snapshotId` is
+//! `CreateVolume`'s `SnapshotId`, which restores only a `completed` snapshot. So a start
+//! names only a [`SnapshotState::Completed`] snapshot (the decision reads the latest one's
+//! state, [`SnapshotRead`]), and a working copy is deleted only once the record names its
+//! snapshot and that snapshot is completed. A local archive is complete when it is
+//! written (renamed into place).
 
 use crate::ids::Generation;
 use serde::{Deserialize, Serialize};
@@ -35,6 +44,82 @@ pub struct SnapshotRef {
     /// while it is among the last [`crate::observed::Policy::snapshot_keep`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<u64>,
+}
+
+/// The state of one snapshot, as the provider reports it (EC2 `DescribeSnapshots`
+/// `State`; a local archive is `completed` once it exists).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotState {
+    /// Still being copied (EC2 `pending`, also `recovering`): not restorable yet.
+    Pending,
+    /// Restorable (EC2 `completed`).
+    Completed,
+    /// Failed (EC2 `error`): holds nothing restorable.
+    Error,
+    /// The provider does not know it (EC2 `InvalidSnapshot.NotFound`, `recoverable` in the
+    /// Recycle Bin; a missing archive).
+    Gone,
+}
+
+impl SnapshotState {
+    /// The state's spelling (`pending`, `completed`, `error`, `gone`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Completed => "completed",
+            Self::Error => "error",
+            Self::Gone => "gone",
+        }
+    }
+}
+
+impl fmt::Display for SnapshotState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The record's latest snapshot ([`crate::record::Record::latest_snapshot`]) as read for
+/// one decision ([`crate::observed::Observed::snapshot`]): what a start would restore.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "read", rename_all = "snake_case")]
+pub enum SnapshotRead {
+    /// Not read: the worker reads it only when the decision asks
+    /// ([`crate::decision::Reason::SnapshotNotRead`]), i.e. before a start.
+    #[default]
+    NotRead,
+    /// Read just now.
+    Read {
+        /// The snapshot read.
+        snapshot_id: String,
+        /// Its state.
+        state: SnapshotState,
+    },
+    /// The read failed (throttling, 5xx, a timeout): missing evidence, nothing starts.
+    Unavailable {
+        /// The snapshot that could not be read.
+        snapshot_id: String,
+    },
+}
+
+/// The read of a snapshot's state failed ([`SnapshotRead::Unavailable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotUnreadable;
+
+impl SnapshotRead {
+    /// The state read for `snapshot_id`, if this read is about it; `Err` when the read of
+    /// it failed; `Ok(None)` when it was not read.
+    pub fn state_of(&self, snapshot_id: &str) -> Result<Option<SnapshotState>, SnapshotUnreadable> {
+        match self {
+            Self::Read {
+                snapshot_id: id,
+                state,
+            } if id == snapshot_id => Ok(Some(*state)),
+            Self::Unavailable { snapshot_id: id } if id == snapshot_id => Err(SnapshotUnreadable),
+            _ => Ok(None),
+        }
+    }
 }
 
 /// What happened to a workspace when its compute stopped or its session closed, as every
@@ -175,8 +260,14 @@ impl std::str::FromStr for CloseWorkspace {
 /// The snapshots of a chain to delete so that only the last `keep` remain (oldest first;
 /// `keep` 0 counts as 1: the latest is never pruned, it is the next generation's files).
 /// Snapshots that carry an expiry are left to the sweeper.
-pub fn prune(chain: &[SnapshotRef], keep: u32) -> Vec<SnapshotRef> {
-    let keep = usize::try_from(keep.max(1)).unwrap_or(usize::MAX);
+///
+/// `latest_completed`: whether the latest is known [`SnapshotState::Completed`]. When it
+/// is not (still `pending`, or not read), one more is kept: the last completed snapshot is
+/// never pruned while a newer one may still fail (issue 23); the next prune, after the
+/// newer one completed, deletes it.
+pub fn prune(chain: &[SnapshotRef], keep: u32, latest_completed: bool) -> Vec<SnapshotRef> {
+    let keep = keep.max(1).saturating_add(u32::from(!latest_completed));
+    let keep = usize::try_from(keep).unwrap_or(usize::MAX);
     let n = chain.len().saturating_sub(keep);
     chain[..n]
         .iter()
@@ -241,17 +332,40 @@ mod tests {
     #[test]
     fn prune_keeps_the_last_k_and_never_the_latest() {
         let chain = vec![snap("a", 1), snap("b", 2), snap("c", 3)];
-        assert_eq!(prune(&chain, 1), vec![snap("a", 1), snap("b", 2)]);
-        assert_eq!(prune(&chain, 2), vec![snap("a", 1)]);
-        assert!(prune(&chain, 3).is_empty());
-        assert_eq!(prune(&chain, 0), prune(&chain, 1));
-        assert!(prune(&[], 1).is_empty());
+        assert_eq!(prune(&chain, 1, true), vec![snap("a", 1), snap("b", 2)]);
+        assert_eq!(prune(&chain, 2, true), vec![snap("a", 1)]);
+        assert!(prune(&chain, 3, true).is_empty());
+        assert_eq!(prune(&chain, 0, true), prune(&chain, 1, true));
+        assert!(prune(&[], 1, true).is_empty());
+    }
+
+    #[test]
+    fn prune_keeps_the_last_completed_snapshot_while_a_newer_one_is_pending() {
+        let chain = vec![snap("a", 1), snap("b", 2), snap("c", 3)];
+        // `c` pending: `b` (the last that surely completed) stays.
+        assert_eq!(prune(&chain, 1, false), vec![snap("a", 1)]);
+        assert!(prune(&chain, 2, false).is_empty());
+    }
+
+    #[test]
+    fn a_snapshot_read_answers_only_for_its_own_snapshot() {
+        let read = SnapshotRead::Read {
+            snapshot_id: "snap-1".into(),
+            state: SnapshotState::Pending,
+        };
+        assert_eq!(read.state_of("snap-1"), Ok(Some(SnapshotState::Pending)));
+        assert_eq!(read.state_of("snap-2"), Ok(None));
+        let failed = SnapshotRead::Unavailable {
+            snapshot_id: "snap-1".into(),
+        };
+        assert_eq!(failed.state_of("snap-1"), Err(SnapshotUnreadable));
+        assert_eq!(SnapshotRead::NotRead.state_of("snap-1"), Ok(None));
     }
 
     #[test]
     fn prune_leaves_retained_snapshots_to_the_sweeper() {
         let mut old = snap("a", 1);
         old.expires_at = Some(100);
-        assert!(prune(&[old, snap("b", 2)], 1).is_empty());
+        assert!(prune(&[old, snap("b", 2)], 1, true).is_empty());
     }
 }

@@ -30,6 +30,8 @@ fn controller_env() -> HashMap<&'static str, String> {
         ("SHUTDOWN_GRACE_SECS", "120"),
         ("CONNECT_DEADLINE_SECS", "240"),
         ("SNAPSHOT_KEEP", "3"),
+        ("SNAPSHOT_WAIT_SECS", "7200"),
+        ("SNAPSHOT_RECHECK_SECS", "45"),
         ("CLOSE_WORKSPACE", "delete"),
         (
             "OPENAI_API_KEY_SECRET_ARN",
@@ -68,6 +70,8 @@ fn complete_controller_environment_parses_every_variable() {
     assert_eq!(s.controller.policy.shutdown_grace_secs, 120);
     assert_eq!(s.controller.policy.connect_deadline_secs, 240);
     assert_eq!(s.controller.policy.snapshot_keep, 3);
+    assert_eq!(s.controller.policy.snapshot_wait_secs, 7_200);
+    assert_eq!(s.controller.policy.snapshot_recheck_secs, 45);
     assert_eq!(
         s.controller.policy.close_workspace,
         sandbox_core::workspace::CloseWorkspace::Delete
@@ -93,6 +97,8 @@ fn optional_controller_variables_take_their_defaults() {
         "SHUTDOWN_GRACE_SECS",
         "CONNECT_DEADLINE_SECS",
         "SNAPSHOT_KEEP",
+        "SNAPSHOT_WAIT_SECS",
+        "SNAPSHOT_RECHECK_SECS",
         "CLOSE_WORKSPACE",
     ] {
         env.remove(k);
@@ -107,6 +113,8 @@ fn optional_controller_variables_take_their_defaults() {
     assert_eq!(s.controller.policy.shutdown_grace_secs, 300);
     assert_eq!(s.controller.policy.connect_deadline_secs, 180);
     assert_eq!(s.controller.policy.snapshot_keep, 1);
+    assert_eq!(s.controller.policy.snapshot_wait_secs, 14_400);
+    assert_eq!(s.controller.policy.snapshot_recheck_secs, 30);
     assert_eq!(
         s.controller.policy.close_workspace,
         sandbox_core::workspace::CloseWorkspace::Retain { days: 7 }
@@ -167,6 +175,9 @@ fn invalid_controller_values_name_the_variable_and_never_repeat_the_value() {
         ("CONNECT_DEADLINE_SECS", "0"),
         ("SNAPSHOT_KEEP", "0"),
         ("SNAPSHOT_KEEP", "all"),
+        ("SNAPSHOT_WAIT_SECS", "0"),
+        ("SNAPSHOT_WAIT_SECS", "4h"),
+        ("SNAPSHOT_RECHECK_SECS", "0"),
         ("CLOSE_WORKSPACE", "retain:0"),
         ("CLOSE_WORKSPACE", "keep-forever"),
         ("ASSIGN_PUBLIC_IP", "maybe"),

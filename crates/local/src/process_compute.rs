@@ -56,7 +56,7 @@ use sandbox_controller::ports::{StoredKind, StoredWorkspace, Workspaces};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, InstanceId, SessionId};
-use sandbox_core::workspace::WorkspaceDisposition;
+use sandbox_core::workspace::{SnapshotState, WorkspaceDisposition};
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -1584,6 +1584,60 @@ impl Workspaces for ProcessCompute {
         })?;
         tracing::info!(environment_id = %environment_id, %generation, snapshot_id = %id, "workspace archived");
         Ok(WorkspaceDisposition::Snapshot { snapshot_id: id })
+    }
+
+    /// An archive is complete once it exists (written to a temporary name, then renamed):
+    /// `completed`, else `gone`.
+    async fn snapshot_state(
+        &self,
+        deployment: &DeploymentId,
+        snapshot_id: &str,
+    ) -> Result<SnapshotState, PortError> {
+        let root = &self.inner.config.workspace_root;
+        // Not an archive name this deployment could have written: no such snapshot.
+        let Ok(archive) = ws::archive_path(root, deployment.as_str(), snapshot_id) else {
+            return Ok(SnapshotState::Gone);
+        };
+        Ok(if archive.is_file() {
+            SnapshotState::Completed
+        } else {
+            SnapshotState::Gone
+        })
+    }
+
+    /// Local mode's save deletes the directory itself once the archive is in place (an
+    /// archive is complete when it exists; one not recorded yet is kept by the sweeper,
+    /// which never deletes a snapshot newer than the record's latest, and a retried save
+    /// returns it, issue 23). This deletes a directory a crash left after its archive.
+    async fn delete_working_copy(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+        snapshot_id: &str,
+    ) -> Result<bool, PortError> {
+        let env = ws::checked_env(environment_id, "delete_working_copy")?;
+        let root = &self.inner.config.workspace_root;
+        if !ws::archive_path(root, deployment.as_str(), snapshot_id)?.is_file() {
+            return Ok(false);
+        }
+        let dir = ws::generation_dir(root, env, generation);
+        if dir.exists() {
+            if self
+                .generation_live(env, generation, "delete_working_copy")
+                .await?
+            {
+                return Err(Self::in_use(env, generation, "delete_working_copy"));
+            }
+            tokio::fs::remove_dir_all(&dir).await.map_err(|e| {
+                PortError::transient(
+                    "workspace",
+                    "delete_working_copy",
+                    format!("{}: {e}", dir.display()),
+                )
+            })?;
+        }
+        Ok(true)
     }
 
     async fn discard_workspace(

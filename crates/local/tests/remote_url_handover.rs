@@ -64,6 +64,7 @@ fn observed(env: &str, remote_url: &str, allow: &[&str]) -> Observed {
         now: NOW,
         turn_not_found: false,
         turns_read: false,
+        snapshot: Default::default(),
     }
 }
 

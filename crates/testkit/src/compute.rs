@@ -32,6 +32,20 @@
 //! `DescribeTasks`, `describe_many` of n ids ⌈n/100⌉, a list of L live tasks
 //! max(1, ⌈L/100⌉) `ListTasks` pages and ⌈L/100⌉ `DescribeTasks`.
 //!
+//! Workspaces follow Amazon EBS (issue 23): a snapshot is `pending` for
+//! [`SnapshotTiming::pending_secs`] on the twin's clock, then `completed` (or, for
+//! [`SnapshotTiming::error_per_mille`] of them, `error`); "Snapshot creation is
+//! asynchronous ... it remains in the pending state until all of data has been transferred
+//! to Amazon S3. This can take several hours" (Amazon EBS User Guide, "Create Amazon EBS
+//! snapshots"). The twin is strict: a start naming a snapshot that is not `completed` is
+//! refused the way EC2's `CreateVolume` refuses it (`IncorrectState`, "Snapshot is in
+//! invalid state"; velero-io/velero#1799: "EBS VolumeSnapshotter fails to create volume
+//! from snapshot if the snapshot is still pending"): a failed start, logged
+//! [`ComputeEvent::RestoreRefused`]. A volume is kept after its snapshot is taken; it is
+//! deleted by [`Workspaces::delete_working_copy`] only once that snapshot is `completed`,
+//! and `delete_stored` keeps a volume with snapshots none of which is `completed`
+//! ([`ComputeEvent::VolumeDeleted`] logs every deletion).
+//!
 //! Every start and stop is logged ([`ComputeEvent`]) so a test can check what was asked
 //! and in which state the provider was.
 
@@ -44,7 +58,7 @@ use sandbox_controller::ports::{
 use sandbox_core::compute::{ComputeInstance, ComputeStatus, TASK_FAILED_TO_START};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, InstanceId};
-use sandbox_core::workspace::WorkspaceDisposition;
+use sandbox_core::workspace::{SnapshotState, WorkspaceDisposition};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -55,6 +69,16 @@ pub struct ComputeTiming {
     pub start_secs: u64,
     /// Seconds from `stop` to `Stopped` (`Stopping` before).
     pub stop_secs: u64,
+}
+
+/// How EBS snapshots take time on the twin (issue 23). Default: instant and never `error`
+/// (the contract suite); the simulation keeps them `pending` for minutes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotTiming {
+    /// Seconds a new snapshot stays `pending` on the twin's clock (0: `completed` at once).
+    pub pending_secs: u64,
+    /// Per mille of new snapshots that end in `error` instead of `completed`.
+    pub error_per_mille: u64,
 }
 
 /// ECS API limits the twin enforces (ECS API reference; aws-semantics.md).
@@ -196,6 +220,8 @@ pub struct EcsAnswers {
     pub failing_starts: u64,
     /// Requests throttled.
     pub throttled: u64,
+    /// Snapshot state reads answered `pending` (issue 23: a start waited for one).
+    pub snapshot_pending_reads: u64,
 }
 
 impl EcsCalls {
@@ -214,6 +240,31 @@ pub enum ComputeEvent {
         instance: ComputeInstance,
         /// `false` when the token matched an existing instance (idempotent replay).
         created: bool,
+        /// Unix milliseconds.
+        at_ms: u64,
+    },
+    /// A start named a snapshot that is not `completed` (issue 23): refused like EC2's
+    /// `CreateVolume` (`IncorrectState`), answered as a failed start. A controller that
+    /// restores only completed snapshots never causes one.
+    RestoreRefused {
+        /// The snapshot named.
+        snapshot_id: String,
+        /// Its state then.
+        state: SnapshotState,
+        /// Unix milliseconds.
+        at_ms: u64,
+    },
+    /// A workspace volume was deleted.
+    VolumeDeleted {
+        /// The environment tag.
+        environment_id: EnvironmentId,
+        /// The generation tag.
+        generation: Generation,
+        /// The port call that deleted it: `discard_workspace`, `delete_working_copy` or
+        /// `delete_stored`.
+        via: &'static str,
+        /// The snapshots taken of it, with their state then.
+        snapshots: Vec<(String, SnapshotState)>,
         /// Unix milliseconds.
         at_ms: u64,
     },
@@ -273,6 +324,8 @@ struct State {
     ws_next: u64,
     /// Warm pool members (issue 27), in start order.
     pool: Vec<TwinMember>,
+    /// How snapshots take time ([`TwinCompute::set_snapshot_timing`]).
+    snapshot_timing: SnapshotTiming,
 }
 
 /// A warm pool member of the twin (issue 27).
@@ -320,6 +373,23 @@ pub struct TwinSnapshot {
     pub files: BTreeMap<String, String>,
     /// Created at, Unix seconds.
     pub created_at: u64,
+    /// The volume it was taken from.
+    pub volume_id: String,
+    /// When it leaves `pending`, Unix milliseconds.
+    pub settles_at_ms: u64,
+    /// It ends in `error`, not `completed`.
+    pub ends_in_error: bool,
+}
+
+impl TwinSnapshot {
+    /// Its state at `now_ms` (Unix milliseconds).
+    pub fn state_at(&self, now_ms: u64) -> SnapshotState {
+        match (now_ms >= self.settles_at_ms, self.ends_in_error) {
+            (false, _) => SnapshotState::Pending,
+            (true, false) => SnapshotState::Completed,
+            (true, true) => SnapshotState::Error,
+        }
+    }
 }
 
 /// An in-memory compute provider. Clones share the same state.
@@ -383,8 +453,14 @@ impl TwinCompute {
                 snapshots: HashMap::new(),
                 ws_next: 0,
                 pool: vec![],
+                snapshot_timing: SnapshotTiming::default(),
             })),
         }
+    }
+
+    /// From now on, new snapshots take time as `timing` says (issue 23).
+    pub fn set_snapshot_timing(&self, timing: SnapshotTiming) {
+        self.state().snapshot_timing = timing;
     }
 
     /// The ECS behaviours this twin reproduces.
@@ -690,6 +766,34 @@ impl TwinCompute {
         );
     }
 
+    /// Removes the volume of `key`, logging [`ComputeEvent::VolumeDeleted`]; `false` when
+    /// there was none.
+    fn remove_volume(
+        s: &mut State,
+        key: &(DeploymentId, EnvironmentId, Generation),
+        via: &'static str,
+        now_ms: u64,
+    ) -> bool {
+        let Some(v) = s.volumes.remove(key) else {
+            return false;
+        };
+        let mut snapshots: Vec<(String, SnapshotState)> = s
+            .snapshots
+            .values()
+            .filter(|x| x.volume_id == v.id)
+            .map(|x| (x.id.clone(), x.state_at(now_ms)))
+            .collect();
+        snapshots.sort_by(|a, b| a.0.cmp(&b.0));
+        s.events.push(ComputeEvent::VolumeDeleted {
+            environment_id: key.1.clone(),
+            generation: key.2,
+            via,
+            snapshots,
+            at_ms: now_ms,
+        });
+        true
+    }
+
     /// Whether some instance of (deployment, env, generation) is not `STOPPED` yet.
     fn volume_in_use(
         &self,
@@ -717,10 +821,12 @@ impl Workspaces for TwinCompute {
     ) -> Result<WorkspaceDisposition, PortError> {
         let now = self.clock.now_ms();
         let mut s = self.state();
+        // A retried save returns the generation's snapshot; one in `error` does not count.
         if let Some(done) = s.snapshots.values().find(|x| {
             &x.deployment == deployment
                 && &x.environment_id == environment_id
                 && x.generation == generation
+                && x.state_at(now) != SnapshotState::Error
         }) {
             return Ok(WorkspaceDisposition::Snapshot {
                 snapshot_id: done.id.clone(),
@@ -738,7 +844,11 @@ impl Workspaces for TwinCompute {
                 format!("volume of {environment_id} generation {generation} is in use"),
             ));
         }
-        let volume = s.volumes.remove(&key).unwrap_or_default();
+        // CreateSnapshot: the volume stays; the snapshot holds its files as of now.
+        let volume = s.volumes.get(&key).cloned().unwrap_or_default();
+        let timing = s.snapshot_timing;
+        let ends_in_error =
+            timing.error_per_mille > 0 && s.rng.below(1_000) < timing.error_per_mille;
         s.ws_next += 1;
         let id = format!("snap-twin{}", s.ws_next);
         s.snapshots.insert(
@@ -750,6 +860,9 @@ impl Workspaces for TwinCompute {
                 generation,
                 files: volume.files,
                 created_at: now / 1000,
+                volume_id: volume.id,
+                settles_at_ms: now + timing.pending_secs * 1_000,
+                ends_in_error,
             },
         );
         Ok(WorkspaceDisposition::Snapshot { snapshot_id: id })
@@ -770,14 +883,57 @@ impl Workspaces for TwinCompute {
                 format!("volume of {environment_id} generation {generation} is in use"),
             ));
         }
-        let gone = s
-            .volumes
-            .remove(&(deployment.clone(), environment_id.clone(), generation));
-        Ok(if gone.is_some() {
+        let gone = Self::remove_volume(
+            &mut s,
+            &(deployment.clone(), environment_id.clone(), generation),
+            "discard_workspace",
+            now,
+        );
+        Ok(if gone {
             WorkspaceDisposition::Deleted
         } else {
             WorkspaceDisposition::None
         })
+    }
+
+    async fn snapshot_state(
+        &self,
+        deployment: &DeploymentId,
+        snapshot_id: &str,
+    ) -> Result<SnapshotState, PortError> {
+        let now = self.clock.now_ms();
+        let mut s = self.state();
+        let state = s
+            .snapshots
+            .get(snapshot_id)
+            .filter(|x| &x.deployment == deployment)
+            .map_or(SnapshotState::Gone, |x| x.state_at(now));
+        s.answers.snapshot_pending_reads += u64::from(state == SnapshotState::Pending);
+        Ok(state)
+    }
+
+    async fn delete_working_copy(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+        snapshot_id: &str,
+    ) -> Result<bool, PortError> {
+        let now = self.clock.now_ms();
+        let mut s = self.state();
+        let key = (deployment.clone(), environment_id.clone(), generation);
+        let Some(volume_id) = s.volumes.get(&key).map(|v| v.id.clone()) else {
+            return Ok(true);
+        };
+        let completed = s.snapshots.get(snapshot_id).is_some_and(|x| {
+            &x.deployment == deployment
+                && x.volume_id == volume_id
+                && x.state_at(now) == SnapshotState::Completed
+        });
+        if completed {
+            Self::remove_volume(&mut s, &key, "delete_working_copy", now);
+        }
+        Ok(completed)
     }
 
     async fn delete_stored(
@@ -786,6 +942,7 @@ impl Workspaces for TwinCompute {
         kind: StoredKind,
         id: &str,
     ) -> Result<(), PortError> {
+        let now = self.clock.now_ms();
         let mut s = self.state();
         match kind {
             StoredKind::Snapshot => {
@@ -796,7 +953,30 @@ impl Workspaces for TwinCompute {
                     s.snapshots.remove(id);
                 }
             }
-            StoredKind::Volume => s.volumes.retain(|k, v| !(&k.0 == deployment && v.id == id)),
+            StoredKind::Volume => {
+                let Some(key) = s
+                    .volumes
+                    .iter()
+                    .find(|(k, v)| &k.0 == deployment && v.id == id)
+                    .map(|(k, _)| k.clone())
+                else {
+                    return Ok(());
+                };
+                let states: Vec<SnapshotState> = s
+                    .snapshots
+                    .values()
+                    .filter(|x| x.volume_id == id)
+                    .map(|x| x.state_at(now))
+                    .collect();
+                if !states.is_empty() && !states.contains(&SnapshotState::Completed) {
+                    return Err(PortError::transient(
+                        "workspace",
+                        "delete_stored",
+                        format!("volume {id} has no completed snapshot; kept"),
+                    ));
+                }
+                Self::remove_volume(&mut s, &key, "delete_stored", now);
+            }
         }
         Ok(())
     }
@@ -863,6 +1043,21 @@ impl TwinCompute {
         let files = match &spec.restore {
             None => BTreeMap::new(),
             Some(r) => match s.snapshots.get(&r.snapshot_id) {
+                // EC2 CreateVolume restores only a `completed` snapshot (module docs).
+                Some(snap) if snap.state_at(now) != SnapshotState::Completed => {
+                    let state = snap.state_at(now);
+                    s.events.push(ComputeEvent::RestoreRefused {
+                        snapshot_id: r.snapshot_id.clone(),
+                        state,
+                        at_ms: now,
+                    });
+                    return Started::Failed {
+                        reason: format!(
+                            "IncorrectState: snapshot {} is in invalid state - {state}",
+                            r.snapshot_id
+                        ),
+                    };
+                }
                 Some(snap) => snap.files.clone(),
                 // ECS: the task fails to attach a volume from a snapshot that is gone.
                 None => {

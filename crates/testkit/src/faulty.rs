@@ -540,6 +540,26 @@ impl<C: Compute> Workspaces for Faulty<C> {
             .save_workspace(deployment, environment_id, generation)
             .await
     }
+    async fn snapshot_state(
+        &self,
+        deployment: &DeploymentId,
+        snapshot_id: &str,
+    ) -> Result<sandbox_core::workspace::SnapshotState, PortError> {
+        self.fail_workspace("snapshot_state")?;
+        self.inner.snapshot_state(deployment, snapshot_id).await
+    }
+    async fn delete_working_copy(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+        snapshot_id: &str,
+    ) -> Result<bool, PortError> {
+        self.fail_workspace("delete_working_copy")?;
+        self.inner
+            .delete_working_copy(deployment, environment_id, generation, snapshot_id)
+            .await
+    }
     async fn discard_workspace(
         &self,
         deployment: &DeploymentId,

@@ -207,6 +207,28 @@ impl<C: Compute> Workspaces for Interleaved<C> {
             .save_workspace(deployment, environment_id, generation)
             .await
     }
+    async fn snapshot_state(
+        &self,
+        deployment: &DeploymentId,
+        snapshot_id: &str,
+    ) -> Result<sandbox_core::workspace::SnapshotState, PortError> {
+        yield_once().await;
+        let _ = "snapshot_state";
+        self.inner.snapshot_state(deployment, snapshot_id).await
+    }
+    async fn delete_working_copy(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+        snapshot_id: &str,
+    ) -> Result<bool, PortError> {
+        yield_once().await;
+        let _ = "delete_working_copy";
+        self.inner
+            .delete_working_copy(deployment, environment_id, generation, snapshot_id)
+            .await
+    }
     async fn discard_workspace(
         &self,
         deployment: &DeploymentId,

@@ -36,7 +36,8 @@ pub mod world;
 pub use budgets::{Transition, measure_transitions, measure_transitions_async};
 pub use clock::SimClock;
 pub use compute::{
-    AwsLike, ComputeEvent, ComputeTiming, EcsAnswers, EcsCalls, Throttle, TwinCompute,
+    AwsLike, ComputeEvent, ComputeTiming, EcsAnswers, EcsCalls, SnapshotTiming, Throttle,
+    TwinCompute,
 };
 pub use counting::{Access, Call, CallCounts, CallLog, Counting};
 pub use faulty::{Fault, FaultPlan, Faulty};

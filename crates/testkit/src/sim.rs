@@ -30,9 +30,16 @@
 //! or closing session). Checked after the settle: no live compute without a record that
 //! names it; nothing lost (a session that still requires a connection has exactly one
 //! active compute; deleted, failed, closed and idle sessions have none).
+//!
+//! Snapshots take time (issue 23, [`SimConfig::snapshots`]: `pending` for minutes by
+//! default). Checked after every step: no start restored from a snapshot that is not
+//! `completed` (the twin refuses it, [`ComputeEvent::RestoreRefused`]), and no working
+//! copy with snapshots was deleted before one of them was `completed` and named by its
+//! environment's record ([`ComputeEvent::VolumeDeleted`]; a discard, and a closed or
+//! missing record, delete on purpose).
 
 use crate::clock::SimClock;
-use crate::compute::{AwsLike, ComputeEvent, ComputeTiming, TwinCompute};
+use crate::compute::{AwsLike, ComputeEvent, ComputeTiming, SnapshotTiming, TwinCompute};
 use crate::interleave::{Interleaved, Scheduler};
 use crate::queue::TwinQueue;
 use crate::registry::TwinRegistry;
@@ -89,6 +96,9 @@ pub struct SimConfig {
     /// wherever it stands). `None`: actors never time out. Default: the templates' 150 s
     /// and 300 s (infra/sam/template.yaml).
     pub deadlines: Option<Deadlines>,
+    /// How workspace snapshots take time (issue 23). Default: `pending` for 120 s, never
+    /// `error`.
+    pub snapshots: SnapshotTiming,
 }
 
 /// How long an invocation may run in the simulation, simulated seconds.
@@ -120,6 +130,10 @@ impl Default for SimConfig {
             aws: AwsLike::ecs(0),
             fan_out_percent: 50,
             deadlines: Some(Deadlines::default()),
+            snapshots: SnapshotTiming {
+                pending_secs: 120,
+                error_per_mille: 0,
+            },
         }
     }
 }
@@ -156,6 +170,8 @@ pub struct ScheduleReport {
     pub fan_out_sweeps: usize,
     /// Actors killed at their invocation's deadline ([`SimConfig::deadlines`]).
     pub deadline_kills: usize,
+    /// Workspace volumes deleted (each checked: issue 23).
+    pub volumes_deleted: usize,
     /// What the ECS-like compute twin did: reads answered `MISSING` because the task was
     /// new or forgotten, token replays, starts that ended `TaskFailedToStart`.
     pub ecs: crate::compute::EcsAnswers,
@@ -264,6 +280,7 @@ impl Sim {
             ..cfg.aws
         };
         let compute = TwinCompute::aws_like(clock.clone(), ComputeTiming::default(), aws);
+        compute.set_snapshot_timing(cfg.snapshots);
         let sessions = TwinSessions::new();
         let n_envs = 1 + rng.index(3);
         let n_workers = 2 + rng.index(3);
@@ -686,9 +703,67 @@ impl Sim {
                     self.note(format!("{actor}: compute stop {instance_id} ({reason})"));
                     self.check_stop(actor, before, &instance_id, &reason)?;
                 }
+                ComputeEvent::RestoreRefused {
+                    snapshot_id, state, ..
+                } => {
+                    return Err(self.violation(format!(
+                        "{actor} started a compute restoring snapshot {snapshot_id}, which is \
+                         {state}: a start restored from a non-completed snapshot"
+                    )));
+                }
+                ComputeEvent::VolumeDeleted {
+                    environment_id,
+                    generation,
+                    via,
+                    snapshots,
+                    ..
+                } => {
+                    self.report.volumes_deleted += 1;
+                    self.note(format!(
+                        "{actor}: volume of env {:?} gen {generation} deleted ({via}; snapshots {snapshots:?})",
+                        self.env_index(&environment_id)
+                    ));
+                    self.check_volume_deleted(actor, &environment_id, via, &snapshots)?;
+                }
             }
         }
         self.check_one_active(actor)
+    }
+
+    /// Issue 23: a working copy with snapshots is deleted (other than by a discard, or
+    /// for a closed or missing record) only once one of them is `completed` and the environment's
+    /// record names it: the files are never left only in a snapshot nobody recorded or
+    /// that may still fail.
+    fn check_volume_deleted(
+        &self,
+        actor: &str,
+        env: &EnvironmentId,
+        via: &str,
+        snapshots: &[(String, sandbox_core::workspace::SnapshotState)],
+    ) -> Result<(), Violation> {
+        if via == "discard_workspace" || snapshots.is_empty() {
+            return Ok(());
+        }
+        // No record (nothing could ever restore these files: a start without a record
+        // restores nothing) or a closed one: deleted on purpose.
+        let Some(record) = self
+            .registry
+            .record(&env.effect_key())
+            .filter(|r| r.status != RecordStatus::Closed)
+        else {
+            return Ok(());
+        };
+        let safe = snapshots.iter().any(|(id, state)| {
+            *state == sandbox_core::workspace::SnapshotState::Completed
+                && record.snapshots.iter().any(|s| &s.snapshot_id == id)
+        });
+        if safe {
+            return Ok(());
+        }
+        Err(self.violation(format!(
+            "{actor} deleted a volume of {env} ({via}) before a completed snapshot of it was \
+             recorded: snapshots {snapshots:?}, record {record:?}"
+        )))
     }
 
     fn check_stop(
@@ -818,8 +893,29 @@ impl Sim {
                         .count()
                         >= policy.max_replacements as usize
                 });
+            // An operator close that waits for an owner to resolve open evidence rejects
+            // new work until then (lifecycle-cases.md row 25, issue 15): held, not lost.
+            // Snapshots that take time (issue 23) make a start wait minutes, so such a
+            // close can now come before the start it used to follow.
+            let close_held = record
+                .as_ref()
+                .is_some_and(|r| r.cleanup_required && r.open_evidence().next().is_some());
+            // Issue 23: a start waiting for the snapshot it restores (still `pending` at
+            // the end, a recheck queued) is deferred, not lost.
+            let now_ms = self.clock.now_ms();
+            let snapshot_wait = recheck_queued
+                && record
+                    .as_ref()
+                    .and_then(|r| r.latest_snapshot())
+                    .is_some_and(|l| {
+                        self.compute.snapshots().iter().any(|x| {
+                            x.id == l.snapshot_id
+                                && x.state_at(now_ms)
+                                    == sandbox_core::workspace::SnapshotState::Pending
+                        })
+                    });
             let expected = match &world {
-                _ if start_failing || replacement_cap => None,
+                _ if start_failing || replacement_cap || close_held || snapshot_wait => None,
                 None => Some(0),
                 Some(s) if s.status == SessionStatus::Failed => Some(0),
                 Some(s) if s.requires_connection_of(&env.env) => Some(1),

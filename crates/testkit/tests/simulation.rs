@@ -4,8 +4,8 @@
 //! `sandbox_testkit::sim` for what each schedule does and checks.
 //!
 //! - `SIM_SCHEDULES=n` runs n schedules (default 2,000, the ECS-like compute twin on:
-//!   visibility lag, forgetting, failed starts, the token window); `make soak` uses
-//!   1,000,000.
+//!   visibility lag, forgetting, failed starts, the token window; snapshots `pending` for
+//!   120 s, issue 23); `make soak` uses 1,000,000.
 //! - `SIM_SEED=s` replays exactly the schedule of seed `s` (printed on failure).
 //! - `SIM_BASE=b` changes the base the schedule seeds derive from (default 0).
 
@@ -69,6 +69,8 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
                 total.ecs.missing_forgotten += r.ecs.missing_forgotten;
                 total.ecs.replays += r.ecs.replays;
                 total.ecs.failing_starts += r.ecs.failing_starts;
+                total.ecs.snapshot_pending_reads += r.ecs.snapshot_pending_reads;
+                total.volumes_deleted += r.volumes_deleted;
                 total.queued_at_end = total.queued_at_end.max(r.queued_at_end);
             }
             Err(v) => panic!("schedule {index} of {schedules} failed\n{v}"),
@@ -77,7 +79,7 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
     println!(
         "simulation: {schedules} schedules ok in {:.1?} (base {base}): {} crashes, {} lost and \
          {} duplicated deliveries, {} computes started, {} stops, {} dead letters, {} simulated s, {} port calls, at most {} messages left queued; \
-         {} fanned-out sweeps, {} jobs killed at their Lambda deadline; ECS twin: {} reads MISSING (new), {} MISSING (forgotten), {} clientToken replays, {} starts failing (TaskFailedToStart)",
+         {} fanned-out sweeps, {} jobs killed at their Lambda deadline; ECS twin: {} reads MISSING (new), {} MISSING (forgotten), {} clientToken replays, {} starts failing (TaskFailedToStart); EBS twin: {} snapshot reads pending, {} volumes deleted (each checked)",
         started.elapsed(),
         total.crashes,
         total.lost,
@@ -94,6 +96,8 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
         total.ecs.missing_forgotten,
         total.ecs.replays,
         total.ecs.failing_starts,
+        total.ecs.snapshot_pending_reads,
+        total.volumes_deleted,
     );
     assert!(total.crashes > 0 && total.starts > 0 && total.stops > 0 || schedules < 20);
     // The ECS behaviours were exercised, not merely configured.
@@ -104,7 +108,9 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
                 && ecs.missing_new > 0
                 && ecs.missing_forgotten > 0
                 && ecs.replays > 0
-                && ecs.failing_starts > 0),
+                && ecs.failing_starts > 0
+                && ecs.snapshot_pending_reads > 0
+                && total.volumes_deleted > 0),
         "an ECS behaviour never happened: {total:?}"
     );
 }

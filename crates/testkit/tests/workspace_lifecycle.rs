@@ -193,7 +193,13 @@ async fn the_sweeper_deletes_expired_snapshots_and_orphaned_volumes_only() {
     assert_eq!(c.sweep().await.unwrap().workspaces_deleted, 0);
     world.clock.advance(Duration::from_secs(600));
     let r = c.sweep().await.unwrap();
-    assert_eq!(r.workspaces_deleted, 1, "the orphaned volume");
+    // The orphaned volume, and the closed session's working copy: a save never deletes
+    // it (issue 23), the sweeper does once its recorded snapshot is completed.
+    assert_eq!(
+        r.workspaces_deleted, 2,
+        "the orphaned volume and the saved working copy"
+    );
+    assert!(world.compute.volume(&dep, &e, g).is_none());
     assert!(
         world
             .compute
@@ -208,5 +214,160 @@ async fn the_sweeper_deletes_expired_snapshots_and_orphaned_volumes_only() {
     assert!(
         world.compute.volume(&dep, &e2, g2).is_some(),
         "an unsaved stopped generation's volume is kept for its next start"
+    );
+}
+
+/// A world whose snapshots stay `pending` for 120 s (issue 23).
+fn pending_world() -> World {
+    let world = World::new();
+    world
+        .compute
+        .set_snapshot_timing(sandbox_testkit::SnapshotTiming {
+            pending_secs: 120,
+            error_per_mille: 0,
+        });
+    world
+}
+
+fn restores_refused(world: &World) -> usize {
+    world
+        .compute
+        .events()
+        .iter()
+        .filter(|e| matches!(e, sandbox_testkit::ComputeEvent::RestoreRefused { .. }))
+        .count()
+}
+
+/// Issue 23: generation 1 stopped on its own; the next start saves it, and its snapshot
+/// is `pending`: nothing starts (the twin would refuse the restore) until it completed,
+/// the wait visible as `snapshot_pending`; then generation 2 restores generation 1's files.
+#[tokio::test]
+async fn a_start_never_restores_from_a_pending_snapshot() {
+    let world = pending_world();
+    let c = world.controller("w");
+    let dep = World::deployment();
+    let (s, e) = (SessionId::new("sess_ws5"), EnvironmentId::new("env_ws5"));
+    world.sessions.add(&s, &e, SessionStatus::Idle);
+    let g1 = start_next(&world, &c, &s, &e).await;
+    assert!(world.compute.write_file(&dep, &e, g1, "a.txt", "1"));
+    crash(&world, &e).await;
+    // The decision starts; the worker saves generation 1 first and defers the start.
+    let p = c
+        .process(&job(&world, &s, &e, Trigger::ConnectionRequested))
+        .await
+        .unwrap();
+    assert!(world.compute.live_of(&e).is_empty(), "{p:?}");
+    let r = record(&world, &e).await;
+    let snap = r.latest_snapshot().expect("generation 1 saved").clone();
+    assert_eq!(snap.generation, g1);
+    // Looked at again within the 120 s: a visible wait.
+    world.clock.advance(Duration::from_secs(30));
+    let p = c
+        .process(&job(&world, &s, &e, Trigger::ConnectionRequested))
+        .await
+        .unwrap();
+    assert_eq!(p.outcome().map(|o| o.to_string()).as_deref(), Some("wait"));
+    let reason = format!("{:?}", p.decision.as_ref().map(|d| &d.reason));
+    assert!(reason.contains("SnapshotPending"), "{reason}");
+    assert!(world.compute.live_of(&e).is_empty());
+    // Completed: generation 2 starts from it, with generation 1's files.
+    world.clock.advance(Duration::from_secs(100));
+    let p = c
+        .process(&job(&world, &s, &e, Trigger::ConnectionRequested))
+        .await
+        .unwrap();
+    assert_eq!(
+        p.outcome().map(|o| o.to_string()).as_deref(),
+        Some("start"),
+        "{p:?}"
+    );
+    let g2 = record(&world, &e).await.instance.unwrap().generation;
+    assert_eq!(g2, Generation(2));
+    let v = world.compute.volume(&dep, &e, g2).unwrap();
+    assert_eq!(v.files.get("a.txt").map(String::as_str), Some("1"));
+    assert_eq!(restores_refused(&world), 0);
+}
+
+/// Issue 23: the working copy outlives its save; it is deleted only after the record
+/// names its snapshot and the snapshot completed (by the sweeper here), and a snapshot
+/// newer than the latest an open record names is never swept.
+#[tokio::test]
+async fn a_snapshot_is_recorded_before_its_volume_is_deleted() {
+    let world = pending_world();
+    let mut config = World::config("w");
+    config.settled_resweep_secs = 0;
+    let c = world.controller_with(config);
+    let dep = World::deployment();
+    let (s, e) = (SessionId::new("sess_ws6"), EnvironmentId::new("env_ws6"));
+    world.sessions.add(&s, &e, SessionStatus::Idle);
+    let g1 = start_next(&world, &c, &s, &e).await;
+    assert!(world.compute.write_file(&dep, &e, g1, "a.txt", "1"));
+    crash(&world, &e).await;
+    c.process(&job(&world, &s, &e, Trigger::ConnectionRequested))
+        .await
+        .unwrap();
+    let snap = record(&world, &e)
+        .await
+        .latest_snapshot()
+        .expect("recorded")
+        .clone();
+    assert!(
+        world.compute.volume(&dep, &e, g1).is_some(),
+        "kept while its snapshot is pending"
+    );
+    // An unrecorded snapshot of a newer generation (a save whose release failed) is
+    // left in place by the sweeper, whatever its age.
+    let stray = {
+        use sandbox_controller::ports::Workspaces as _;
+        world.compute.leave_volume(&dep, &e, Generation(5));
+        let saved = world
+            .compute
+            .save_workspace(&dep, &e, Generation(5))
+            .await
+            .unwrap();
+        let WorkspaceDisposition::Snapshot { snapshot_id } = saved else {
+            panic!("{saved:?}")
+        };
+        snapshot_id
+    };
+    // Within the 120 s the sweep may not delete the volume (pending snapshot).
+    world.clock.advance(Duration::from_secs(60));
+    c.sweep().await.unwrap();
+    assert!(world.compute.volume(&dep, &e, g1).is_some());
+    // Later the snapshot completed and is recorded: the sweep deletes the volume.
+    world.clock.advance(Duration::from_secs(600));
+    c.sweep().await.unwrap();
+    assert!(world.compute.volume(&dep, &e, g1).is_none());
+    let deleted: Vec<_> = world
+        .compute
+        .events()
+        .into_iter()
+        .filter_map(|ev| match ev {
+            sandbox_testkit::ComputeEvent::VolumeDeleted {
+                generation,
+                snapshots,
+                ..
+            } if generation == g1 => Some(snapshots),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        deleted,
+        vec![vec![(
+            snap.snapshot_id.clone(),
+            sandbox_core::workspace::SnapshotState::Completed
+        )]],
+        "deleted once, after its recorded snapshot completed"
+    );
+    assert!(
+        world.compute.snapshots().iter().any(|x| x.id == stray),
+        "a snapshot newer than the latest recorded one is never swept"
+    );
+    assert!(
+        world
+            .compute
+            .snapshots()
+            .iter()
+            .any(|x| x.id == snap.snapshot_id)
     );
 }

@@ -115,6 +115,13 @@ export interface SandboxLifecycleProps {
   readonly connectDeadlineSecs?: number;
   /** `SNAPSHOT_KEEP`: workspace snapshots kept per environment (>= 1). @default 1 */
   readonly snapshotKeep?: number;
+  /**
+   * `SNAPSHOT_WAIT_SECS`: seconds a start waits for the snapshot it restores to leave
+   * `pending` before it is a failed start (>= 1). @default 14400
+   */
+  readonly snapshotWaitSecs?: number;
+  /** `SNAPSHOT_RECHECK_SECS`: seconds between two looks at a pending snapshot (>= 1). @default 30 */
+  readonly snapshotRecheckSecs?: number;
   /** `CLOSE_WORKSPACE`: `delete` or `retain:<days>`. @default "retain:7" */
   readonly closeWorkspace?: string;
   /**
@@ -695,6 +702,8 @@ export class SandboxLifecycle extends Construct {
       MAX_EXECUTORS: String(props.maxExecutors ?? 0),
       REMOTE_URL_ALLOWLIST: (props.remoteUrlAllowlist ?? ["api.openai.com"]).join(","),
       SNAPSHOT_KEEP: String(props.snapshotKeep ?? 1),
+      SNAPSHOT_WAIT_SECS: String(props.snapshotWaitSecs ?? 14400),
+      SNAPSHOT_RECHECK_SECS: String(props.snapshotRecheckSecs ?? 30),
       CLOSE_WORKSPACE: props.closeWorkspace ?? "retain:7",
       HISTORY_RETENTION_DAYS: String(props.historyRetentionDays ?? 30),
       // Empty = off (the settings treat a blank variable as unset).

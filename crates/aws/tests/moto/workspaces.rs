@@ -8,7 +8,9 @@
 //! `configuredAtLaunch` volume, creates the volume in moto's EC2 (from the snapshot when
 //! named, with the request's volume tags), keeps it attached (`in-use`) while the task
 //! runs and detaches it at StopTask (`deleteOnTermination: false`). moto's
-//! `CreateSnapshot` is `completed` at once, where EBS is `pending` for minutes to hours.
+//! `CreateSnapshot` is `completed` at once, where EBS is `pending` for minutes to hours:
+//! tests/moto/server.py keeps it `pending` for `SANDBOX_MOTO_SNAPSHOT_PENDING_SECS`
+//! (default 2 s), and refuses a `RunTask` restoring a snapshot that is not `completed`.
 //! The request the adapter sends is asserted here as sent (`StrictEcs` records it).
 
 use crate::support::{
@@ -27,7 +29,7 @@ use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, SessionId, idempotency_token};
 use sandbox_core::record::{Record, RecordStatus};
-use sandbox_core::workspace::{SnapshotRef, WorkspaceDisposition};
+use sandbox_core::workspace::{SnapshotRef, SnapshotState, WorkspaceDisposition};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,10 +53,7 @@ async fn ebs_compute() -> (EcsCompute, StrictEcs) {
         security_groups: vec![security_group],
         assign_public_ip: true,
     };
-    let mut ebs = EbsConfig::new(ROLE, GIB);
-    // One poll: a volume still attached fails the save at once (the contract's live save).
-    ebs.detach_wait = Duration::from_secs(1);
-    ebs.snapshot_wait = Duration::from_secs(1);
+    let ebs = EbsConfig::new(ROLE, GIB);
     let guard = StrictEcs::new();
     let sdk = sdk().await;
     let compute =
@@ -103,6 +102,114 @@ fn snapshot_of(d: WorkspaceDisposition) -> String {
         WorkspaceDisposition::Snapshot { snapshot_id } => snapshot_id,
         other => panic!("expected `snapshot <id>`, got {other}"),
     }
+}
+
+/// Waits (at most 30 s) until snapshot `id` is `completed` (tests/moto/server.py keeps it
+/// `pending` for `SANDBOX_MOTO_SNAPSHOT_PENDING_SECS`), then deletes the generation's
+/// working copy as the worker does once the record names it.
+async fn completed(c: &EcsCompute, d: &DeploymentId, env: &EnvironmentId, g: Generation, id: &str) {
+    let begun = std::time::Instant::now();
+    while c.snapshot_state(d, id).await.unwrap() != SnapshotState::Completed {
+        assert!(
+            begun.elapsed() < Duration::from_secs(30),
+            "snapshot {id} never completed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(c.delete_working_copy(d, env, g, id).await.unwrap());
+}
+
+/// Issue 23 on EBS (moto keeps snapshots `pending` for a few seconds): a save returns at
+/// once with a `pending` snapshot and keeps the volume; while pending, the working copy is
+/// neither deleted by `delete_working_copy` nor by `delete_stored`, and a `RunTask`
+/// restoring it is refused (no task: a failed start); once `completed`, the volume is
+/// deleted and the restore starts.
+#[tokio::test]
+async fn a_pending_ebs_snapshot_keeps_its_volume_and_is_never_restored() {
+    let (compute, _guard) = ebs_compute().await;
+    let d = deployment();
+    let env = EnvironmentId::new(format!("env_{}", unique()));
+    let g1 = started(&compute, &spec(&env, 1, None), &d).await;
+    stopped(&compute, &g1).await;
+    let begun = std::time::Instant::now();
+    let s1 = snapshot_of(
+        compute
+            .save_workspace(&d, &env, Generation(1))
+            .await
+            .unwrap(),
+    );
+    assert!(
+        begun.elapsed() < Duration::from_secs(2),
+        "a save does not wait for its snapshot: {:?}",
+        begun.elapsed()
+    );
+    assert_eq!(
+        compute.snapshot_state(&d, &s1).await.unwrap(),
+        SnapshotState::Pending,
+        "tests/moto/server.py keeps a new snapshot pending"
+    );
+    let volume = compute
+        .list_stored(&d)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|w| w.kind == StoredKind::Volume && w.environment_id == env)
+        .expect("the volume outlives the save");
+    assert!(
+        !compute
+            .delete_working_copy(&d, &env, Generation(1), &s1)
+            .await
+            .unwrap(),
+        "kept while its snapshot is pending"
+    );
+    assert!(
+        compute
+            .delete_stored(&d, StoredKind::Volume, &volume.id)
+            .await
+            .is_err(),
+        "the sweeper cannot delete it either"
+    );
+    let refused = compute
+        .start(&spec(&env, 2, Some(&s1)), &d, NO_DEADLINE)
+        .await;
+    assert!(
+        matches!(&refused, Ok(Started::Failed { reason }) if reason.contains(&s1)),
+        "{refused:?}"
+    );
+    // Saved again (a retried save): the same snapshot, nothing new.
+    assert_eq!(
+        snapshot_of(
+            compute
+                .save_workspace(&d, &env, Generation(1))
+                .await
+                .unwrap()
+        ),
+        s1
+    );
+    completed(&compute, &d, &env, Generation(1), &s1).await;
+    assert!(
+        compute
+            .list_stored(&d)
+            .await
+            .unwrap()
+            .iter()
+            .all(|w| w.kind != StoredKind::Volume || w.environment_id != env),
+        "deleted once completed"
+    );
+    let g2 = started(&compute, &spec(&env, 2, Some(&s1)), &d).await;
+    stopped(&compute, &g2).await;
+    compute
+        .discard_workspace(&d, &env, Generation(2))
+        .await
+        .unwrap();
+    compute
+        .delete_stored(&d, StoredKind::Snapshot, &s1)
+        .await
+        .unwrap();
+    assert_eq!(
+        compute.snapshot_state(&d, &s1).await.unwrap(),
+        SnapshotState::Gone
+    );
 }
 
 /// The one `volumeConfigurations` entry of a recorded RunTask body.
@@ -196,6 +303,7 @@ async fn ebs_retention_deletes_the_pruned_snapshot_and_the_latest_restores() {
             .await
             .unwrap(),
     );
+    completed(&compute, &d, &env, Generation(1), &s1).await;
     let g2 = started(&compute, &spec(&env, 2, Some(&s1)), &d).await;
     stopped(&compute, &g2).await;
     let s2 = snapshot_of(
@@ -205,6 +313,7 @@ async fn ebs_retention_deletes_the_pruned_snapshot_and_the_latest_restores() {
             .unwrap(),
     );
     assert_ne!(s1, s2);
+    completed(&compute, &d, &env, Generation(2), &s2).await;
 
     // SNAPSHOT_KEEP = 1: generation 1's snapshot is pruned.
     compute
@@ -357,10 +466,24 @@ async fn the_sweeper_deletes_an_orphaned_volume_and_an_expired_snapshot_on_ebs()
         Arc::new(FixedClock(later)) as Arc<dyn Clock>,
         config,
     );
+    // The saves' volumes outlive them (issue 23) until their snapshots completed.
+    for id in [&expired, &latest] {
+        let begun = std::time::Instant::now();
+        while compute.snapshot_state(&d, id).await.unwrap() != SnapshotState::Completed {
+            assert!(
+                begun.elapsed() < Duration::from_secs(30),
+                "{id} never completed"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     let deleted = controller
         .sweep_workspaces(&[closed_record, kept_record])
         .await;
-    assert_eq!(deleted, 2, "the orphaned volume and the expired snapshot");
+    assert_eq!(
+        deleted, 4,
+        "the orphaned volume, the expired snapshot, and the two saved volumes whose recorded snapshots completed"
+    );
 
     let stored = compute.list_stored(&d).await.unwrap();
     let mut left: Vec<_> = stored

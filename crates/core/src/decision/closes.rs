@@ -49,9 +49,19 @@ impl View<'_> {
             if let Trigger::Resolve { resolution } = &self.o.trigger {
                 return Some(self.resolve(resolution).with(effects));
             }
+            // A live compute the record does not name (a start whose job died before its
+            // release, found by the next holder) is recorded meanwhile, so the close stops
+            // it once resolved and nothing runs unrecorded (issue 23 soak, seed
+            // 8112458876245773263).
+            let current = record.and_then(|r| r.current());
+            let adopt = (!self.active.iter().any(|i| Some(&i.as_ref()) == current))
+                .then(|| self.active.iter().max_by_key(|i| i.generation))
+                .flatten()
+                .map(|i| Effect::AdoptCompute(i.as_ref()));
             return Some(
                 Decision::new(Outcome::Reconcile, Reason::CloseAwaitsResolution { open })
-                    .with(effects),
+                    .with(effects)
+                    .with(adopt),
             );
         }
         if self.active.iter().any(|i| i.status.is_starting()) {

@@ -33,7 +33,10 @@
 //!    reuse or replace — replace only on evidence that the executor is not connected, its
 //!    deadline counted from the request it answers — with start-failure backoff, a
 //!    `TaskFailedToStart` stop counted as a failed start, and attempts resumed after a
-//!    cooldown (rows 1, 2, 9, 10, 11, 16, 28) — `connection.rs`; with
+//!    cooldown (rows 1, 2, 9, 10, 11, 16, 28) — `connection.rs`; a start restores only a
+//!    `completed` snapshot: it waits while the latest is `pending` (`snapshot_pending`,
+//!    up to `Policy::snapshot_wait_secs`), and a snapshot pending too long, in `error` or
+//!    gone is a failed start (issue 23) — `snapshots.rs`; with
 //!    `Policy::provision_on = created`, a self-hosted session's `agent.session.created`
 //!    starts its first executor before any input (issue 25) — `created.rs`;
 //! 10. otherwise the trigger's own question: resolved actions (row 4), turns without an
@@ -59,6 +62,7 @@ mod duplicates;
 mod held;
 mod idle;
 mod session_end;
+mod snapshots;
 mod triggers;
 
 pub use crate::outcome::{Decision, Effect, Outcome, StartSpec, StopReason, StopSpec};
