@@ -906,6 +906,10 @@ export class SandboxLifecycle extends Construct {
             labelled(lifecycle("sweep_no_effect"), "jobs with no effect (nothing written)"),
             labelled(lifecycle("held_environments", {}, "Maximum"), "held for an owner"),
             labelled(lifecycle("executor_slots", {}, "Maximum"), "executor slots in use"),
+            // Issue 27: the warm pool (off on AWS by default, size 0: nothing to plot then).
+            labelled(lifecycle("pool_size", {}, "Maximum"), "warm pool members idle"),
+            labelled(lifecycle("pool_hits"), "warm pool hits"),
+            labelled(lifecycle("pool_misses"), "warm pool misses"),
           ]),
           graph("Webhook deliveries", [
             lifecycle("webhook_accepted"),
