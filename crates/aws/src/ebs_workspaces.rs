@@ -345,6 +345,32 @@ impl Ebs {
         })
     }
 
+    /// The volumes tagged with this deployment, environment and generation (every page).
+    async fn generation_volumes(
+        &self,
+        deployment: &DeploymentId,
+        environment_id: &EnvironmentId,
+        generation: Generation,
+        op: &'static str,
+    ) -> Result<Vec<Volume>, PortError> {
+        self.volumes(
+            tag_filters(deployment, Some(environment_id), Some(generation)),
+            op,
+        )
+        .await
+    }
+
+    /// Deletes each of `volumes`, every one of which must be `available` (detached):
+    /// a transient error at the first that is not, nothing after it deleted.
+    async fn delete_detached(&self, volumes: &[Volume], op: &'static str) -> Result<(), PortError> {
+        for v in volumes {
+            Self::require_available(v, op)?;
+            self.delete_volume(v.volume_id().unwrap_or_default(), op)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Deletes the `available` volumes of the generation once `snapshot_id` is
     /// `completed` (module docs, **delete_working_copy**).
     async fn delete_working_copy(
@@ -356,10 +382,7 @@ impl Ebs {
     ) -> Result<bool, PortError> {
         let op = "delete_working_copy";
         let volumes = self
-            .volumes(
-                tag_filters(deployment, Some(environment_id), Some(generation)),
-                op,
-            )
+            .generation_volumes(deployment, environment_id, generation, op)
             .await?;
         if volumes.is_empty() {
             return Ok(true);
@@ -367,11 +390,7 @@ impl Ebs {
         if self.state(snapshot_id, op).await? != State::Completed {
             return Ok(false);
         }
-        for v in &volumes {
-            Self::require_available(v, op)?;
-            self.delete_volume(v.volume_id().unwrap_or_default(), op)
-                .await?;
-        }
+        self.delete_detached(&volumes, op).await?;
         Ok(true)
     }
 
@@ -466,19 +485,12 @@ impl Ebs {
     ) -> Result<WorkspaceDisposition, PortError> {
         let op = "discard";
         let volumes = self
-            .volumes(
-                tag_filters(deployment, Some(environment_id), Some(generation)),
-                op,
-            )
+            .generation_volumes(deployment, environment_id, generation, op)
             .await?;
         if volumes.is_empty() {
             return Ok(WorkspaceDisposition::None);
         }
-        for v in &volumes {
-            Self::require_available(v, op)?;
-            self.delete_volume(v.volume_id().unwrap_or_default(), op)
-                .await?;
-        }
+        self.delete_detached(&volumes, op).await?;
         Ok(WorkspaceDisposition::Deleted)
     }
 

@@ -209,57 +209,54 @@ impl ExecutorCommand {
     /// started before its assignment (issue 27: a pool member's executor).
     fn needs_assignment(&self) -> bool {
         self.args.iter().any(|a| {
-            let name = a
-                .strip_prefix("${")
-                .and_then(|s| s.strip_suffix('}'))
-                .or_else(|| a.strip_prefix('$'));
             matches!(
-                name,
+                placeholder(a),
                 Some("REMOTE_URL" | "ENVIRONMENT_ID" | "SESSION_ID" | "GENERATION")
             )
         })
+    }
+
+    /// The arguments with each placeholder `lookup` knows replaced; the others verbatim.
+    fn substituted_with(&self, lookup: impl Fn(&str) -> Option<String>) -> Vec<String> {
+        self.args
+            .iter()
+            .map(|a| {
+                placeholder(a)
+                    .and_then(&lookup)
+                    .unwrap_or_else(|| a.clone())
+            })
+            .collect()
     }
 
     /// The arguments of a command started before its assignment (issue 27, a pool
     /// member's executor): only `$WORKSPACE_DIR` and `$LISTEN_URL` are replaced (the caller
     /// checked [`Self::needs_assignment`]).
     fn substituted_unassigned(&self, workspace: &Path, listen_url: &str) -> Vec<String> {
-        self.args
-            .iter()
-            .map(|a| {
-                let name = a
-                    .strip_prefix("${")
-                    .and_then(|s| s.strip_suffix('}'))
-                    .or_else(|| a.strip_prefix('$'));
-                match name {
-                    Some("WORKSPACE_DIR") => workspace.display().to_string(),
-                    Some("LISTEN_URL") => listen_url.to_owned(),
-                    _ => a.clone(),
-                }
-            })
-            .collect()
+        self.substituted_with(|name| match name {
+            "WORKSPACE_DIR" => Some(workspace.display().to_string()),
+            "LISTEN_URL" => Some(listen_url.to_owned()),
+            _ => None,
+        })
     }
 
     fn substituted(&self, spec: &StartSpec, workspace: &Path, listen_url: &str) -> Vec<String> {
-        self.args
-            .iter()
-            .map(|a| {
-                let name = a
-                    .strip_prefix("${")
-                    .and_then(|s| s.strip_suffix('}'))
-                    .or_else(|| a.strip_prefix('$'));
-                match name {
-                    Some("REMOTE_URL") => spec.remote_url.clone(),
-                    Some("ENVIRONMENT_ID") => spec.environment_id.as_str().to_owned(),
-                    Some("SESSION_ID") => spec.session_id.as_str().to_owned(),
-                    Some("GENERATION") => spec.generation.0.to_string(),
-                    Some("WORKSPACE_DIR") => workspace.display().to_string(),
-                    Some("LISTEN_URL") if !listen_url.is_empty() => listen_url.to_owned(),
-                    _ => a.clone(),
-                }
-            })
-            .collect()
+        self.substituted_with(|name| match name {
+            "REMOTE_URL" => Some(spec.remote_url.clone()),
+            "ENVIRONMENT_ID" => Some(spec.environment_id.as_str().to_owned()),
+            "SESSION_ID" => Some(spec.session_id.as_str().to_owned()),
+            "GENERATION" => Some(spec.generation.0.to_string()),
+            "WORKSPACE_DIR" => Some(workspace.display().to_string()),
+            "LISTEN_URL" if !listen_url.is_empty() => Some(listen_url.to_owned()),
+            _ => None,
+        })
     }
+}
+
+/// The placeholder an argument is (`$NAME` or `${NAME}`), if it is one.
+fn placeholder(arg: &str) -> Option<&str> {
+    arg.strip_prefix("${")
+        .and_then(|s| s.strip_suffix('}'))
+        .or_else(|| arg.strip_prefix('$'))
 }
 
 /// The executor's restricted environment key (`api.agents.environments.connect` only).
@@ -549,6 +546,48 @@ impl InstanceRow {
 
 /// What this process knows about the children it spawned: pid and, once reaped, the exit.
 type Children = Arc<Mutex<HashMap<String, Option<ExitInfo>>>>;
+
+/// The instance a start with `token` already made in `deployment` (the idempotency
+/// token's replay: a cold start and a pool claim answer it the same way), if any.
+fn instance_by_token(
+    conn: &Connection,
+    deployment: &str,
+    token: &str,
+) -> rusqlite::Result<Option<InstanceRow>> {
+    conn.query_row(
+        &format!(
+            "SELECT {COLUMNS} FROM compute_instances
+             WHERE deployment = ?1 AND idempotency_token = ?2"
+        ),
+        params![deployment, token],
+        InstanceRow::from_row,
+    )
+    .optional()
+}
+
+/// Records a split instance's forwarder (`compute_forwarders`: its pid and start ticks, so
+/// a restart watches it and never signals a reused pid) inside `tx`; nothing without one.
+fn insert_forwarder(
+    tx: &rusqlite::Transaction<'_>,
+    instance_id: &str,
+    forwarder_pid: Option<u32>,
+) -> rusqlite::Result<usize> {
+    let Some(fpid) = forwarder_pid else {
+        return Ok(0);
+    };
+    tx.execute(
+        "INSERT INTO compute_forwarders (instance_id, pid, proc_start_ticks)
+         VALUES (?1, ?2, ?3)",
+        params![
+            instance_id,
+            fpid,
+            i32::try_from(fpid)
+                .ok()
+                .and_then(|p| proc_stat(p).ok())
+                .map(|(_, t)| to_sql_int(t))
+        ],
+    )
+}
 
 /// The `/proc/<pid>/stat` state letter and start time (clock ticks since boot).
 fn proc_stat(pid: i32) -> std::io::Result<(char, u64)> {
@@ -1270,16 +1309,8 @@ impl Compute for ProcessCompute {
             .db
             .call(DEP, "start", move |conn| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let existing = tx
-                    .query_row(
-                        &format!(
-                            "SELECT {COLUMNS} FROM compute_instances
-                             WHERE deployment = ?1 AND idempotency_token = ?2"
-                        ),
-                        params![deployment_s, spec_c.idempotency_token],
-                        InstanceRow::from_row,
-                    )
-                    .optional()?;
+                let existing =
+                    instance_by_token(&tx, &deployment_s, &spec_c.idempotency_token)?;
                 if let Some(row) = existing {
                     return Ok(Spawned::Existing(row));
                 }
@@ -1362,20 +1393,12 @@ impl Compute for ProcessCompute {
                             row.log_path
                         ],
                     )
-                    .and_then(|_| match forwarder_child.as_deref().and_then(tokio::process::Child::id) {
-                        Some(fpid) => tx.execute(
-                            "INSERT INTO compute_forwarders (instance_id, pid, proc_start_ticks)
-                             VALUES (?1, ?2, ?3)",
-                            params![
-                                row.instance_id,
-                                fpid,
-                                i32::try_from(fpid)
-                                    .ok()
-                                    .and_then(|p| proc_stat(p).ok())
-                                    .map(|(_, t)| to_sql_int(t))
-                            ],
-                        ),
-                        None => Ok(0),
+                    .and_then(|_| {
+                        insert_forwarder(
+                            &tx,
+                            &row.instance_id,
+                            forwarder_child.as_deref().and_then(tokio::process::Child::id),
+                        )
                     })
                     .and_then(|_| tx.commit());
                 if let Err(e) = inserted {

@@ -30,7 +30,7 @@ use super::{
 use crate::db::{DbError, now_ms, to_sql_int};
 use crate::workspace_archive as ws;
 use nix::sys::signal::Signal;
-use rusqlite::{OptionalExtension, TransactionBehavior, params};
+use rusqlite::{TransactionBehavior, params};
 use sandbox_controller::ports::{
     Clock, PoolMember, PortError, Started, SystemClock, check_deadline,
 };
@@ -292,16 +292,8 @@ impl ProcessCompute {
             .db
             .call(DEP, OP, move |conn| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let existing = tx
-                    .query_row(
-                        &format!(
-                            "SELECT {COLUMNS} FROM compute_instances
-                             WHERE deployment = ?1 AND idempotency_token = ?2"
-                        ),
-                        params![deployment_s, spec_c.idempotency_token],
-                        InstanceRow::from_row,
-                    )
-                    .optional()?;
+                let existing =
+                    super::instance_by_token(&tx, &deployment_s, &spec_c.idempotency_token)?;
                 if let Some(row) = existing {
                     let row = refresh(&tx, &children, grace, row)?;
                     tx.commit()?;
@@ -431,21 +423,7 @@ impl ProcessCompute {
                     row.workspace
                 ],
             )
-            .and_then(|_| match fpid {
-                Some(fpid) => tx.execute(
-                    "INSERT INTO compute_forwarders (instance_id, pid, proc_start_ticks)
-                     VALUES (?1, ?2, ?3)",
-                    params![
-                        row.instance_id,
-                        fpid,
-                        i32::try_from(fpid)
-                            .ok()
-                            .and_then(|p| proc_stat(p).ok())
-                            .map(|(_, t)| to_sql_int(t))
-                    ],
-                ),
-                None => Ok(0),
-            });
+            .and_then(|_| super::insert_forwarder(tx, &row.instance_id, fpid));
         if let Err(e) = written {
             signal_group(row.pid, row.proc_start_ticks, Signal::SIGKILL);
             return Err(DbError::Sql(e));
