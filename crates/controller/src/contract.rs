@@ -2272,8 +2272,10 @@ async fn pool_member<C: Compute>(c: &C, d: &DeploymentId) -> PoolMember {
 /// `list` nor `find`; of two concurrent claims exactly one gets it, as an instance tagged
 /// like a started one, found by `find` from then on; a claimed member is never claimable
 /// again (a replay with the winner's token returns it, another claim misses); a member
-/// older than the claim's bound is not claimed, and once stopped (recycled) it is out of
-/// the pool for good. Everything it started is stopped before it returns.
+/// older than the claim's bound is not claimed, and once recycled it is out of the pool
+/// for good; a replay-only claim ([`crate::pool::REPLAY_ONLY`]) returns its token's claim
+/// and takes no other member; a recycle never stops a claimed member. Everything it
+/// started is stopped before it returns.
 pub async fn compute_pool_contract<C: Compute>(c: &C, deployment: &DeploymentId) {
     let run = unique();
     let member = pool_member(c, deployment).await;
@@ -2356,9 +2358,49 @@ pub async fn compute_pool_contract<C: Compute>(c: &C, deployment: &DeploymentId)
         None,
         "pool contract [{rule}]: created at the bound, so too old"
     );
-    c.stop(&old.instance_id, crate::pool::RECYCLE_REASON, NO_DEADLINE)
-        .await
-        .expect("stop");
+
+    let rule = "after an unclean predecessor a claim only replays its token";
+    assert_eq!(
+        claim(c, &third, deployment, crate::pool::REPLAY_ONLY, rule).await,
+        None,
+        "pool contract [{rule}]: an idle member is there, but a replay-only claim takes none"
+    );
+    assert_eq!(
+        claim(c, spec, deployment, crate::pool::REPLAY_ONLY, rule)
+            .await
+            .map(|i| i.instance_id),
+        Some(member.instance_id.clone()),
+        "pool contract [{rule}]: the token's own claim is returned"
+    );
+
+    let rule = "a recycle never stops a claimed member";
+    assert!(
+        !c.recycle_pool_member(&member.instance_id, NO_DEADLINE)
+            .await
+            .expect("recycle_pool_member"),
+        "pool contract [{rule}]: the claimed member is not recycled"
+    );
+    assert!(
+        c.describe(&member.instance_id)
+            .await
+            .expect("describe")
+            .is_some_and(|i| i.status.is_active()),
+        "pool contract [{rule}]: the claimed member still runs"
+    );
+
+    let rule = "a member past its maximum age is not claimed and is recycled";
+    assert!(
+        c.recycle_pool_member(&old.instance_id, NO_DEADLINE)
+            .await
+            .expect("recycle_pool_member"),
+        "pool contract [{rule}]: an idle member is recycled"
+    );
+    assert!(
+        !c.recycle_pool_member(&old.instance_id, NO_DEADLINE)
+            .await
+            .expect("recycle_pool_member"),
+        "pool contract [{rule}]: a recycled member is not recycled twice"
+    );
     assert!(
         !c.list_pool(deployment)
             .await

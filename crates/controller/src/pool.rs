@@ -19,6 +19,17 @@
 //!   pool may briefly hold one member more than the cap leaves room for.
 //! - **Single-use.** A claimed member is an ordinary instance of its environment, stopped
 //!   at release; nothing returns to the pool.
+//! - **After an unclean predecessor** (the lock was `recovered`: a worker died after a
+//!   start or a claim and before its record) a start claims nothing new: it asks the pool
+//!   only whether its idempotency token already claimed a member ([`REPLAY_ONLY`]), then
+//!   replays the cold start with the same token. Either way it gets back what the dead
+//!   worker started: a claim by the token, or the task ECS returns for the same
+//!   `clientToken` (24 h) — a new claim could not know that a cold start of the same
+//!   generation already ran, and would leave two computes for one environment.
+//! - **Recycle vs claim.** A recycle is guarded like a claim
+//!   ([`Compute::recycle_pool_member`]: idle → recycled, one conditional write, then the
+//!   stop), so a member the refill listed as idle and a worker claimed since is never
+//!   stopped under its new environment.
 
 use crate::config::PoolSettings;
 use crate::ports::{Compute, PoolMember, PortError, Queue, Registry, Started};
@@ -30,6 +41,11 @@ use sandbox_core::ids::{DeploymentId, InstanceId};
 /// The stop reason of a member recycled for its age (ECS `StopTask` `reason`).
 pub const RECYCLE_REASON: &str = "pool_max_age";
 
+/// `created_after` of a claim that may only replay: no member is created after
+/// `u64::MAX`, so [`Compute::claim_pool_member`] returns the member its token already
+/// claimed, if any, and claims nothing new (after an unclean predecessor).
+pub const REPLAY_ONLY: u64 = u64::MAX;
+
 /// How a start was applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StartPath {
@@ -37,11 +53,18 @@ pub enum StartPath {
     Warm,
     /// A cold start ([`Compute::start`]): the pool is off, or it missed.
     Cold,
+    /// After an unclean predecessor: what the token already started or claimed, returned
+    /// by the pool's replay-only claim. Which of the two it was is not known, so the
+    /// record does not call it a pool member (it only labels the time-to-connected
+    /// metric, and this path is rare).
+    Replay,
 }
 
-/// Applies a start: a claim of an idle member created at or after `now -
-/// pool.max_age_secs` when the pool is on, else (or on a miss) a cold start. `now` and
-/// `not_after` are Unix seconds. Records `pool_hits` / `pool_misses`.
+/// Applies a start: a claim of an idle member created after `now - pool.max_age_secs`
+/// when the pool is on, else (or on a miss) a cold start. With `new_claims` false (the
+/// lock was `recovered`) the pool is asked only for the member this token already
+/// claimed ([`REPLAY_ONLY`]) and the start is otherwise a cold replay. `now` and
+/// `not_after` are Unix seconds. Records `pool_hits` / `pool_misses` (not for a replay).
 ///
 /// # Errors
 /// The [`PortError`] of the claim or the start: the outcome is unknown (the caller keeps
@@ -53,20 +76,30 @@ pub async fn start_or_claim<C: Compute>(
     pool: PoolSettings,
     now: u64,
     not_after: u64,
+    new_claims: bool,
 ) -> Result<(Started, StartPath), PortError> {
     if pool.size > 0 {
-        let created_after = now.saturating_sub(pool.max_age_secs);
+        let created_after = if new_claims {
+            now.saturating_sub(pool.max_age_secs)
+        } else {
+            REPLAY_ONLY
+        };
         match compute
             .claim_pool_member(spec, deployment, created_after, not_after)
             .await?
         {
-            Some(started) => {
+            Some(started) if new_claims => {
                 crate::metrics::pool_claim(true);
                 return Ok((started, StartPath::Warm));
             }
-            None => {
+            Some(started) => return Ok((started, StartPath::Replay)),
+            None if new_claims => {
                 crate::metrics::pool_claim(false);
                 tracing::info!(environment_id = %spec.environment_id, "pool miss: starting cold");
+            }
+            None => {
+                tracing::info!(environment_id = %spec.environment_id,
+                    "unclean predecessor, its token claimed no member: replaying the cold start");
             }
         }
     }
@@ -111,6 +144,9 @@ pub fn plan_refill(
 /// What [`Controller::refill_pool`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Refilled {
+    /// What the provider's pool bookkeeping lost track of and was ended
+    /// ([`Compute::reconcile_pool`]).
+    pub reconciled: usize,
     /// Members stopped for their age.
     pub recycled: usize,
     /// Members started.
@@ -127,9 +163,13 @@ where
     C: Compute,
     S: SessionsApi,
 {
-    /// Keeps the pool at its size ([`plan_refill`] over [`Compute::list_pool`] and, with
-    /// the cap on, [`Registry::slots`]), then records `pool_size`. Takes no lock: members
-    /// belong to no environment. Nothing to do when the pool is off and empty.
+    /// Keeps the pool at its size: ends what the provider lost track of
+    /// ([`Compute::reconcile_pool`]), then applies [`plan_refill`] over
+    /// [`Compute::list_pool`] and, with the cap on, [`Registry::slots`] (a recycle that
+    /// loses the race to a claim leaves the member to its environment), then records
+    /// `pool_size`. Takes no effect-key lock: members belong to no environment (on AWS
+    /// the refill runs under a lease of its own, so concurrent workers do not overfill).
+    /// Nothing to do when the pool is off and empty.
     ///
     /// # Errors
     /// The first [`PortError`] of a read, a stop or a start; what was done before stays
@@ -137,9 +177,15 @@ where
     pub async fn refill_pool(&self) -> Result<Refilled, PortError> {
         let settings = self.config.pool;
         let deployment = &self.config.deployment;
+        let now = self.clock.now();
+        let not_after = now.saturating_add(self.config.lock_ttl_secs);
+        let reconciled = self.compute.reconcile_pool(deployment, not_after).await?;
         let idle = self.compute.list_pool(deployment).await?;
         if settings.size == 0 && idle.is_empty() {
-            return Ok(Refilled::default());
+            return Ok(Refilled {
+                reconciled,
+                ..Refilled::default()
+            });
         }
         let cap = self.config.policy.max_executors;
         let in_use = if cap > 0 {
@@ -147,12 +193,15 @@ where
         } else {
             0
         };
-        let now = self.clock.now();
         let plan = plan_refill(&idle, settings, cap, in_use, now);
-        let not_after = now.saturating_add(self.config.lock_ttl_secs);
+        let mut recycled = 0;
         for id in &plan.recycle {
-            tracing::info!(instance_id = %id, max_age_secs = settings.max_age_secs, "pool member past its age: recycled");
-            self.compute.stop(id, RECYCLE_REASON, not_after).await?;
+            if self.compute.recycle_pool_member(id, not_after).await? {
+                tracing::info!(instance_id = %id, max_age_secs = settings.max_age_secs, "pool member past its age: recycled");
+                recycled += 1;
+            } else {
+                tracing::info!(instance_id = %id, "pool member claimed before its recycle: left to its environment");
+            }
         }
         let mut started = 0;
         for _ in 0..plan.start {
@@ -166,7 +215,8 @@ where
         let idle = idle.len() - plan.recycle.len() + started;
         crate::metrics::pool_size(idle);
         Ok(Refilled {
-            recycled: plan.recycle.len(),
+            reconciled,
+            recycled,
             started,
             idle,
         })

@@ -707,10 +707,15 @@ pub trait Compute: Workspaces + Send + Sync + 'static {
     /// The pick and the guard against double assignment are ONE conditional write
     /// (idle → assigned): of two concurrent claims, at most one gets a given member
     /// (twin: under its mutex; SQLite: one `UPDATE ... WHERE state = 'idle'` in an
-    /// `IMMEDIATE` transaction; DynamoDB: one `UpdateItem` with
-    /// `ConditionExpression` `#state = :idle`). Idempotent by `spec.idempotency_token`
-    /// like [`Compute::start`]: a token that already started or claimed an instance
-    /// returns that instance and claims nothing.
+    /// `IMMEDIATE` transaction; DynamoDB: one `TransactWriteItems` whose member update
+    /// is conditioned on `#state = :idle`). Idempotent by `spec.idempotency_token`: a
+    /// token that already claimed a member returns that member and claims nothing. A token
+    /// that started cold is not necessarily known to the pool (ECS keeps a `RunTask`
+    /// `clientToken` to itself), which is why a start after an unclean predecessor claims
+    /// nothing new ([`crate::pool::REPLAY_ONLY`]) and replays the cold start instead.
+    ///
+    /// With `created_after` = [`crate::pool::REPLAY_ONLY`] no member is young enough:
+    /// only the token's own earlier claim can be returned (after an unclean predecessor).
     ///
     /// `Ok(None)`: a miss (no usable member; the caller starts cold). `Ok(Some(..))`: the
     /// claimed member as an instance of the environment (tagged like a started one, found
@@ -728,6 +733,47 @@ pub trait Compute: Workspaces + Send + Sync + 'static {
         _not_after: u64,
     ) -> impl Future<Output = Result<Option<Started>, PortError>> + Send {
         async { Ok(None) }
+    }
+    /// Issue 27: stops the idle member `id` for its age, unless it was claimed since the
+    /// refill listed it. The guard is one conditional write (idle → recycled: twin under
+    /// its mutex, SQLite `UPDATE ... WHERE state = 'idle'`, DynamoDB `UpdateItem` with
+    /// `ConditionExpression` `#state = :idle`), then the stop (reason
+    /// [`crate::pool::RECYCLE_REASON`]), unless `not_after` passed. A recycled member is
+    /// never claimed. `Ok(false)`: it was claimed (it serves an environment now and is left
+    /// alone) or is no longer a member. The default stops it (providers without a pool
+    /// have no members).
+    ///
+    /// # Errors
+    /// A [`PortError`] of the write or the stop: the member may be recycled and not yet
+    /// stopped; the next refill stops it (it is no longer idle, so nobody claims it).
+    fn recycle_pool_member(
+        &self,
+        id: &InstanceId,
+        not_after: u64,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send {
+        async move {
+            self.stop(id, crate::pool::RECYCLE_REASON, not_after)
+                .await
+                .map(|()| true)
+        }
+    }
+    /// Issue 27: ends what the pool's bookkeeping lost track of in `deployment`, unless
+    /// `not_after` passed, and returns how many members it stopped or forgot: a member
+    /// started whose bookkeeping was never written (ECS: a pool task no item names, a
+    /// worker killed between `RunTask` and `PutItem`) is stopped once it is older than
+    /// the provider's visibility window; bookkeeping of a member that is gone (an idle
+    /// item whose task stopped, a local member's directory whose executor exited) is
+    /// dropped; a member recycled but not yet stopped is stopped. Runs first in every
+    /// refill. The default: nothing to reconcile.
+    ///
+    /// # Errors
+    /// A [`PortError`] of a read or a stop; what was done stays done.
+    fn reconcile_pool(
+        &self,
+        _deployment: &DeploymentId,
+        _not_after: u64,
+    ) -> impl Future<Output = Result<usize, PortError>> + Send {
+        async { Ok(0) }
     }
 }
 

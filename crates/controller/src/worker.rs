@@ -377,6 +377,7 @@ where
             slot: SlotTaken::NotNeeded,
             start_failed: false,
             restorable: observed.snapshot.clone(),
+            new_claims: false,
         };
         self.keep_mapping(
             job,
@@ -607,6 +608,7 @@ where
             slot,
             start_failed: false,
             restorable: observed.snapshot.clone(),
+            new_claims: !locked.recovered,
         };
         self.keep_mapping(
             job,
@@ -1226,6 +1228,7 @@ where
             self.config.pool,
             self.clock.now(),
             act.not_after,
+            act.new_claims,
         )
         .await;
         let warm = matches!(started, Ok((_, crate::pool::StartPath::Warm)));
@@ -1845,6 +1848,10 @@ struct Act {
     /// The snapshot state this decision read ([`Observed::snapshot`]): a start whose
     /// restore it does not show `completed` reads the state again first (issue 23).
     restorable: sandbox_core::workspace::SnapshotRead,
+    /// Whether a start may claim a new warm pool member: not after an unclean predecessor
+    /// (the lock was `recovered`), whose start with the same token may have been cold
+    /// (issue 27, [`crate::pool::REPLAY_ONLY`]).
+    new_claims: bool,
 }
 
 /// What [`Controller::take_slot`] found before the effects (issue 13 item 3).

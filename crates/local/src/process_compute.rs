@@ -1472,6 +1472,22 @@ impl Compute for ProcessCompute {
             .await
     }
 
+    async fn recycle_pool_member(
+        &self,
+        id: &InstanceId,
+        not_after: u64,
+    ) -> Result<bool, PortError> {
+        self.recycle_member(id, not_after).await
+    }
+
+    async fn reconcile_pool(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<usize, PortError> {
+        self.reconcile_members(deployment, not_after).await
+    }
+
     async fn describe(&self, id: &InstanceId) -> Result<Option<ComputeInstance>, PortError> {
         Ok(self
             .inner

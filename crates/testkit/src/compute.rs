@@ -1276,6 +1276,31 @@ impl Compute for TwinCompute {
             .collect())
     }
 
+    /// Under the twin's mutex: idle → stopped (recycled), then the stop; a member claimed
+    /// since is left alone.
+    async fn recycle_pool_member(
+        &self,
+        id: &InstanceId,
+        not_after: u64,
+    ) -> Result<bool, PortError> {
+        let now = self.clock.now_ms();
+        check_deadline(DEP, "recycle_pool_member", now / 1000, not_after)?;
+        {
+            let mut s = self.state();
+            let Some(m) = s
+                .pool
+                .iter_mut()
+                .find(|m| &m.id == id && m.state == MemberState::Idle)
+            else {
+                return Ok(false);
+            };
+            m.state = MemberState::Stopped;
+        }
+        self.stop(id, sandbox_controller::pool::RECYCLE_REASON, not_after)
+            .await?;
+        Ok(true)
+    }
+
     /// Under the twin's mutex: the pick (the oldest idle member young enough) and the
     /// write (idle → claimed) are one step, so two claims never get one member.
     async fn claim_pool_member(
@@ -1290,9 +1315,14 @@ impl Compute for TwinCompute {
         let mut s = self.state();
         self.check_start(spec, deployment)?;
         let key = (deployment.clone(), spec.idempotency_token.clone());
+        // Strict, as on AWS: the pool knows the tokens of its own claims only (ECS keeps a
+        // cold start's `clientToken` to itself), so a token that started cold is no replay.
         if let Some(&p) = s.by_token.get(&key) {
-            s.answers.replays += 1;
-            return Ok(Some(Started::Instance(self.view(&s.instances[p], now))));
+            let claimed = &s.instances[p].id;
+            if s.pool.iter().any(|m| &m.id == claimed) {
+                s.answers.replays += 1;
+                return Ok(Some(Started::Instance(self.view(&s.instances[p], now))));
+            }
         }
         let Some(m) = s.pool.iter_mut().find(|m| {
             &m.deployment == deployment

@@ -205,3 +205,90 @@ async fn pool_members_past_their_age_are_recycled() {
     // The young replacement is claimed.
     assert_eq!(start(&world, &c, 2).await, now[0].instance_id);
 }
+
+/// `RunTask` started a task but its answer was lost while the pool was empty, so the
+/// worker left the lock unclean. The pool fills before the retry, and ECS does not list
+/// the new task yet: its reads lag `RunTask` (aws-semantics.md). The retry must not claim
+/// the member, because a new claim cannot know that the same generation was already started
+/// cold. It replays the cold start with the same token instead, which ECS answers with the
+/// same task (`clientToken`, 24 h). One compute for the environment, and the member stays
+/// in the pool (docs/WARM_POOL.md rule 4).
+#[tokio::test]
+async fn after_a_lost_cold_start_the_retry_replays_it_instead_of_claiming() {
+    use sandbox_testkit::compute::{AwsLike, ComputeTiming};
+    use sandbox_testkit::faulty::Fault;
+    let aws = AwsLike {
+        // A start stays unlisted for up to an hour; the seed's first draw is checked below.
+        max_visibility_lag_ms: 3_600_000,
+        seed: 7,
+        ..AwsLike::strict()
+    };
+    let world = World::aws_like(ComputeTiming::default(), aws);
+    let c = pooled(&world, 1, 3_600);
+    world
+        .faults
+        .fail("compute", Some("start"), Fault::LostResponse, 1);
+    let (s, e) = requiring(&world, 1);
+    let job = Job {
+        handoffs: 0,
+        swept: None,
+        trigger: Trigger::ConnectionRequested,
+        session_id: s,
+        environment_id: Some(e.clone()),
+        webhook_id: None,
+        enqueued_at: world.clock.now(),
+    };
+    let lost = c.process(&job).await.unwrap();
+    assert!(
+        lost.error
+            .as_deref()
+            .is_some_and(|m| m.contains("outcome unknown")),
+        "{lost:?}"
+    );
+    let cold = world.compute.instances();
+    assert_eq!(cold.len(), 1, "the lost start did start a task");
+    assert!(
+        world
+            .compute
+            .find(&World::deployment(), &e)
+            .await
+            .unwrap()
+            .is_empty(),
+        "precondition: ECS does not list the new task yet (pick another seed if the draw changed)"
+    );
+    c.refill_pool().await.unwrap();
+    assert_eq!(
+        world
+            .compute
+            .list_pool(&World::deployment())
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    let retried = c.process(&job).await.unwrap();
+    assert_eq!(retried.error, None, "{retried:?}");
+    let record = world.registry.record(&e.effect_key()).expect("a record");
+    assert_eq!(
+        record.current().map(|i| &i.instance_id),
+        Some(&cold[0].instance_id),
+        "the record names the task the lost start started"
+    );
+    assert!(!record.instance_from_pool);
+    assert_eq!(
+        world.compute.instances().len(),
+        1,
+        "no second compute for the environment"
+    );
+    assert_eq!(
+        world
+            .compute
+            .list_pool(&World::deployment())
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "the member was not claimed"
+    );
+}

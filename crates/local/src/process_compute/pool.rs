@@ -24,18 +24,20 @@
 //!   beyond the executor's own loopback socket.
 
 use super::{
-    COLUMNS, DEP, ForwarderCommand, InstanceRow, ProcessCompute, RUNNING, free_loopback_url, load,
-    proc_stat, refresh, signal_group, spawn_forwarder, watch_forwarder, workspace_name,
+    COLUMNS, DEP, ForwarderCommand, InstanceRow, ProcessCompute, RUNNING, STOPPED,
+    free_loopback_url, load, proc_stat, refresh, signal_group, spawn_forwarder, watch_forwarder,
+    workspace_name,
 };
 use crate::db::{DbError, now_ms, to_sql_int};
 use crate::workspace_archive as ws;
 use nix::sys::signal::Signal;
 use rusqlite::{TransactionBehavior, params};
+use sandbox_controller::pool::RECYCLE_REASON;
 use sandbox_controller::ports::{
-    Clock, PoolMember, PortError, Started, SystemClock, check_deadline,
+    Clock, Compute, PoolMember, PortError, Started, SystemClock, check_deadline,
 };
 use sandbox_core::decision::StartSpec;
-use sandbox_core::ids::DeploymentId;
+use sandbox_core::ids::{DeploymentId, InstanceId};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +46,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const POOL_DIR: &str = ".pool";
 
 const IDLE: &str = "idle";
+/// A member the refill took out of the pool for its age (stopped right after).
+const RECYCLED: &str = "recycled";
 
 /// Removes a member's directory (never claimed) or the link left where it was (claimed),
 /// once its executor is gone. Errors are logged: a leftover is harmless and skipped by
@@ -368,6 +372,91 @@ impl ProcessCompute {
                 Ok(Some(Started::Instance(row.instance())))
             }
         }
+    }
+
+    /// [`Compute::recycle_pool_member`]: idle → recycled in one guarded `UPDATE` (a
+    /// member claimed since the refill listed it is left to its environment), then the
+    /// stop.
+    pub(super) async fn recycle_member(
+        &self,
+        id: &InstanceId,
+        not_after: u64,
+    ) -> Result<bool, PortError> {
+        const OP: &str = "recycle_pool_member";
+        check_deadline(DEP, OP, SystemClock.now(), not_after)?;
+        let id_s = id.as_str().to_owned();
+        let taken = self
+            .inner
+            .db
+            .call(DEP, OP, move |conn| {
+                Ok(conn.execute(
+                    "UPDATE compute_pool SET state = ?3 WHERE instance_id = ?1 AND state = ?2",
+                    params![id_s, IDLE, RECYCLED],
+                )?)
+            })
+            .await?;
+        if taken != 1 {
+            return Ok(false);
+        }
+        self.stop(id, RECYCLE_REASON, not_after).await?;
+        Ok(true)
+    }
+
+    /// [`Compute::reconcile_pool`]: members that are idle or recycled and whose executor
+    /// exited (one adopted after a `serve` restart, one that died on its own) leave the
+    /// pool and their directory is removed; a recycled member still running (its stop
+    /// failed after the `UPDATE`) is stopped. Returns how many it handled.
+    pub(super) async fn reconcile_members(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<usize, PortError> {
+        const OP: &str = "reconcile_pool";
+        check_deadline(DEP, OP, SystemClock.now(), not_after)?;
+        let children = Arc::clone(&self.inner.children);
+        let grace = self.inner.config.stop_grace;
+        let deployment = deployment.as_str().to_owned();
+        let (gone, to_stop) = self
+            .inner
+            .db
+            .call(DEP, OP, move |conn| {
+                let rows: Vec<(String, String, String)> = {
+                    let mut stmt = conn.prepare_cached(
+                        "SELECT instance_id, state, member_dir FROM compute_pool
+                         WHERE deployment = ?1 AND state IN (?2, ?3)",
+                    )?;
+                    stmt.query_map(params![deployment, IDLE, RECYCLED], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                    })?
+                    .collect::<Result<_, _>>()?
+                };
+                let (mut gone, mut to_stop) = (Vec::new(), Vec::new());
+                for (id, state, dir) in rows {
+                    let stopped = match load(conn, &id)? {
+                        Some(row) => refresh(conn, &children, grace, row)?.status == STOPPED,
+                        None => true,
+                    };
+                    if stopped {
+                        conn.execute(
+                            "DELETE FROM compute_pool WHERE instance_id = ?1 AND state = ?2",
+                            params![id, state],
+                        )?;
+                        gone.push(dir);
+                    } else if state == RECYCLED {
+                        to_stop.push(id);
+                    }
+                }
+                Ok((gone, to_stop))
+            })
+            .await?;
+        for dir in &gone {
+            remove_member_dir(Path::new(dir));
+        }
+        for id in &to_stop {
+            self.stop(&InstanceId::new(id.as_str()), RECYCLE_REASON, not_after)
+                .await?;
+        }
+        Ok(gone.len() + to_stop.len())
     }
 
     /// Inside the claim's transaction: the member's directory becomes the generation's
