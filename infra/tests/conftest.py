@@ -22,6 +22,16 @@ CDK_WORKSPACES_TEMPLATE = Path(
         "CDK_WORKSPACES_TEMPLATE", INFRA / "cdk" / "cdk.out.workspaces" / "SandboxLifecycle.template.json"
     )
 )
+# The same stack with the warm pool on (poolSize > 0, issue 27), workspaces off and on.
+CDK_POOL_TEMPLATE = Path(
+    os.environ.get("CDK_POOL_TEMPLATE", INFRA / "cdk" / "cdk.out.pool" / "SandboxLifecycle.template.json")
+)
+CDK_POOL_WORKSPACES_TEMPLATE = Path(
+    os.environ.get(
+        "CDK_POOL_WORKSPACES_TEMPLATE",
+        INFRA / "cdk" / "cdk.out.pool-workspaces" / "SandboxLifecycle.template.json",
+    )
+)
 
 
 def resolve_conditions(value, conditions: dict[str, bool]):
@@ -69,14 +79,27 @@ def sam_cfn_raw() -> dict:
 
 @pytest.fixture(scope="session")
 def sam_cfn(sam_cfn_raw) -> dict:
-    """The SAM template as deployed with its defaults: workspaces off (WorkspaceVolumeGiB 0)."""
-    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": False})
+    """The SAM template as deployed with its defaults: workspaces off (WorkspaceVolumeGiB 0),
+    the warm pool off (PoolSize 0)."""
+    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": False, "PoolEnabled": False})
 
 
 @pytest.fixture(scope="session")
 def sam_workspaces_cfn(sam_cfn_raw) -> dict:
-    """The SAM template as deployed with workspaces on."""
-    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": True})
+    """The SAM template as deployed with workspaces on (the pool off)."""
+    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": True, "PoolEnabled": False})
+
+
+@pytest.fixture(scope="session")
+def sam_pool_cfn(sam_cfn_raw) -> dict:
+    """The SAM template as deployed with the warm pool on (PoolSize > 0), workspaces off."""
+    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": False, "PoolEnabled": True})
+
+
+@pytest.fixture(scope="session")
+def sam_pool_workspaces_cfn(sam_cfn_raw) -> dict:
+    """The SAM template as deployed with the warm pool and workspaces on."""
+    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": True, "PoolEnabled": True})
 
 
 def _load(path: Path) -> dict:
@@ -95,6 +118,24 @@ def cdk_cfn() -> dict:
 def cdk_workspaces_cfn() -> dict:
     """The synthesized CDK stack with workspaces on."""
     return _load(CDK_WORKSPACES_TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def cdk_pool_cfn() -> dict:
+    """The synthesized CDK stack with the warm pool on (poolSize 2)."""
+    return _load(CDK_POOL_TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def cdk_pool_workspaces_cfn() -> dict:
+    """The synthesized CDK stack with the warm pool and workspaces on."""
+    return _load(CDK_POOL_WORKSPACES_TEMPLATE)
+
+
+@pytest.fixture(scope="session", params=["sam", "cdk"])
+def any_pool_cfn(request, sam_pool_cfn, cdk_pool_cfn) -> dict:
+    """Each of the two templates in turn, the warm pool on (workspaces off)."""
+    return sam_pool_cfn if request.param == "sam" else cdk_pool_cfn
 
 
 @pytest.fixture(scope="session", params=["sam", "cdk"])

@@ -1,5 +1,6 @@
 """Issue 24 item 1: one role per function, each granting exactly the AWS actions that
-function's code sends, in SAM and CDK, with workspaces off and on.
+function's code sends, in SAM and CDK, with workspaces off and on and the warm pool
+(issue 27) off and on.
 
 The actions come from the code: every SDK operation an adapter in crates/aws/src sends is
 found in its source (a call `client.<operation>()` on an SDK client, test modules and
@@ -35,6 +36,9 @@ ADAPTERS = {
     "sqs_queue.rs": "sqs",
     "sqs_dead_letters.rs": "sqs",
     "secrets.rs": "secretsmanager",
+    # Issue 27, the warm pool (docs/WARM_POOL.md "ECS calls").
+    "pool_table.rs": "dynamodb",
+    "ecs_pool.rs": "ecs",
 }
 # The receivers the adapters call SDK operations on (field and variable names).
 CLIENT_RECEIVER = r"\b(?:client|ecs|ec2|sqs|secrets|dynamodb|ddb)\s*\.\s*([a-z_]+)\s*\(\s*\)"
@@ -94,10 +98,15 @@ NOT_DEPLOYED = {
     # Registry::list (a Scan of records) serves sandboxctl status and explain only; the
     # sweep reads the sparse by_open index with Query (issue 22).
     ("dynamo_registry.rs", "scan"): "sandboxctl status / explain",
+    # The pool table is created by the template too; these serve the moto tests.
+    ("pool_table.rs", "create_table"): "tests (moto) only",
+    ("pool_table.rs", "describe_table"): "create_table's wait",
+    ("pool_table.rs", "update_time_to_live"): "create_table",
 }
 
 # Which operations each function reaches, with the code path. `workspaces`: only with
-# workspaces on (ECS_INFRASTRUCTURE_ROLE_ARN set: EbsWorkspaces is built).
+# workspaces on (ECS_INFRASTRUCTURE_ROLE_ARN set: EbsWorkspaces is built). `pool`: only with
+# the warm pool on (POOL_SIZE > 0: the pool table and EcsPool are built).
 REGISTRY_RUNTIME = {
     # DynamoRegistry: every runtime operation. Both the worker (decide/apply, locks, fence,
     # slots, ledger) and the sweeper (list, slots, release_orphan_slots' fenced
@@ -115,6 +124,7 @@ FUNCTIONS = {
             ("sqs_queue.rs", "send_message"),
         },
         "workspaces": set(),
+        "pool": set(),
         "extra": set(),
     },
     "worker": {
@@ -143,6 +153,24 @@ FUNCTIONS = {
                 "delete_snapshot",
             )
         },
+        # The pool (docs/WARM_POOL.md "ECS calls"): claim (token GetItem, Query by_idle,
+        # DescribeTasks, TransactWriteItems, TagResource), refill (RunTask, member PutItem,
+        # lease UpdateItem), recycle (UpdateItem, StopTask), reconcile (ListTasks,
+        # DescribeTasks, DeleteItem, StopTask), find (ListTasks, Query by_environment),
+        # describe resolution of an untagged claimed member (BatchGetItem).
+        "pool": {
+            ("pool_table.rs", op)
+            for op in (
+                "get_item",
+                "query",
+                "put_item",
+                "update_item",
+                "delete_item",
+                "batch_get_item",
+                "transact_write_items",
+            )
+        }
+        | {("ecs_pool.rs", op) for op in ("run_task", "tag_resource", "list_tasks", "describe_tasks", "stop_task")},
         "extra": EVENT_SOURCE,
     },
     "sweeper": {
@@ -162,6 +190,10 @@ FUNCTIONS = {
             ("ebs_workspaces.rs", op)
             for op in ("describe_volumes", "describe_snapshots", "delete_volume", "delete_snapshot")
         },
+        # list / find resolve claimed pool members (BatchGetItem of member items, Query
+        # by_environment); the sweep never runs, tags or stops a member (its refill is a
+        # timers-queue message to the worker, already sqs:SendMessage above).
+        "pool": {("pool_table.rs", "query"), ("pool_table.rs", "batch_get_item")},
         "extra": set(),
     },
 }
@@ -193,10 +225,10 @@ def adapter_operations() -> dict[tuple[str, str], set[str]]:
     return out
 
 
-def expected_actions(function: str, workspaces: bool) -> set[str]:
+def expected_actions(function: str, workspaces: bool, pool: bool = False) -> set[str]:
     ops = adapter_operations()
     spec = FUNCTIONS[function]
-    reached = spec["always"] | (spec["workspaces"] if workspaces else set())
+    reached = spec["always"] | (spec["workspaces"] if workspaces else set()) | (spec["pool"] if pool else set())
     actions = set(RUNTIME) | spec["extra"]
     for key in reached:
         actions |= ops[key]
@@ -210,21 +242,22 @@ def test_every_adapter_operation_is_placed_and_every_declared_one_exists():
     assert ("ecs_compute.rs", "run_task") in ops, "the scan finds the adapters' calls"
     declared = set(NOT_DEPLOYED)
     for spec in FUNCTIONS.values():
-        declared |= spec["always"] | spec["workspaces"]
+        declared |= spec["always"] | spec["workspaces"] | spec["pool"]
     assert set(ops) - declared == set(), "operations sent by an adapter but placed in no function"
     assert declared - set(ops) == set(), "declared operations the adapters no longer send"
 
 
-@pytest.mark.parametrize("workspaces", [False, True])
-def test_each_role_grants_exactly_what_its_function_calls(request, workspaces):
-    suffix = "_workspaces_cfn" if workspaces else "_cfn"
+@pytest.mark.parametrize("pool", [False, True], ids=["pool-off", "pool-on"])
+@pytest.mark.parametrize("workspaces", [False, True], ids=["workspaces-off", "workspaces-on"])
+def test_each_role_grants_exactly_what_its_function_calls(request, workspaces, pool):
+    suffix = ("_pool" if pool else "") + ("_workspaces_cfn" if workspaces else "_cfn")
     for template in ("sam", "cdk"):
         cfn = request.getfixturevalue(template + suffix)
         roles = roles_by_purpose(cfn)
         for function in FUNCTIONS:
             (role_id,) = [r for p, r in roles.items() if p.startswith(f"sandbox-lifecycle {function} ")]
             granted = actions_of(role_statements(cfn, role_id))
-            wanted = expected_actions(function, workspaces)
-            where = f"{template}, workspaces {'on' if workspaces else 'off'}, {function}"
+            wanted = expected_actions(function, workspaces, pool)
+            where = f"{template}, workspaces {'on' if workspaces else 'off'}, pool {'on' if pool else 'off'}, {function}"
             assert granted - wanted == set(), f"{where}: extra {sorted(granted - wanted)}"
             assert wanted - granted == set(), f"{where}: missing {sorted(wanted - granted)}"

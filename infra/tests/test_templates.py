@@ -6,7 +6,8 @@
   resource for the ECS, IAM, DynamoDB, SQS and Secrets Manager actions; RunTask only on the
   executor family; PassRole only on the executor's two roles for ecs-tasks; task actions
   conditioned on the cluster; each secret readable only where it is needed; an executor
-  task role without any policy.
+  task role without any policy, or with the warm pool on (issue 27) one statement reading
+  only the task's own pool item.
 - Wiring: every function environment variable is one the Rust code reads
   (crates/aws/src/settings.rs, parsed here), every required one is set, and the
   failed-start metric filter matches a message the controller really logs.
@@ -135,24 +136,26 @@ def settings_vars() -> dict[str, dict[str, set[str]]]:
 
 
 # ----------------------------------------------------------------------------- agreement
-@pytest.mark.parametrize("workspaces", [False, True])
-def test_sam_and_cdk_declare_the_same_resource_types(request, workspaces):
-    sam_cfn, cdk_cfn = both(request, workspaces)
+@pytest.mark.parametrize("pool", [False, True], ids=["pool-off", "pool-on"])
+@pytest.mark.parametrize("workspaces", [False, True], ids=["workspaces-off", "workspaces-on"])
+def test_sam_and_cdk_declare_the_same_resource_types(request, workspaces, pool):
+    sam_cfn, cdk_cfn = both(request, workspaces, pool)
     sam = Counter(r["Type"] for r in sam_cfn["Resources"].values())
     cdk = Counter(r["Type"] for r in cdk_cfn["Resources"].values())
     assert sam - cdk - ALLOWED_TYPE_DIFFERENCES == Counter(), "only in SAM"
     assert cdk - sam - ALLOWED_TYPE_DIFFERENCES == Counter(), "only in CDK"
 
 
-def both(request, workspaces: bool) -> tuple[dict, dict]:
-    """(SAM, CDK), with workspaces off (the defaults) or on."""
-    suffix = "_workspaces_cfn" if workspaces else "_cfn"
+def both(request, workspaces: bool, pool: bool = False) -> tuple[dict, dict]:
+    """(SAM, CDK), with workspaces and the warm pool off (the defaults) or on."""
+    suffix = ("_pool" if pool else "") + ("_workspaces_cfn" if workspaces else "_cfn")
     return request.getfixturevalue("sam" + suffix), request.getfixturevalue("cdk" + suffix)
 
 
-@pytest.mark.parametrize("workspaces", [False, True])
-def test_sam_and_cdk_grant_each_role_the_same_actions(request, workspaces):
-    sam_cfn, cdk_cfn = both(request, workspaces)
+@pytest.mark.parametrize("pool", [False, True], ids=["pool-off", "pool-on"])
+@pytest.mark.parametrize("workspaces", [False, True], ids=["workspaces-off", "workspaces-on"])
+def test_sam_and_cdk_grant_each_role_the_same_actions(request, workspaces, pool):
+    sam_cfn, cdk_cfn = both(request, workspaces, pool)
     sam_roles, cdk_roles = roles_by_purpose(sam_cfn), roles_by_purpose(cdk_cfn)
     assert sam_roles.keys() == cdk_roles.keys()
     for purpose in sam_roles:
@@ -161,7 +164,9 @@ def test_sam_and_cdk_grant_each_role_the_same_actions(request, workspaces):
         assert sam == cdk, f"{purpose}: only SAM {sorted(sam - cdk)}, only CDK {sorted(cdk - sam)}"
 
 
-def test_sam_and_cdk_set_the_same_environment_variables(sam_cfn, cdk_cfn):
+@pytest.mark.parametrize("pool", [False, True], ids=["pool-off", "pool-on"])
+def test_sam_and_cdk_set_the_same_environment_variables(request, pool):
+    sam_cfn, cdk_cfn = both(request, False, pool)
     for binary in ("webhook", "worker", "sweeper"):
         sam = function_by_binary(sam_cfn, binary)["Environment"]["Variables"].keys()
         cdk = function_by_binary(cdk_cfn, binary)["Environment"]["Variables"].keys()
@@ -176,9 +181,9 @@ def test_sam_and_cdk_configure_functions_alike(sam_cfn, cdk_cfn):
 
 
 # ----------------------------------------------------------------------------- least privilege
-def test_scoped_actions_never_have_a_star_resource(any_cfn):
-    for role_id in roles_by_purpose(any_cfn).values():
-        for statement in role_statements(any_cfn, role_id):
+def test_scoped_actions_never_have_a_star_resource(any_cfn, any_pool_cfn):
+    for cfn, role_id in [(c, r) for c in (any_cfn, any_pool_cfn) for r in roles_by_purpose(c).values()]:
+        for statement in role_statements(cfn, role_id):
             star = "*" in as_list(statement.get("Resource", []))
             actions = set(as_list(statement["Action"]))
             if star:
@@ -196,10 +201,10 @@ def flat(value) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def test_sweeper_role_starts_stops_and_passes_nothing(any_cfn, any_workspaces_cfn):
+def test_sweeper_role_starts_stops_and_passes_nothing(any_cfn, any_workspaces_cfn, any_pool_cfn):
     # Issue 24: a sweep reads, fans out and deletes stored workspaces; the jobs it fans out
-    # run in the worker.
-    for cfn in (any_cfn, any_workspaces_cfn):
+    # run in the worker. Issue 27: also with the warm pool on (its refill is a worker job).
+    for cfn in (any_cfn, any_workspaces_cfn, any_pool_cfn):
         roles = roles_by_purpose(cfn)
         (role_id,) = [r for p, r in roles.items() if p.startswith("sandbox-lifecycle sweeper")]
         granted = actions_of(role_statements(cfn, role_id))
@@ -447,10 +452,14 @@ def test_webhook_can_only_enqueue_and_read_its_secret(any_cfn):
 
 
 # ----------------------------------------------------------------------------- wiring
-def test_functions_set_exactly_the_variables_the_code_reads(any_cfn):
+def test_functions_set_exactly_the_variables_the_code_reads(any_cfn, any_pool_cfn):
     wanted = settings_vars()
-    for binary, kind in (("webhook", "webhook"), ("worker", "controller"), ("sweeper", "controller")):
-        variables = set(function_by_binary(any_cfn, binary)["Environment"]["Variables"])
+    for cfn, binary, kind in [
+        (cfn, binary, kind)
+        for cfn in (any_cfn, any_pool_cfn)
+        for binary, kind in (("webhook", "webhook"), ("worker", "controller"), ("sweeper", "controller"))
+    ]:
+        variables = set(function_by_binary(cfn, binary)["Environment"]["Variables"])
         known = wanted[kind]["required"] | wanted[kind]["optional"]
         assert variables <= known, f"{binary}: not read by the code: {sorted(variables - known)}"
         missing = wanted[kind]["required"] - variables
@@ -739,7 +748,9 @@ def alarm_signatures(cfn: dict) -> Counter:
     return out
 
 
-def test_sam_and_cdk_define_the_same_alarms(sam_cfn, cdk_cfn):
+@pytest.mark.parametrize("pool", [False, True], ids=["pool-off", "pool-on"])
+def test_sam_and_cdk_define_the_same_alarms(request, pool):
+    sam_cfn, cdk_cfn = both(request, False, pool)
     sam, cdk = alarm_signatures(sam_cfn), alarm_signatures(cdk_cfn)
     assert sam == cdk, f"only SAM {sorted((sam - cdk).elements())}, only CDK {sorted((cdk - sam).elements())}"
 
@@ -798,3 +809,282 @@ def test_make_deploy_passes_every_parameter_and_context_key(sam_cfn):
         assert f"'{key}=" in cdk_block or f"cdk-context,{key}," in cdk_block or f"-c {key}=" in cdk_block, (
             f"make deploy-cdk cannot set {key}"
         )
+
+
+# ----------------------------------------------------------------------------- the warm pool (issue 27)
+# docs/WARM_POOL.md: PoolSize > 0 adds the pool table, the executor task role's one
+# statement, the worker's and the sweeper's pool statements, the pool settings and the
+# "pool runs dry" alarm; PoolSize 0 (the default) adds none of them.
+POOL_VARIABLES = {"POOL_SIZE", "POOL_MAX_AGE_SECS", "POOL_TABLE_NAME", "POOL_TASK_ROLE_ID"}
+
+
+def render(value) -> str:
+    """A resource or condition value as one string: `Ref` as `${Name}`, `Fn::GetAtt` as
+    `${Id.Attribute}`, `Fn::Sub` (without a variable map) as its text, `Fn::Join` joined.
+    SAM writes `!Sub "${PoolTable.Arn}/index/*"` where CDK writes a `Fn::Join`; both render
+    to `${<table id>.Arn}/index/*`."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and len(value) == 1:
+        (key, arg), = value.items()
+        if key == "Ref":
+            return "${" + arg + "}"
+        if key == "Fn::GetAtt":
+            return "${" + (".".join(arg) if isinstance(arg, list) else arg) + "}"
+        if key == "Fn::Sub" and isinstance(arg, str):
+            return arg
+        if key == "Fn::Join":
+            sep, parts = arg
+            return sep.join(render(p) for p in parts)
+    raise AssertionError(f"cannot render {value!r}")
+
+
+def pool_table(cfn: dict) -> str:
+    """The pool table's logical id: the one table with the by_idle index."""
+    (table_id,) = [
+        k
+        for k, t in resources(cfn, "AWS::DynamoDB::Table").items()
+        if "by_idle" in {g["IndexName"] for g in t["Properties"].get("GlobalSecondaryIndexes", [])}
+    ]
+    return table_id
+
+
+def role_of(cfn: dict, binary: str) -> str:
+    (role_id,) = [r for p, r in roles_by_purpose(cfn).items() if p.startswith(f"sandbox-lifecycle {binary} ")]
+    return role_id
+
+
+def test_the_task_role_reads_only_its_own_pool_item(any_cfn, any_pool_cfn):
+    """With the pool off the task role has no policy and there is no pool table. With it on,
+    exactly one statement: dynamodb:GetItem on the pool table (not an index, not the
+    registry), only for the leading key `${aws:userid}` (= `<role id>:<task id>`, the
+    task's own member item), written literally as the IAM policy variable."""
+    off = roles_by_purpose(any_cfn)["executor task role"]
+    assert role_statements(any_cfn, off) == []
+    assert "Policies" not in any_cfn["Resources"][off]["Properties"]
+    assert len(resources(any_cfn, "AWS::DynamoDB::Table")) == 1, "only the registry without the pool"
+
+    cfn = any_pool_cfn
+    role_id = roles_by_purpose(cfn)["executor task role"]
+    (statement,) = role_statements(cfn, role_id)
+    assert set(statement) <= {"Sid", "Effect", "Action", "Resource", "Condition"}, statement
+    assert statement["Effect"] == "Allow"
+    assert as_list(statement["Action"]) == ["dynamodb:GetItem"]
+    (resource,) = as_list(statement["Resource"])
+    assert resource == {"Fn::GetAtt": [pool_table(cfn), "Arn"]}, resource
+    assert statement["Condition"] == {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["${aws:userid}"]}}
+    # Literally, as CloudFormation hands it to IAM: not inside an Fn::Sub (which would
+    # substitute it) and not escaped.
+    role_json = json.dumps(cfn["Resources"][role_id])
+    assert '"dynamodb:LeadingKeys": ["${aws:userid}"]' in role_json
+    assert "Fn::Sub" not in json.dumps(statement["Condition"])
+    assert not role_json.count("${!")
+    assert not cfn["Resources"][role_id]["Properties"].get("ManagedPolicyArns")
+
+
+def test_the_task_role_trusts_only_ecs_tasks_of_this_account(any_cfn, any_pool_cfn):
+    """The confused-deputy guard (ECS Developer Guide, "Amazon ECS task IAM role"):
+    ecs-tasks.amazonaws.com only, aws:SourceAccount = this account, aws:SourceArn like
+    arn:PARTITION:ecs:REGION:ACCOUNT:*. Nothing else may assume it (not the role itself)."""
+    for cfn in (any_cfn, any_pool_cfn):
+        role_id = roles_by_purpose(cfn)["executor task role"]
+        document = cfn["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"]
+        (statement,) = document["Statement"]
+        assert statement["Effect"] == "Allow"
+        assert statement["Principal"] == {"Service": "ecs-tasks.amazonaws.com"}
+        assert as_list(statement["Action"]) == ["sts:AssumeRole"]
+        condition = statement["Condition"]
+        assert set(condition) == {"ArnLike", "StringEquals"}, condition
+        assert set(condition["StringEquals"]) == {"aws:SourceAccount"}
+        assert set(condition["ArnLike"]) == {"aws:SourceArn"}
+        account = render(condition["StringEquals"]["aws:SourceAccount"])
+        assert account in ("${AWS::AccountId}", "123456789012"), account
+        source = render(condition["ArnLike"]["aws:SourceArn"])
+        region = "${AWS::Region}" if account == "${AWS::AccountId}" else "us-east-1"
+        assert source == f"arn:${{AWS::Partition}}:ecs:{region}:{account}:*", source
+
+
+def test_the_pool_table_matches_the_adapter_schema(any_pool_cfn):
+    """docs/WARM_POOL.md "The pool table": on demand, key pk (S) only, sparse GSIs by_idle
+    (idle_deployment S / created_at N) and by_environment (claimed_environment S), both
+    projecting ALL, TTL on expires_at; encrypted and recoverable like the registry."""
+    cfn = any_pool_cfn
+    tables = resources(cfn, "AWS::DynamoDB::Table")
+    assert len(tables) == 2
+    table_id = pool_table(cfn)
+    props = tables[table_id]["Properties"]
+    (registry,) = [t["Properties"] for k, t in tables.items() if k != table_id]
+    assert props["BillingMode"] == "PAY_PER_REQUEST"
+    assert props["KeySchema"] == [{"AttributeName": "pk", "KeyType": "HASH"}]
+    attributes = {(a["AttributeName"], a["AttributeType"]) for a in props["AttributeDefinitions"]}
+    assert attributes == {("pk", "S"), ("idle_deployment", "S"), ("created_at", "N"), ("claimed_environment", "S")}
+    gsis = {g["IndexName"]: g for g in props["GlobalSecondaryIndexes"]}
+    assert set(gsis) == {"by_idle", "by_environment"}
+    assert gsis["by_idle"]["KeySchema"] == [
+        {"AttributeName": "idle_deployment", "KeyType": "HASH"},
+        {"AttributeName": "created_at", "KeyType": "RANGE"},
+    ]
+    assert gsis["by_environment"]["KeySchema"] == [{"AttributeName": "claimed_environment", "KeyType": "HASH"}]
+    for gsi in gsis.values():
+        assert gsi["Projection"] == {"ProjectionType": "ALL"}
+        assert "ProvisionedThroughput" not in gsi
+    assert props["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+    assert props["PointInTimeRecoverySpecification"] == registry["PointInTimeRecoverySpecification"]
+    assert props["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"] is True
+    assert props["SSESpecification"] == registry["SSESpecification"]
+    assert props["SSESpecification"]["SSEEnabled"] is True
+    assert "StreamSpecification" not in props
+
+
+def test_pool_settings_reach_the_worker_and_the_sweeper_only(sam_cfn, cdk_cfn, sam_pool_cfn, cdk_pool_cfn):
+    """POOL_SIZE and POOL_MAX_AGE_SECS always (worker, sweeper); POOL_TABLE_NAME (the pool
+    table) and POOL_TASK_ROLE_ID (the task role's unique id, the first half of every member
+    key) only with the pool on; the webhook gets none."""
+    for cfn, on in ((sam_cfn, False), (cdk_cfn, False), (sam_pool_cfn, True), (cdk_pool_cfn, True)):
+        webhook = function_by_binary(cfn, "webhook")["Environment"]["Variables"]
+        assert not POOL_VARIABLES & set(webhook)
+        task_role = roles_by_purpose(cfn)["executor task role"]
+        for binary in ("worker", "sweeper"):
+            variables = function_by_binary(cfn, binary)["Environment"]["Variables"]
+            present = POOL_VARIABLES & set(variables)
+            if on:
+                assert present == POOL_VARIABLES, binary
+                assert variables["POOL_TABLE_NAME"] == {"Ref": pool_table(cfn)}, binary
+                assert variables["POOL_TASK_ROLE_ID"] == {"Fn::GetAtt": [task_role, "RoleId"]}, binary
+            else:
+                assert present == {"POOL_SIZE", "POOL_MAX_AGE_SECS"}, binary
+    for cfn in (sam_cfn, sam_pool_cfn):
+        for binary in ("worker", "sweeper"):
+            variables = function_by_binary(cfn, binary)["Environment"]["Variables"]
+            assert variables["POOL_SIZE"] == {"Ref": "PoolSize"}
+            assert variables["POOL_MAX_AGE_SECS"] == {"Ref": "PoolMaxAgeSecs"}
+    parameters = sam_cfn["Parameters"]
+    assert (str(parameters["PoolSize"]["Default"]), str(parameters["PoolSize"]["MinValue"])) == ("0", "0")
+    assert (str(parameters["PoolMaxAgeSecs"]["Default"]), str(parameters["PoolMaxAgeSecs"]["MinValue"])) == ("3600", "60")
+    assert sam_cfn["Conditions"]["PoolEnabled"] == {"Fn::Not": [{"Fn::Equals": [{"Ref": "PoolSize"}, 0]}]}
+    for binary in ("worker", "sweeper"):
+        off = function_by_binary(cdk_cfn, binary)["Environment"]["Variables"]
+        assert (off["POOL_SIZE"], off["POOL_MAX_AGE_SECS"]) == ("0", "3600")
+        on = function_by_binary(cdk_pool_cfn, binary)["Environment"]["Variables"]
+        assert (on["POOL_SIZE"], on["POOL_MAX_AGE_SECS"]) == ("2", "3600")  # mk/infra.mk: -c poolSize=2
+
+
+def test_pool_variables_are_read_by_the_settings():
+    """The wiring contract with crates/aws/src/settings.rs (docs/WARM_POOL.md, "Settings")."""
+    assert POOL_VARIABLES <= settings_vars()["controller"]["optional"] | settings_vars()["controller"]["required"]
+
+
+def test_pool_statements_are_scoped_to_the_pool_table(any_pool_cfn):
+    """The worker: the pool table's item and query actions on the table and its indexes
+    only, and TagResource outside RunTask only on a pool member with the assignment's tag
+    keys. The sweeper: Query on by_environment and BatchGetItem on the table, nothing else
+    of the pool. No other role names the pool table."""
+    cfn = any_pool_cfn
+    table = pool_table(cfn)
+    table_arn = "${" + table + ".Arn}"
+
+    def pool_statements(role_id: str) -> list[dict]:
+        return [s for s in role_statements(cfn, role_id) if table in flat(s["Resource"])]
+
+    worker = role_of(cfn, "worker")
+    (statement,) = pool_statements(worker)
+    assert set(as_list(statement["Action"])) == {
+        "dynamodb:GetItem",
+        "dynamodb:Query",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:DeleteItem",
+        "dynamodb:BatchGetItem",
+    }
+    assert sorted(render(r) for r in as_list(statement["Resource"])) == sorted([table_arn, table_arn + "/index/*"])
+    assert "Condition" not in statement
+
+    sweeper = role_of(cfn, "sweeper")
+    granted = {(a, render(r)) for s in pool_statements(sweeper) for a in as_list(s["Action"]) for r in as_list(s["Resource"])}
+    assert granted == {
+        ("dynamodb:Query", table_arn + "/index/by_environment"),
+        ("dynamodb:BatchGetItem", table_arn),
+    }
+
+    # The registry statements never name the pool table, and nothing else does.
+    for purpose, role_id in roles_by_purpose(cfn).items():
+        if role_id not in (worker, sweeper, roles_by_purpose(cfn)["executor task role"]):
+            assert not pool_statements(role_id), purpose
+    for role_id in (worker, sweeper):
+        for s in role_statements(cfn, role_id):
+            if "Registry" == s.get("Sid"):
+                assert table not in flat(s["Resource"])
+
+    (cluster_id,) = resources(cfn, "AWS::ECS::Cluster")
+    tags = statements_with(cfn, worker, "ecs:TagResource")
+    on_run = [s for s in tags if s.get("Condition") == {"StringEquals": {"ecs:CreateAction": "RunTask"}}]
+    claimed = [s for s in tags if s not in on_run]
+    assert len(on_run) == 1 and len(claimed) == 1, tags
+    (claim,) = claimed
+    assert as_list(claim["Action"]) == ["ecs:TagResource"]
+    (resource,) = as_list(claim["Resource"])
+    assert ":task/" in flat(resource) and cluster_id in flat(resource)
+    assert claim["Condition"] == {
+        "StringEquals": {"aws:ResourceTag/sandbox:pool": "member"},
+        "ForAllValues:StringEquals": {"aws:TagKeys": ["sandbox:environment", "sandbox:session", "sandbox:generation"]},
+    }
+
+
+def test_pool_runs_dry_alarm_only_with_the_pool(any_cfn, any_pool_cfn):
+    """pool_misses Sum >= 1 in 2 of 3 periods of 300 s, scoped to the deployment, with the
+    alarm actions of the other EMF alarms; no such alarm with the pool off."""
+
+    def pool_alarms(cfn):
+        return [a["Properties"] for a in resources(cfn, "AWS::CloudWatch::Alarm").values() if a["Properties"]["MetricName"] == "pool_misses"]
+
+    assert pool_alarms(any_cfn) == []
+    (alarm,) = pool_alarms(any_pool_cfn)
+    assert "pool_misses" in emitted_metric_names()
+    assert alarm["Namespace"] == "SandboxLifecycle"
+    assert [d["Name"] for d in alarm["Dimensions"]] == ["deployment"]
+    (failed_starts,) = [
+        a["Properties"]
+        for a in resources(any_pool_cfn, "AWS::CloudWatch::Alarm").values()
+        if a["Properties"]["MetricName"] == "start_failures"
+    ]
+    assert alarm["Dimensions"] == failed_starts["Dimensions"]
+    assert alarm.get("AlarmActions") == failed_starts.get("AlarmActions")
+    assert (alarm["Statistic"], int(alarm["Period"]), int(alarm["EvaluationPeriods"]), int(alarm["DatapointsToAlarm"])) == ("Sum", 300, 3, 2)
+    assert (float(alarm["Threshold"]), alarm["ComparisonOperator"]) == (1.0, "GreaterThanOrEqualToThreshold")
+    assert alarm["TreatMissingData"] == "notBreaching"
+
+
+def evaluate_rule_function(value, parameters: dict[str, str]):
+    """A CloudFormation rule function (the subset the template uses) for given parameters."""
+    if isinstance(value, (str, int)):
+        return str(value)
+    (key, arg), = value.items()
+    if key == "Ref":
+        return parameters[arg]
+    if key == "Fn::Equals":
+        a, b = (evaluate_rule_function(x, parameters) for x in arg)
+        return a == b
+    if key == "Fn::Not":
+        (inner,) = arg
+        return not evaluate_rule_function(inner, parameters)
+    raise AssertionError(f"unexpected rule function {key}")
+
+
+def test_the_pool_needs_the_split_executor(sam_cfn_raw):
+    """In single mode the executor holds the key from its first instant: a rule refuses
+    PoolSize > 0 with it before anything is created (CDK refuses it at synth:
+    infra/cdk/test). The rule's test is the PoolEnabled condition's (rules cannot name
+    conditions)."""
+    rules = sam_cfn_raw["Rules"]
+    (rule,) = [r for r in rules.values() if "PoolSize" in flat(r)]
+    assert rule["RuleCondition"] == sam_cfn_raw["Conditions"]["PoolEnabled"]
+
+    def refused(pool_size: str, mode: str) -> bool:
+        parameters = {"PoolSize": pool_size, "ExecutorMode": mode}
+        if not evaluate_rule_function(rule["RuleCondition"], parameters):
+            return False
+        return not all(evaluate_rule_function(a["Assert"], parameters) for a in rule["Assertions"])
+
+    assert refused("1", "single") and refused("10", "single")
+    assert not refused("1", "split") and not refused("0", "single") and not refused("0", "split")
+    assert all("split" in a["AssertDescription"] for a in rule["Assertions"])

@@ -11,7 +11,7 @@
  * workspaceVolumeGiB, workspaceVolumeType, workspaceVolumeIops, workspaceVolumeThroughput, agentsApiBaseUrl,
  * maxLifetimeSecs, lifetimeHardCapSecs, noWorkSecs, maxReplacements, replacementWindowSecs, maxExecutors,
  * remoteUrlAllowlist (comma-separated), webhookToleranceSecs, previousWebhookSecretArn,
- * workerBatchSize, workerMaximumConcurrency, webhookReservedConcurrency, workerReservedConcurrency,
+ * poolSize, poolMaxAgeSecs, workerBatchSize, workerMaximumConcurrency, webhookReservedConcurrency, workerReservedConcurrency,
  * logRetentionDays, alarmTopicArn, lambdaDir.
  *
  * Code: `<lambdaDir>/<name>/bootstrap.zip` for webhook, worker and sweeper, as
@@ -137,6 +137,8 @@ new SandboxLifecycle(stack, "Sandbox", {
   maxReplacements: integer("maxReplacements"),
   replacementWindowSecs: integer("replacementWindowSecs"),
   maxExecutors: integer("maxExecutors"),
+  poolSize: integer("poolSize"),
+  poolMaxAgeSecs: integer("poolMaxAgeSecs"),
   remoteUrlAllowlist: list("remoteUrlAllowlist"),
   webhookToleranceSecs: integer("webhookToleranceSecs"),
   previousWebhookSecretArn: context("previousWebhookSecretArn"),

@@ -155,6 +155,18 @@ export interface SandboxLifecycleProps {
    * @default "split"
    */
   readonly executorMode?: string;
+  /**
+   * `POOL_SIZE` (issue 27, docs/WARM_POOL.md): idle executor tasks kept running for the next
+   * starts (they count toward `maxExecutors`). 0 = off: no pool table, no task-role policy.
+   * Needs `executorMode` split (in single mode the executor holds the key from its first
+   * instant); synthesis refuses the combination. @default 0
+   */
+  readonly poolSize?: number;
+  /**
+   * `POOL_MAX_AGE_SECS`: a pool member's maximum age, seconds (>= 60): claimable while
+   * younger, recycled from that age on. @default 3600
+   */
+  readonly poolMaxAgeSecs?: number;
   /** `AGENTS_API_BASE_URL`. @default https://api.openai.com/v1 */
   readonly agentsApiBaseUrl?: string;
   /** `MAX_LIFETIME_SECS`: maximum executor lifetime, seconds (0 = off). @default 28800 */
@@ -212,6 +224,8 @@ export class SandboxLifecycle extends Construct {
   public readonly eventsQueue: sqs.Queue;
   public readonly timersQueue: sqs.Queue;
   public readonly table: dynamodb.Table;
+  /** The warm pool's table (issue 27); only with `poolSize > 0`. */
+  public readonly poolTable?: dynamodb.Table;
   public readonly cluster: ecs.CfnCluster;
   public readonly taskDefinition: ecs.CfnTaskDefinition;
   public readonly webhookFunction: lambda.Function;
@@ -286,6 +300,37 @@ export class SandboxLifecycle extends Construct {
       projectionType: dynamodb.ProjectionType.ALL,
     });
 
+    // The warm pool's table (issue 27, docs/WARM_POOL.md "The pool table"; the schema of
+    // crates/aws/src/pool_table.rs), only with the pool on. Apart from the registry, so the
+    // executor task role's one grant can never reach a registry item. Sparse GSIs by_idle
+    // (idle members, oldest first) and by_environment (members claimed for an environment).
+    // Destroyed with the stack or when the pool is turned off: it holds only bookkeeping
+    // that expires within a day, and a member whose item is gone stops itself.
+    const poolSize = props.poolSize ?? 0;
+    const pool = poolSize > 0;
+    if (pool) {
+      const poolTable = new dynamodb.Table(this, "PoolTable", {
+        partitionKey: { name: "pk", type: dynamodb.AttributeType.STRING },
+        billingMode: dynamodb.BillingMode.PAY_PER_REQUEST,
+        timeToLiveAttribute: "expires_at",
+        pointInTimeRecoverySpecification: { pointInTimeRecoveryEnabled: true },
+        encryption: dynamodb.TableEncryption.AWS_MANAGED,
+        removalPolicy: RemovalPolicy.DESTROY,
+      });
+      poolTable.addGlobalSecondaryIndex({
+        indexName: "by_idle",
+        partitionKey: { name: "idle_deployment", type: dynamodb.AttributeType.STRING },
+        sortKey: { name: "created_at", type: dynamodb.AttributeType.NUMBER },
+        projectionType: dynamodb.ProjectionType.ALL,
+      });
+      poolTable.addGlobalSecondaryIndex({
+        indexName: "by_environment",
+        partitionKey: { name: "claimed_environment", type: dynamodb.AttributeType.STRING },
+        projectionType: dynamodb.ProjectionType.ALL,
+      });
+      this.poolTable = poolTable;
+    }
+
     // ------------------------------------------------------------ executor
     this.cluster = new ecs.CfnCluster(this, "ExecutorCluster");
     const executorLogs = logGroup("ExecutorLogGroup");
@@ -330,8 +375,40 @@ export class SandboxLifecycle extends Construct {
         }),
       },
     });
-    // No policy at all: codex exec-server calls no AWS API.
-    const taskRole = new iam.Role(this, "ExecutorTaskRole", { assumedBy: ecsTasks });
+    // The executor task's own role (what code in either container can use). Without the
+    // pool: no policy at all (codex exec-server calls no AWS API). With the pool (issue 27):
+    // one statement, GetItem of the task's own member item and nothing else. ECS assumes the
+    // task role with the task id as the session name (aws/amazon-ecs-agent#3498,
+    // aws/containers-roadmap#1917); for an assumed role aws:userid is ROLE-ID:SESSION-NAME
+    // (IAM User Guide, "IAM policy elements: Variables and tags"), so dynamodb:LeadingKeys =
+    // ${aws:userid} (DynamoDB Developer Guide, "Using IAM policy conditions for fine-grained
+    // access control") admits exactly `<role id>:<task id>`: no other item, no write, no
+    // Query or Scan, no index. "${aws:userid}" is a plain string: CDK and CloudFormation
+    // substitute nothing in it, IAM reads it as the policy variable.
+    // Trust: the confused-deputy guard of the ECS Developer Guide ("Amazon ECS task IAM
+    // role"): only ecs-tasks.amazonaws.com acting for this account and an ECS resource of
+    // this account and region. The role does not trust itself, so code in the task cannot
+    // assume it again under another session name.
+    const taskRole = new iam.Role(this, "ExecutorTaskRole", {
+      assumedBy: new iam.ServicePrincipal("ecs-tasks.amazonaws.com").withConditions({
+        ArnLike: { "aws:SourceArn": `arn:${stack.partition}:ecs:${stack.region}:${stack.account}:*` },
+        StringEquals: { "aws:SourceAccount": stack.account },
+      }),
+      inlinePolicies: this.poolTable
+        ? {
+            "executor-task": new iam.PolicyDocument({
+              statements: [
+                new iam.PolicyStatement({
+                  sid: "OwnPoolItem",
+                  actions: ["dynamodb:GetItem"],
+                  resources: [this.poolTable.tableArn],
+                  conditions: { "ForAllValues:StringEquals": { "dynamodb:LeadingKeys": ["${aws:userid}"] } },
+                }),
+              ],
+            }),
+          }
+        : undefined,
+    });
     // The ECS infrastructure role (issue 14): ECS creates, attaches, tags and deletes the
     // executor's workspace volume with it (RunTask volumeConfigurations roleArn), so the
     // executor holds no AWS credential for its files (Amazon ECS Developer Guide, "Amazon
@@ -499,6 +576,43 @@ export class SandboxLifecycle extends Construct {
         resources: [executionRole.roleArn, taskRole.roleArn],
         conditions: { StringEquals: { "iam:PassedToService": "ecs-tasks.amazonaws.com" } },
       }),
+      // The warm pool (issue 27, docs/WARM_POOL.md "ECS calls"), only with it on: the pool
+      // table's calls of crates/aws/src/pool_table.rs (claim: GetItem of the token, Query
+      // by_idle, TransactWriteItems = UpdateItem + PutItem, authorized per item action;
+      // refill: PutItem, the lease's UpdateItem; recycle: UpdateItem; reconcile: DeleteItem;
+      // find: Query by_environment; describe: BatchGetItem). Members start, are described,
+      // listed and stopped with the statements above (same task definition and cluster).
+      ...(this.poolTable
+        ? [
+            new iam.PolicyStatement({
+              sid: "PoolTable",
+              actions: [
+                "dynamodb:GetItem",
+                "dynamodb:Query",
+                "dynamodb:PutItem",
+                "dynamodb:UpdateItem",
+                "dynamodb:DeleteItem",
+                "dynamodb:BatchGetItem",
+              ],
+              resources: [this.poolTable.tableArn, `${this.poolTable.tableArn}/index/*`],
+            }),
+            // A claim tags the member it assigned (TagResource outside RunTask, which
+            // TagOnRun's ecs:CreateAction condition does not cover): only a pool member, only
+            // the assignment's tag keys (ECS Developer Guide, "Grant permission to tag
+            // resources on creation": aws:TagKeys controls the tag keys applied).
+            new iam.PolicyStatement({
+              sid: "TagClaimedMember",
+              actions: ["ecs:TagResource"],
+              resources: [taskArns],
+              conditions: {
+                StringEquals: { "aws:ResourceTag/sandbox:pool": "member" },
+                "ForAllValues:StringEquals": {
+                  "aws:TagKeys": ["sandbox:environment", "sandbox:session", "sandbox:generation"],
+                },
+              },
+            }),
+          ]
+        : []),
       ...(infrastructureRole
         ? [
       // Workspaces (issue 14, crates/aws/src/ebs_workspaces.rs): pass the ECS
@@ -560,6 +674,23 @@ export class SandboxLifecycle extends Construct {
         resources: [taskArns],
         conditions: onCluster,
       }),
+      // The warm pool, only with it on: a sweep resolves claimed pool members and never
+      // starts, tags or stops one (its refill is a message to the worker on the timers
+      // queue): find = Query by_environment, list/describe = BatchGetItem of member items.
+      ...(this.poolTable
+        ? [
+            new iam.PolicyStatement({
+              sid: "PoolFind",
+              actions: ["dynamodb:Query"],
+              resources: [`${this.poolTable.tableArn}/index/by_environment`],
+            }),
+            new iam.PolicyStatement({
+              sid: "PoolDescribe",
+              actions: ["dynamodb:BatchGetItem"],
+              resources: [this.poolTable.tableArn],
+            }),
+          ]
+        : []),
       ...(workspaces
         ? [
       new iam.PolicyStatement({
@@ -713,6 +844,11 @@ export class SandboxLifecycle extends Construct {
       WORKSPACE_VOLUME_IOPS: workspaces && props.workspaceVolumeIops !== undefined ? String(props.workspaceVolumeIops) : "",
       WORKSPACE_VOLUME_THROUGHPUT:
         workspaces && props.workspaceVolumeThroughput !== undefined ? String(props.workspaceVolumeThroughput) : "",
+      // Issue 27: the warm pool. The table and the task role's unique id (the first half of
+      // every member key, `<role id>:<task id>`) only with the pool on.
+      POOL_SIZE: String(poolSize),
+      POOL_MAX_AGE_SECS: String(props.poolMaxAgeSecs ?? 3600),
+      ...(this.poolTable ? { POOL_TABLE_NAME: this.poolTable.tableName, POOL_TASK_ROLE_ID: taskRole.roleId } : {}),
     };
     // What only the worker reads: the Agents API and its key (the sweeper reads no session).
     const workerEnvironment: Record<string, string> = {
@@ -767,13 +903,20 @@ export class SandboxLifecycle extends Construct {
 
     // ------------------------------------------------------------ alarms
     const topic = props.alarmTopicArn ? sns.Topic.fromTopicArn(this, "AlarmTopic", props.alarmTopicArn) : undefined;
-    const alarm = (name: string, description: string, metric: cloudwatch.IMetric, threshold = 1, periods = 1) => {
+    const alarm = (
+      name: string,
+      description: string,
+      metric: cloudwatch.IMetric,
+      threshold = 1,
+      periods = 1,
+      datapoints = periods,
+    ) => {
       const a = new cloudwatch.Alarm(this, name, {
         alarmDescription: description,
         metric,
         evaluationPeriods: periods,
-        // Every period breaching (SAM states DatapointsToAlarm for all alarms alike).
-        datapointsToAlarm: periods,
+        // Every period breaching unless stated (SAM states DatapointsToAlarm for all alarms alike).
+        datapointsToAlarm: datapoints,
         threshold,
         comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
         treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
@@ -861,6 +1004,18 @@ export class SandboxLifecycle extends Construct {
       "An executor task failed to start (RunTask answered failures, or the task stopped before it ran).",
       lifecycle("start_failures"),
     );
+    // Issue 27: starts keep finding the warm pool empty (pool_misses) in 2 of 3 five-minute
+    // periods: poolSize is too small for the start rate, or refills fail.
+    if (pool) {
+      alarm(
+        "PoolRunsDryAlarm",
+        "The warm pool runs dry - starts found no idle member (pool_misses) in 2 of 3 five-minute periods.",
+        lifecycle("pool_misses"),
+        1,
+        3,
+        2,
+      );
+    }
 
     // ------------------------------------------------------------ dashboard
     const labelled = (m: cloudwatch.Metric, label: string) => m.with({ label });
@@ -1014,6 +1169,16 @@ function validate(props: SandboxLifecycleProps): void {
   const historyDays = props.historyRetentionDays ?? 30;
   if (!Number.isInteger(historyDays) || historyDays < 1 || historyDays > 36500) problems.push("historyRetentionDays must be a whole number 1-36500");
   if (!["split", "single"].includes(props.executorMode ?? "split")) problems.push("executorMode must be split or single");
+  // Issue 27: as the SAM template's rule PoolNeedsSplitExecutor.
+  const poolSize = props.poolSize ?? 0;
+  if (!Number.isInteger(poolSize) || poolSize < 0) problems.push("poolSize must be a whole number >= 0 (0 = off)");
+  const poolMaxAge = props.poolMaxAgeSecs ?? 3600;
+  if (!Number.isInteger(poolMaxAge) || poolMaxAge < 60) problems.push("poolMaxAgeSecs must be a whole number >= 60");
+  if (poolSize > 0 && (props.executorMode ?? "split") !== "split") {
+    problems.push(
+      "poolSize > 0 needs executorMode split: in single mode the executor holds the key from its first instant, so a pooled executor would hold it before any assignment",
+    );
+  }
   const gib = props.workspaceVolumeGiB ?? 0;
   if (!Number.isInteger(gib) || gib < 0 || gib > 16384) problems.push("workspaceVolumeGiB must be a whole number 0-16384 (0 = off)");
   const volumeType = props.workspaceVolumeType ?? "gp3";

@@ -268,6 +268,64 @@ describe("SandboxLifecycle", () => {
     assert.deepEqual(roleStatements(template).get(taskRole), []);
   });
 
+  it("keeps the warm pool off by default and refuses it with the single-container executor (issue 27)", () => {
+    template.resourceCountIs("AWS::DynamoDB::Table", 1);
+    for (const binary of ["worker", "sweeper"]) {
+      const env = functionNamed(template, binary).Environment.Variables;
+      assert.equal(env.POOL_SIZE, "0");
+      assert.equal(env.POOL_MAX_AGE_SECS, "3600");
+      assert.ok(!("POOL_TABLE_NAME" in env) && !("POOL_TASK_ROLE_ID" in env), binary);
+    }
+    assert.throws(() => synth({ poolSize: 1, executorMode: "single" }), /poolSize > 0 needs executorMode split/);
+    assert.throws(() => synth({ poolSize: -1 }), /poolSize/);
+    assert.throws(() => synth({ poolMaxAgeSecs: 59 }), /poolMaxAgeSecs/);
+    assert.doesNotThrow(() => synth({ poolSize: 0, executorMode: "single" }));
+  });
+
+  it("with the pool on, lets the task role read only its own pool item and wires the pool (issue 27)", () => {
+    const t = synth({ poolSize: 3, poolMaxAgeSecs: 600 });
+    t.resourceCountIs("AWS::DynamoDB::Table", 2);
+    const [poolId] = Object.entries(t.findResources("AWS::DynamoDB::Table"))
+      .filter(([, r]) => r.Properties.GlobalSecondaryIndexes.some((g: { IndexName: string }) => g.IndexName === "by_idle"))
+      .map(([id]) => id);
+    assert.ok(poolId);
+    const [taskDef] = Object.values(t.findResources("AWS::ECS::TaskDefinition"));
+    const taskRole = taskDef.Properties.TaskRoleArn["Fn::GetAtt"][0];
+    assert.deepEqual(roleStatements(t).get(taskRole), [
+      {
+        Sid: "OwnPoolItem",
+        Effect: "Allow",
+        Action: "dynamodb:GetItem",
+        Resource: { "Fn::GetAtt": [poolId, "Arn"] },
+        Condition: { "ForAllValues:StringEquals": { "dynamodb:LeadingKeys": ["${aws:userid}"] } },
+      },
+    ]);
+    for (const binary of ["worker", "sweeper"]) {
+      const env = functionNamed(t, binary).Environment.Variables;
+      assert.equal(env.POOL_SIZE, "3");
+      assert.equal(env.POOL_MAX_AGE_SECS, "600");
+      assert.deepEqual(env.POOL_TABLE_NAME, { Ref: poolId });
+      assert.deepEqual(env.POOL_TASK_ROLE_ID, { "Fn::GetAtt": [taskRole, "RoleId"] });
+    }
+    const dry = Object.values(t.findResources("AWS::CloudWatch::Alarm")).filter(
+      (a) => a.Properties.MetricName === "pool_misses",
+    );
+    assert.equal(dry.length, 1);
+    assert.equal(dry[0].Properties.EvaluationPeriods, 3);
+    assert.equal(dry[0].Properties.DatapointsToAlarm, 2);
+  });
+
+  it("trusts the task role to ECS tasks of this account only (confused-deputy guard)", () => {
+    const [taskDef] = Object.values(template.findResources("AWS::ECS::TaskDefinition"));
+    const taskRole = template.findResources("AWS::IAM::Role")[taskDef.Properties.TaskRoleArn["Fn::GetAtt"][0]];
+    const [statement] = taskRole.Properties.AssumeRolePolicyDocument.Statement;
+    assert.deepEqual(statement.Principal, { Service: "ecs-tasks.amazonaws.com" });
+    assert.deepEqual(statement.Condition.StringEquals, { "aws:SourceAccount": "123456789012" });
+    assert.deepEqual(statement.Condition.ArnLike, {
+      "aws:SourceArn": { "Fn::Join": ["", ["arn:", { Ref: "AWS::Partition" }, ":ecs:us-east-1:123456789012:*"]] },
+    });
+  });
+
   it("lets each function read only its own secret", () => {
     const secretsOf = (binary: string) => {
       const role = functionNamed(template, binary).Role["Fn::GetAtt"][0];
