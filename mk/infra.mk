@@ -87,10 +87,6 @@ infra-test: infra-tools
 	cd $(CDK_DIR) && $(INFRA_ENV) node_modules/.bin/cdk synth --no-notices --quiet \
 		-o cdk.out.pool $(CDK_TEST_CONTEXT) -c poolSize=2
 	$(INFRA_BIN)/cfn-lint --ignore-checks W3005 -- $(abspath $(INFRA_OUT)).pool/SandboxLifecycle.template.json
-	rm -rf $(INFRA_OUT).pool-workspaces
-	cd $(CDK_DIR) && $(INFRA_ENV) node_modules/.bin/cdk synth --no-notices --quiet \
-		-o cdk.out.pool-workspaces $(CDK_TEST_CONTEXT) -c poolSize=2 -c workspaceVolumeGiB=100
-	$(INFRA_BIN)/cfn-lint --ignore-checks W3005 -- $(abspath $(INFRA_OUT)).pool-workspaces/SandboxLifecycle.template.json
 	@echo "== cfn-lint on the CDK template (W3005: CDK's own redundant DependsOn)"
 	$(INFRA_BIN)/cfn-lint --ignore-checks W3005 -- $(CDK_STACK_TEMPLATE)
 	@echo "== CDK assertion tests"
@@ -99,7 +95,6 @@ infra-test: infra-tools
 	$(INFRA_ENV) CDK_TEMPLATE=$(CDK_STACK_TEMPLATE) \
 		CDK_WORKSPACES_TEMPLATE=$(abspath $(INFRA_OUT)).workspaces/SandboxLifecycle.template.json \
 		CDK_POOL_TEMPLATE=$(abspath $(INFRA_OUT)).pool/SandboxLifecycle.template.json \
-		CDK_POOL_WORKSPACES_TEMPLATE=$(abspath $(INFRA_OUT)).pool-workspaces/SandboxLifecycle.template.json \
 		$(INFRA_BIN)/python -m pytest -q -p no:cacheprovider $(INFRA)/tests
 
 # ---------------------------------------------------------------------------- deploy

@@ -22,15 +22,10 @@ CDK_WORKSPACES_TEMPLATE = Path(
         "CDK_WORKSPACES_TEMPLATE", INFRA / "cdk" / "cdk.out.workspaces" / "SandboxLifecycle.template.json"
     )
 )
-# The same stack with the warm pool on (poolSize > 0, issue 27), workspaces off and on.
+# The same stack with the warm pool on (poolSize > 0, issue 27); workspaces are off (the
+# templates refuse the pool with workspaces).
 CDK_POOL_TEMPLATE = Path(
     os.environ.get("CDK_POOL_TEMPLATE", INFRA / "cdk" / "cdk.out.pool" / "SandboxLifecycle.template.json")
-)
-CDK_POOL_WORKSPACES_TEMPLATE = Path(
-    os.environ.get(
-        "CDK_POOL_WORKSPACES_TEMPLATE",
-        INFRA / "cdk" / "cdk.out.pool-workspaces" / "SandboxLifecycle.template.json",
-    )
 )
 
 
@@ -96,12 +91,6 @@ def sam_pool_cfn(sam_cfn_raw) -> dict:
     return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": False, "PoolEnabled": True})
 
 
-@pytest.fixture(scope="session")
-def sam_pool_workspaces_cfn(sam_cfn_raw) -> dict:
-    """The SAM template as deployed with the warm pool and workspaces on."""
-    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": True, "PoolEnabled": True})
-
-
 def _load(path: Path) -> dict:
     if not path.exists():
         pytest.fail(f"{path} is missing: run `make infra-test` (it runs cdk synth first)")
@@ -124,12 +113,6 @@ def cdk_workspaces_cfn() -> dict:
 def cdk_pool_cfn() -> dict:
     """The synthesized CDK stack with the warm pool on (poolSize 2)."""
     return _load(CDK_POOL_TEMPLATE)
-
-
-@pytest.fixture(scope="session")
-def cdk_pool_workspaces_cfn() -> dict:
-    """The synthesized CDK stack with the warm pool and workspaces on."""
-    return _load(CDK_POOL_WORKSPACES_TEMPLATE)
 
 
 @pytest.fixture(scope="session", params=["sam", "cdk"])

@@ -136,8 +136,13 @@ def settings_vars() -> dict[str, dict[str, set[str]]]:
 
 
 # ----------------------------------------------------------------------------- agreement
-@pytest.mark.parametrize("pool", [False, True], ids=["pool-off", "pool-on"])
-@pytest.mark.parametrize("workspaces", [False, True], ids=["workspaces-off", "workspaces-on"])
+# The warm pool and EBS workspaces exclude each other (a member starts without the
+# environment's volume): the templates refuse the pair (test_the_pool_needs_the_split_executor).
+@pytest.mark.parametrize(
+    ("workspaces", "pool"),
+    [(False, False), (True, False), (False, True)],
+    ids=["workspaces-off-pool-off", "workspaces-on-pool-off", "workspaces-off-pool-on"],
+)
 def test_sam_and_cdk_declare_the_same_resource_types(request, workspaces, pool):
     sam_cfn, cdk_cfn = both(request, workspaces, pool)
     sam = Counter(r["Type"] for r in sam_cfn["Resources"].values())
@@ -152,8 +157,13 @@ def both(request, workspaces: bool, pool: bool = False) -> tuple[dict, dict]:
     return request.getfixturevalue("sam" + suffix), request.getfixturevalue("cdk" + suffix)
 
 
-@pytest.mark.parametrize("pool", [False, True], ids=["pool-off", "pool-on"])
-@pytest.mark.parametrize("workspaces", [False, True], ids=["workspaces-off", "workspaces-on"])
+# The warm pool and EBS workspaces exclude each other (a member starts without the
+# environment's volume): the templates refuse the pair (test_the_pool_needs_the_split_executor).
+@pytest.mark.parametrize(
+    ("workspaces", "pool"),
+    [(False, False), (True, False), (False, True)],
+    ids=["workspaces-off-pool-off", "workspaces-on-pool-off", "workspaces-off-pool-on"],
+)
 def test_sam_and_cdk_grant_each_role_the_same_actions(request, workspaces, pool):
     sam_cfn, cdk_cfn = both(request, workspaces, pool)
     sam_roles, cdk_roles = roles_by_purpose(sam_cfn), roles_by_purpose(cdk_cfn)
@@ -1079,12 +1089,45 @@ def test_the_pool_needs_the_split_executor(sam_cfn_raw):
     (rule,) = [r for r in rules.values() if "PoolSize" in flat(r)]
     assert rule["RuleCondition"] == sam_cfn_raw["Conditions"]["PoolEnabled"]
 
-    def refused(pool_size: str, mode: str) -> bool:
-        parameters = {"PoolSize": pool_size, "ExecutorMode": mode}
+    def refused(pool_size: str, mode: str, gib: str = "0") -> bool:
+        parameters = {"PoolSize": pool_size, "ExecutorMode": mode, "WorkspaceVolumeGiB": gib}
         if not evaluate_rule_function(rule["RuleCondition"], parameters):
             return False
         return not all(evaluate_rule_function(a["Assert"], parameters) for a in rule["Assertions"])
 
     assert refused("1", "single") and refused("10", "single")
     assert not refused("1", "split") and not refused("0", "single") and not refused("0", "split")
-    assert all("split" in a["AssertDescription"] for a in rule["Assertions"])
+    # A member starts without the environment's workspace volume: refused with workspaces.
+    assert refused("1", "split", "20") and not refused("0", "split", "20")
+    descriptions = " ".join(a["AssertDescription"] for a in rule["Assertions"])
+    assert "split" in descriptions and "WorkspaceVolumeGiB" in descriptions
+
+
+def test_the_pool_is_refilled_by_a_schedule_that_invokes_the_worker(any_cfn, any_pool_cfn):
+    """Issue 27: with the pool on, one EventBridge rule invokes the worker every minute with
+    {"pool_refill": {}} (crates/lambda/src/worker_handler.rs WorkerEvent), no retries, and
+    a permission lets only that rule invoke it; the sweeper is never the target (it holds
+    no RunTask). With the pool off there is no such rule."""
+    def refill_rules(cfn):
+        out = []
+        for rid, res in cfn["Resources"].items():
+            if res["Type"] != "AWS::Events::Rule":
+                continue
+            for target in res["Properties"].get("Targets", []):
+                if "pool_refill" in json.dumps(target.get("Input", "")):
+                    out.append((rid, res, target))
+        return out
+
+    assert refill_rules(any_cfn) == []
+    (rid, rule, target), = refill_rules(any_pool_cfn)
+    assert rule["Properties"]["ScheduleExpression"] in ("rate(1 minute)", "rate(1 minutes)")
+    assert json.loads(target["Input"]) == {"pool_refill": {}}
+    assert target["RetryPolicy"]["MaximumRetryAttempts"] == 0
+    worker = [r for r, res in any_pool_cfn["Resources"].items()
+              if res["Type"] == "AWS::Lambda::Function" and "worker" in flat(res["Properties"].get("Description", "")).lower()
+              or r.startswith("WorkerFunction")]
+    assert any(w in flat(target["Arn"]) for w in worker), target["Arn"]
+    permissions = [res for res in any_pool_cfn["Resources"].values()
+                   if res["Type"] == "AWS::Lambda::Permission" and rid in flat(res["Properties"].get("SourceArn", ""))]
+    assert len(permissions) == 1
+    assert permissions[0]["Properties"]["Principal"] == "events.amazonaws.com"

@@ -141,9 +141,16 @@ pub fn plan_refill(
     }
 }
 
+/// Seconds a refill holds the deployment's refill lease
+/// ([`Compute::take_pool_refill_lease`]): longer than a refill takes (a few `RunTask`s),
+/// short enough that the next claim's refill is not skipped for long.
+pub const REFILL_LEASE_SECS: u64 = 20;
+
 /// What [`Controller::refill_pool`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Refilled {
+    /// Another holder's refill lease was running: nothing was done.
+    pub skipped: bool,
     /// What the provider's pool bookkeeping lost track of and was ended
     /// ([`Compute::reconcile_pool`]).
     pub reconciled: usize,
@@ -167,9 +174,11 @@ where
     /// ([`Compute::reconcile_pool`]), then applies [`plan_refill`] over
     /// [`Compute::list_pool`] and, with the cap on, [`Registry::slots`] (a recycle that
     /// loses the race to a claim leaves the member to its environment), then records
-    /// `pool_size`. Takes no effect-key lock: members belong to no environment (on AWS
-    /// the refill runs under a lease of its own, so concurrent workers do not overfill).
-    /// Nothing to do when the pool is off and empty.
+    /// `pool_size`. Takes no effect-key lock (members belong to no environment) but the
+    /// deployment's refill lease ([`Compute::take_pool_refill_lease`], held
+    /// [`REFILL_LEASE_SECS`]), so concurrent workers do not overfill the pool; while
+    /// another holder's lease runs it does nothing ([`Refilled::skipped`]). Nothing to do
+    /// when the pool is off and empty.
     ///
     /// # Errors
     /// The first [`PortError`] of a read, a stop or a start; what was done before stays
@@ -178,6 +187,16 @@ where
         let settings = self.config.pool;
         let deployment = &self.config.deployment;
         let now = self.clock.now();
+        if !self
+            .compute
+            .take_pool_refill_lease(deployment, &self.config.worker_id, now, REFILL_LEASE_SECS)
+            .await?
+        {
+            return Ok(Refilled {
+                skipped: true,
+                ..Refilled::default()
+            });
+        }
         let not_after = now.saturating_add(self.config.lock_ttl_secs);
         let reconciled = self.compute.reconcile_pool(deployment, not_after).await?;
         let idle = self.compute.list_pool(deployment).await?;
@@ -215,6 +234,7 @@ where
         let idle = idle.len() - plan.recycle.len() + started;
         crate::metrics::pool_size(idle);
         Ok(Refilled {
+            skipped: false,
             reconciled,
             recycled,
             started,

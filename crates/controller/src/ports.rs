@@ -775,6 +775,25 @@ pub trait Compute: Workspaces + Send + Sync + 'static {
     ) -> impl Future<Output = Result<usize, PortError>> + Send {
         async { Ok(0) }
     }
+    /// Issue 27: takes `deployment`'s refill lease for `lease_secs` as `holder` at `now`
+    /// (Unix seconds), so that concurrent refills (several Lambda workers) do not overfill
+    /// the pool: `Ok(false)` while another holder's lease runs. DynamoDB: one conditional
+    /// `UpdateItem` on `refill#<deployment>` (`attribute_not_exists(lease_until) OR
+    /// lease_until < :now`). The lease is never released early: it also spaces refills
+    /// `lease_secs` apart. The default: always `Ok(true)` (one refill loop per process:
+    /// local mode, the twin).
+    ///
+    /// # Errors
+    /// A [`PortError`] of the write: no refill this time.
+    fn take_pool_refill_lease(
+        &self,
+        _deployment: &DeploymentId,
+        _holder: &str,
+        _now: u64,
+        _lease_secs: u64,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send {
+        async { Ok(true) }
+    }
 }
 
 /// What kind of stored workspace a [`StoredWorkspace`] is.

@@ -50,16 +50,23 @@
 //! (`ChangeMessageVisibility` to 0) and reported, so only then do its receives count
 //! toward the dead-letter queue, where an operator sees it. The same applies when the
 //! deferral's `SendMessage` fails, and to an undecodable body (nothing to defer).
+//!
+//! **The warm pool** (issue 27, docs/WARM_POOL.md "Refill"): with `POOL_SIZE` > 0 a batch
+//! that applied a start (a claim or a cold start after a miss) ends with
+//! [`Controller::refill_pool`], if [`REFILL_BUDGET`] remains before the deadline; and an
+//! EventBridge schedule invokes the function with `{"pool_refill": {}}` (every minute, only
+//! with the pool on) to top the pool up, recycle members past their age and reconcile
+//! ([`WorkerEvent`]). Both run under the deployment's refill lease, so concurrent
+//! invocations never overfill the pool; a refill error is logged and never fails a batch.
 
 use crate::batch_response::{ItemOutcome, is_fifo_batch, is_fifo_record, partial_batch_response};
 use crate::settings::queue_name_of_url;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
-use lambda_runtime::{LambdaEvent, service_fn};
+use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 use sandbox_agents_api::SessionsApi;
 use sandbox_controller::consume::{MAX_HANDOFFS, Settled};
 use sandbox_controller::ports::{Compute, Outgoing, Queue, Registry};
 use sandbox_controller::{Controller, ControllerConfig, Job};
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::Instrument;
@@ -75,6 +82,70 @@ pub const SETTLE_SECS: u64 = 10;
 /// timeout (150 s) is at least this.
 pub fn record_budget(config: &ControllerConfig) -> Duration {
     Duration::from_secs(config.lock_ttl_secs.saturating_add(SETTLE_SECS))
+}
+
+/// The time a batch needs before its deadline to end with a pool refill (a few `RunTask`
+/// and `PutItem` calls; a refill cut short by the timeout leaves at most a member without
+/// its item, which the next refill's reconcile stops).
+pub const REFILL_BUDGET: Duration = Duration::from_secs(30);
+
+/// What invoked the worker function.
+#[derive(Debug)]
+pub enum WorkerEvent {
+    /// An SQS batch from the event source mapping (`{"Records": [...]}`).
+    Sqs(SqsEvent),
+    /// The pool's schedule: `{"pool_refill": {}}` (infra: `PoolRefillSchedule`).
+    PoolRefill,
+}
+
+impl WorkerEvent {
+    /// Reads an invocation's payload.
+    ///
+    /// # Errors
+    /// A message naming what was expected, when the payload is neither.
+    pub fn from_payload(payload: serde_json::Value) -> Result<Self, String> {
+        if payload.get("Records").is_some() {
+            return serde_json::from_value(payload)
+                .map(Self::Sqs)
+                .map_err(|e| format!("an SQS event whose records do not decode: {e}"));
+        }
+        if payload.get("pool_refill").is_some() {
+            return Ok(Self::PoolRefill);
+        }
+        Err("neither an SQS event ({\"Records\": [...]}) nor {\"pool_refill\": {}}".to_owned())
+    }
+}
+
+/// Runs one pool refill ([`Controller::refill_pool`]) and logs what it did; an error is
+/// logged, never returned (the next batch or schedule refills). Returns the refill's
+/// summary as JSON (`null` on error).
+pub async fn refill<Q, R, C, S>(controller: &Controller<Q, R, C, S>) -> serde_json::Value
+where
+    Q: Queue,
+    R: Registry,
+    C: Compute,
+    S: SessionsApi,
+{
+    match controller.refill_pool().await {
+        Ok(r) => {
+            tracing::info!(
+                skipped = r.skipped,
+                reconciled = r.reconciled,
+                recycled = r.recycled,
+                started = r.started,
+                idle = r.idle,
+                "pool refill"
+            );
+            serde_json::json!({
+                "skipped": r.skipped, "reconciled": r.reconciled, "recycled": r.recycled,
+                "started": r.started, "idle": r.idle,
+            })
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "pool refill failed; the next batch or schedule refills");
+            serde_json::Value::Null
+        }
+    }
 }
 
 /// Which of the controller's two queues a record came from, by queue name (the last part
@@ -136,13 +207,16 @@ where
     let budget = record_budget(&controller.config);
     let mut outcomes = Vec::with_capacity(event.records.len());
     let mut stop = false;
+    let mut started = false;
     for (n, record) in event.records.iter().enumerate() {
         let id = record.message_id.as_deref().unwrap_or_default();
         let out_of_time = n > 0 && deadline.is_some_and(|d| SystemTime::now() + budget > d);
         let outcome = if stop || out_of_time {
             defer(controller, routes, record).await
         } else {
-            handle_record(controller, routes, record).await
+            let (outcome, start) = process_record(controller, routes, record).await;
+            started |= start;
+            outcome
         };
         stop |= out_of_time || (fifo && outcome != ItemOutcome::Succeeded);
         outcomes.push((id, outcome));
@@ -164,6 +238,12 @@ where
         fifo,
         "batch done"
     );
+    if started
+        && controller.config.pool.size > 0
+        && deadline.is_none_or(|d| SystemTime::now() + REFILL_BUDGET <= d)
+    {
+        refill(controller).await;
+    }
     response
 }
 
@@ -260,6 +340,22 @@ where
     C: Compute,
     S: SessionsApi,
 {
+    process_record(controller, routes, record).await.0
+}
+
+/// [`handle_record`], and whether its job applied a start (a claim or a cold start: the
+/// batch then ends with a pool refill when the pool is on).
+async fn process_record<Q, R, C, S>(
+    controller: &Controller<Q, R, C, S>,
+    routes: &QueueRoutes,
+    record: &SqsMessage,
+) -> (ItemOutcome, bool)
+where
+    Q: Queue,
+    R: Registry,
+    C: Compute,
+    S: SessionsApi,
+{
     let message_id = record.message_id.as_deref().unwrap_or_default();
     let job: Job = match record.body.as_deref().map(serde_json::from_str) {
         Some(Ok(job)) => job,
@@ -268,11 +364,11 @@ where
                 message_id, line = e.line(), column = e.column(), category = ?e.classify(),
                 "undecodable job body; reported failed so the redrive policy dead-letters it"
             );
-            return ItemOutcome::Failed;
+            return (ItemOutcome::Failed, false);
         }
         None => {
             tracing::error!(message_id, "record without a body; reported failed");
-            return ItemOutcome::Failed;
+            return (ItemOutcome::Failed, false);
         }
     };
     let queue = match routes.source_of(record) {
@@ -291,18 +387,24 @@ where
     );
     async {
         let result = controller.process(&job).await;
+        let mut started = false;
         if let Ok(p) = &result {
             let outcome = p.outcome().map(|o| o.to_string());
+            started = p
+                .applied
+                .iter()
+                .any(|e| matches!(e, sandbox_core::decision::Effect::StartCompute(_)));
             tracing::info!(outcome, note = p.note, error = p.error, applied = p.applied.len(), disposition = ?p.disposition, "job processed");
         }
         let receipt = record.receipt_handle.as_deref();
-        match controller
+        let outcome = match controller
             .settle(queue, &job, message_id, receive_count, receipt, &result)
             .await
         {
             Settled::Delete => ItemOutcome::Succeeded,
             Settled::Kept => ItemOutcome::Failed,
-        }
+        };
+        (outcome, started)
     }
     .instrument(span)
     .await
@@ -331,14 +433,32 @@ where
     S: SessionsApi + 'static,
 {
     let shared = Arc::new((controller, routes));
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| {
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
         let shared = Arc::clone(&shared);
         async move {
             let deadline = UNIX_EPOCH + Duration::from_millis(event.context.deadline);
             let (controller, routes) = &*shared;
-            let response = handle_batch(controller, routes, &event.payload, Some(deadline)).await;
+            let answer = match WorkerEvent::from_payload(event.payload) {
+                Ok(WorkerEvent::Sqs(batch)) => {
+                    let response = handle_batch(controller, routes, &batch, Some(deadline)).await;
+                    serde_json::to_value(response).map_err(|e| Diagnostic {
+                        error_type: "ResponseNotEncoded".into(),
+                        error_message: e.to_string(),
+                    })
+                }
+                Ok(WorkerEvent::PoolRefill) => {
+                    Ok(serde_json::json!({ "pool_refill": refill(controller).await }))
+                }
+                Err(message) => {
+                    tracing::error!(%message, "invocation payload refused");
+                    Err(Diagnostic {
+                        error_type: "UnknownEvent".into(),
+                        error_message: message,
+                    })
+                }
+            };
             crate::emf::flush();
-            Ok::<_, Infallible>(response)
+            answer
         }
     }))
     .await

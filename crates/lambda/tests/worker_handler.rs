@@ -14,7 +14,7 @@ use sandbox_controller::{Controller, ControllerConfig, Job};
 use sandbox_core::ids::{DeploymentId, EnvironmentId, SessionId};
 use sandbox_core::observed::Trigger;
 use sandbox_core::session::Session;
-use sandbox_lambda::worker_handler::{QueueRoutes, handle_batch};
+use sandbox_lambda::worker_handler::{QueueRoutes, WorkerEvent, handle_batch};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
@@ -385,4 +385,44 @@ async fn a_job_past_the_hand_off_cap_is_retried_on_its_own_queue_toward_the_dead
         vec![("receipt-t1".to_owned(), c.config.lock_busy_retry_secs)],
         "its own message comes back after the delay, one receive closer to the DLQ"
     );
+}
+
+/// Issue 27: with the warm pool on, a batch that applied a start ends with a refill (the
+/// claim's member is replaced); a batch that started nothing does not refill.
+#[tokio::test]
+async fn a_batch_that_started_an_executor_ends_with_a_pool_refill() {
+    let mut c = controller();
+    c.config.pool.size = 2;
+    let event = batch(vec![record("m1", &connection_job("msg_1"), true, 1)]);
+    assert_eq!(run(&c, &event).await, failures(&[]));
+    assert_eq!(c.compute.instances.lock().unwrap().len(), 1);
+    assert_eq!(
+        *c.compute.pool_starts.lock().unwrap(),
+        2,
+        "refilled to its size"
+    );
+    // A duplicate delivery starts nothing: no refill.
+    let again = batch(vec![record("m2", &connection_job("msg_1"), true, 1)]);
+    assert_eq!(run(&c, &again).await, failures(&[]));
+    assert_eq!(*c.compute.pool_starts.lock().unwrap(), 2);
+    // With the pool off a start never refills.
+    let off = controller();
+    assert_eq!(run(&off, &event).await, failures(&[]));
+    assert_eq!(*off.compute.pool_starts.lock().unwrap(), 0);
+}
+
+/// The function's payload is an SQS batch or the pool's schedule; anything else is
+/// refused with a message saying what was expected.
+#[test]
+fn the_worker_tells_an_sqs_batch_from_the_pool_schedule_and_refuses_the_rest() {
+    let sqs = WorkerEvent::from_payload(serde_json::json!({"Records": []})).unwrap();
+    assert!(matches!(sqs, WorkerEvent::Sqs(e) if e.records.is_empty()));
+    assert!(matches!(
+        WorkerEvent::from_payload(serde_json::json!({"pool_refill": {}})),
+        Ok(WorkerEvent::PoolRefill)
+    ));
+    let err = WorkerEvent::from_payload(serde_json::json!({"detail-type": "Scheduled Event"}))
+        .unwrap_err();
+    assert!(err.contains("pool_refill"), "{err}");
+    assert!(WorkerEvent::from_payload(serde_json::json!({"Records": 3})).is_err());
 }

@@ -900,6 +900,19 @@ export class SandboxLifecycle extends Construct {
       schedule: events.Schedule.rate(Duration.seconds(SWEEP_PERIOD_SECS)),
       targets: [new targets.LambdaFunction(this.sweeperFunction, { retryAttempts: 0 })],
     });
+    // Issue 27: the pool's refill schedule (see the SAM template's PoolRefillSchedule).
+    if (pool) {
+      new events.Rule(this, "PoolRefillSchedule", {
+        description: "sandbox-lifecycle warm pool refill (worker)",
+        schedule: events.Schedule.rate(Duration.minutes(1)),
+        targets: [
+          new targets.LambdaFunction(this.workerFunction, {
+            retryAttempts: 0,
+            event: events.RuleTargetInput.fromObject({ pool_refill: {} }),
+          }),
+        ],
+      });
+    }
 
     // ------------------------------------------------------------ alarms
     const topic = props.alarmTopicArn ? sns.Topic.fromTopicArn(this, "AlarmTopic", props.alarmTopicArn) : undefined;
@@ -1181,6 +1194,11 @@ function validate(props: SandboxLifecycleProps): void {
   }
   const gib = props.workspaceVolumeGiB ?? 0;
   if (!Number.isInteger(gib) || gib < 0 || gib > 16384) problems.push("workspaceVolumeGiB must be a whole number 0-16384 (0 = off)");
+  if (poolSize > 0 && gib > 0) {
+    problems.push(
+      "poolSize > 0 needs workspaceVolumeGiB 0: a pooled executor starts without the environment's workspace volume and RunTask cannot attach one to a running task",
+    );
+  }
   const volumeType = props.workspaceVolumeType ?? "gp3";
   if (!["gp3", "gp2", "io1", "io2", "st1", "sc1"].includes(volumeType)) {
     problems.push("workspaceVolumeType must be one of gp3, gp2, io1, io2, st1, sc1 (standard is not supported on Fargate)");

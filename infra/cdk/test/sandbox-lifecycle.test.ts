@@ -277,6 +277,8 @@ describe("SandboxLifecycle", () => {
       assert.ok(!("POOL_TABLE_NAME" in env) && !("POOL_TASK_ROLE_ID" in env), binary);
     }
     assert.throws(() => synth({ poolSize: 1, executorMode: "single" }), /poolSize > 0 needs executorMode split/);
+    assert.throws(() => synth({ poolSize: 1, workspaceVolumeGiB: 20 }), /poolSize > 0 needs workspaceVolumeGiB 0/);
+    assert.doesNotThrow(() => synth({ poolSize: 0, workspaceVolumeGiB: 20 }));
     assert.throws(() => synth({ poolSize: -1 }), /poolSize/);
     assert.throws(() => synth({ poolMaxAgeSecs: 59 }), /poolMaxAgeSecs/);
     assert.doesNotThrow(() => synth({ poolSize: 0, executorMode: "single" }));

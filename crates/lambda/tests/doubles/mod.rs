@@ -215,6 +215,9 @@ impl Registry for MemoryRegistry {
 #[derive(Clone, Default)]
 pub struct MemoryCompute {
     pub instances: Arc<Mutex<Vec<ComputeInstance>>>,
+    /// Warm pool members started (issue 27); the pool lists none, so every refill plans a
+    /// full pool.
+    pub pool_starts: Arc<Mutex<u64>>,
 }
 
 /// Deadlines (`not_after`) are not modelled: the tests' clock is fixed.
@@ -222,6 +225,19 @@ pub struct MemoryCompute {
 impl sandbox_controller::ports::Workspaces for MemoryCompute {}
 
 impl Compute for MemoryCompute {
+    async fn start_pool_member(
+        &self,
+        _: &DeploymentId,
+        _: u64,
+    ) -> Result<sandbox_controller::ports::PoolMember, PortError> {
+        let mut n = self.pool_starts.lock().unwrap();
+        *n += 1;
+        Ok(sandbox_controller::ports::PoolMember {
+            instance_id: sandbox_core::ids::InstanceId::new(format!("pool-{n}")),
+            created_at: FIXTURE_NOW,
+        })
+    }
+
     async fn start(
         &self,
         spec: &StartSpec,
