@@ -87,7 +87,8 @@ fn with_target(mut r: Row, target: &str, met: bool) -> Row {
     r
 }
 
-fn machine() -> Value {
+/// Logical CPUs available and the CPU model.
+pub fn machine() -> Value {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
