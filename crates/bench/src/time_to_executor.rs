@@ -165,6 +165,12 @@ pub struct Sample {
     pub pickup_ms: f64,
     /// total − controller.
     pub rest_ms: f64,
+    /// t0 → a worker received the job's message (the rest of the pickup: waiting in
+    /// the received batch behind earlier messages).
+    pub received_ms: f64,
+    /// Other jobs the workers were in while this one waited (t0 → its start): kind and
+    /// duration, ms.
+    pub busy_with: Vec<(String, f64)>,
     /// The simulator saw the connect before the worker finished the job (the warm
     /// forwarder is spawned inside the claim, before record, release and ack).
     pub connected_before_job_end: bool,
@@ -211,6 +217,8 @@ pub struct Row {
     pub max_live_executors_at_t0: usize,
     /// Wall time of the row, seconds.
     pub seconds: f64,
+    /// Every job the workers ran in the row, by kind: duration in ms.
+    pub jobs: Vec<(String, Stats)>,
     /// Every sample.
     pub samples: Vec<Sample>,
 }
@@ -276,6 +284,9 @@ async fn stamp(
 struct JobTiming {
     session_id: String,
     trigger: Trigger,
+    /// Trigger and applied effects, e.g. `Sweep: StopCompute, MarkStopped`.
+    kind: String,
+    received: Instant,
     start: Instant,
     end: Instant,
     started_compute: bool,
@@ -300,6 +311,7 @@ async fn worker_loop(c: Arc<LocalController>, stop: Arc<AtomicBool>, timings: Ti
                 }
             };
             received[i] = batch.len();
+            let received_at = Instant::now();
             for msg in &batch {
                 let start = Instant::now();
                 let result = c.handle(queue, msg).await;
@@ -309,12 +321,23 @@ async fn worker_loop(c: Arc<LocalController>, stop: Arc<AtomicBool>, timings: Ti
                         .iter()
                         .any(|e| matches!(e, Effect::StartCompute(_)))
                 });
+                let kind = format!(
+                    "{}: {}",
+                    variant(&msg.job.trigger),
+                    match &result {
+                        Ok(p) if p.applied.is_empty() => p.note.unwrap_or("no effect").to_owned(),
+                        Ok(p) => p.applied.iter().map(variant).collect::<Vec<_>>().join(", "),
+                        Err(_) => "port error".to_owned(),
+                    }
+                );
                 timings
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .push(JobTiming {
                         session_id: msg.job.session_id.as_str().to_owned(),
                         trigger: msg.job.trigger.clone(),
+                        kind,
+                        received: received_at,
                         start,
                         end,
                         started_compute,
@@ -325,6 +348,15 @@ async fn worker_loop(c: Arc<LocalController>, stop: Arc<AtomicBool>, timings: Ti
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// The name of an enum value's variant (its `Debug` up to the first `(`, `{` or space).
+fn variant(v: &impl std::fmt::Debug) -> String {
+    let d = format!("{v:?}");
+    d.split(['(', '{', ' '])
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// The codex's `--version`, or why it is unusable.
@@ -551,6 +583,21 @@ async fn run_row(
 
     let started = Instant::now();
     let result = samples(opts, path, &running, &client, &stamps, &timings).await;
+    let jobs = {
+        let mut by_kind: HashMap<String, Vec<f64>> = HashMap::new();
+        for j in timings.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            by_kind
+                .entry(j.kind.clone())
+                .or_default()
+                .push(ms(j.end - j.start));
+        }
+        let mut jobs: Vec<(String, Stats)> = by_kind
+            .into_iter()
+            .map(|(k, v)| (k, Stats::of(&v)))
+            .collect();
+        jobs.sort_by(|a, b| b.1.n.cmp(&a.1.n).then(a.0.cmp(&b.0)));
+        jobs
+    };
     let seconds = started.elapsed().as_secs_f64();
     let turns_completed = running
         .sim
@@ -591,6 +638,7 @@ async fn run_row(
             .max()
             .unwrap_or(0),
         seconds,
+        jobs,
         samples,
     })
 }
@@ -675,6 +723,8 @@ async fn samples(
             controller_ms,
             pickup_ms: signed_ms(t0, job.start),
             rest_ms: total_ms - controller_ms,
+            received_ms: signed_ms(t0, job.received),
+            busy_with: busy_with(timings, t0, &job),
             connected_before_job_end: connected < job.end,
             from_pool,
             expected_member: member.as_ref().map(|(id, _)| instance.as_ref() == Some(id)),
@@ -688,6 +738,17 @@ async fn samples(
         }
     }
     Ok(out)
+}
+
+/// Jobs (other than `job`) that ran while `job` waited between `t0` and its start.
+fn busy_with(timings: &Timings, t0: Instant, job: &JobTiming) -> Vec<(String, f64)> {
+    timings
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|j| j.start < job.start && j.end > t0 && j.start != job.start)
+        .map(|j| (j.kind.clone(), ms(j.end - j.start)))
+        .collect()
 }
 
 fn ms(d: Duration) -> f64 {
