@@ -4,7 +4,9 @@
 #              criterion (verify + parse + route vs bare HMAC-SHA256; decide()), the official
 #              Python SDK on the same signed deliveries, the webhook bootstrap's cold start
 #              against local Lambda Runtime API / AWS stubs, and worker throughput on the
-#              embedded backend. Details: crates/bench.
+#              embedded backend, and time to executor (issue 27: connection request →
+#              environment connected, warm and cold, real pinned codex and the stand-in,
+#              in local mode). Details: crates/bench.
 # make fuzz    cargo-fuzz on the webhook entry point for FUZZ_SECONDS (default 600).
 # make soak    the long simulation (crates/testkit): 1,000,000 schedules.
 .PHONY: bench bench-build fuzz fuzz-seeds soak
@@ -20,6 +22,10 @@ BENCH_ENVIRONMENTS ?= 2100
 BENCH_MANY_WORKERS ?= 16
 # Deployment sizes of the scale table (ECS calls per job and per sweep, issue 11).
 BENCH_SCALE_SIZES ?= 100,1000,10000
+# Sessions per time-to-executor row (executor × warm/cold; issue 27: at least 100).
+BENCH_TTE_SESSIONS ?= 200
+# The pinned codex the time-to-executor rows run (infra/executor, npm ci; mk/infra.mk).
+BENCH_CODEX := $(INFRA)/executor/node_modules/.bin/codex
 FUZZ_SECONDS ?= 600
 FUZZ_DIR := $(abspath $(TARGET_DIR))/fuzz
 # cargo-fuzz needs nightly flags; the machine has stable only.
@@ -29,10 +35,13 @@ FUZZ_ENV := RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR=$(FUZZ_DIR)/target
 # the Python SDK refuses timestamps older than 300 s).
 bench-build:
 	cargo build --locked --release -p sandbox-bench --bins
+	cargo build --locked --release -p agents-sim --bin sim-executor
 	cargo bench --locked -p sandbox-bench --benches --no-run
 	cargo build --locked --profile $(LAMBDA_PROFILE) -p sandbox-lambda --no-default-features --features webhook --bin webhook
 
-bench: venv bench-build
+# The pinned codex first (as rust-test): the time-to-executor rows run the real
+# `codex exec-server --listen` (without it they fall back to the stand-in, loudly).
+bench: venv infra-node-check $(INFRA)/executor/node_modules/.installed bench-build
 	rm -rf $(BENCH_DIR) && mkdir -p $(BENCH_DIR)
 	$(BENCH_BIN) deliveries --out $(BENCH_DIR)/deliveries.json --count 1000
 	$(PY) scripts/bench/python_verify.py $(BENCH_DIR)/deliveries.json --out $(BENCH_DIR)/python.json
@@ -44,6 +53,8 @@ bench: venv bench-build
 	$(BENCH_BIN) throughput --environments $(BENCH_ENVIRONMENTS) --duplicate-share 0.3 --workers $(BENCH_MANY_WORKERS) --out $(BENCH_DIR)/throughput_many_workers.json
 	$(BENCH_BIN) transitions --out $(BENCH_DIR)/transitions.json
 	$(BENCH_BIN) scale --sizes $(BENCH_SCALE_SIZES) --out $(BENCH_DIR)/scale.json
+	$(BENCH_BIN) time-to-executor --sessions $(BENCH_TTE_SESSIONS) --codex $(BENCH_CODEX) \
+		--sim-executor $(TARGET_DIR)/release/sim-executor --out $(BENCH_DIR)/time_to_executor.json
 	@$(BENCH_BIN) report --dir $(BENCH_DIR) --criterion $(BENCH_DIR)/criterion
 
 # The seed corpus (committed under fuzz/seeds): every events/webhooks fixture, signed.

@@ -11,6 +11,9 @@
 //!   against the Agents API simulator, with duplicate deliveries, exactly-once asserted;
 //! - [`transitions`] — remote calls per transition, counted by `sandbox-testkit`'s
 //!   counting ports over its twins;
+//! - [`time_to_executor`] — issue 27: connection request → environment `connected` in
+//!   local mode, warm (pool claims) and cold, with the real pinned codex executor when it
+//!   is installed and the stand-in, and the controller's own share;
 //! - [`report`] — one table (stdout) and one JSON document from all of the above.
 //!
 //! Each measurement writes its own JSON file into the bench directory; [`report`] reads
@@ -26,4 +29,5 @@ pub mod doubles;
 pub mod report;
 pub mod scale;
 pub mod throughput;
+pub mod time_to_executor;
 pub mod transitions;

@@ -2,6 +2,7 @@
 //! `make fuzz`.
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use sandbox_bench::time_to_executor::{self, ExecutorKind, StartPath};
 use sandbox_bench::{cold_start, deliveries, report, scale, throughput, transitions};
 use std::path::PathBuf;
 
@@ -71,6 +72,38 @@ enum Command {
         /// Days of simulated history per size, comma-separated (issue 22).
         #[arg(long, value_delimiter = ',', default_value = "0,30")]
         history_days: Vec<u64>,
+    },
+    /// Issue 27: connection request → environment `connected` in local mode, warm and
+    /// cold, per executor (the real pinned codex when installed, and the stand-in), with
+    /// the controller's own share.
+    TimeToExecutor {
+        /// Sessions per row (executor × path).
+        #[arg(long, default_value_t = 100)]
+        sessions: usize,
+        /// The stand-in binary (default: `sim-executor` next to this binary).
+        #[arg(long)]
+        sim_executor: Option<PathBuf>,
+        /// The pinned codex.
+        #[arg(long, default_value = "infra/executor/node_modules/.bin/codex")]
+        codex: PathBuf,
+        /// Executors, comma-separated: codex, stand-in.
+        #[arg(long, value_delimiter = ',', default_value = "codex,stand-in")]
+        executors: Vec<String>,
+        /// Paths, comma-separated: warm, cold.
+        #[arg(long, value_delimiter = ',', default_value = "warm,cold")]
+        paths: Vec<String>,
+        /// Warm pool size of the warm rows (`serve`'s split-mode default).
+        #[arg(long, default_value_t = 2)]
+        pool_size: u32,
+        /// Worker loops (`serve`'s default).
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        /// Directory for the rows' data directories (default: the temp dir).
+        #[arg(long)]
+        storage: Option<PathBuf>,
+        /// Output file (JSON).
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Prints the table and writes `bench.json` from the step outputs in `dir`.
     Report {
@@ -214,6 +247,53 @@ fn main() -> anyhow::Result<()> {
                 );
             }
             write_json(&out, &rows)?;
+        }
+        Command::TimeToExecutor {
+            sessions,
+            sim_executor,
+            codex,
+            executors,
+            paths,
+            pool_size,
+            workers,
+            storage,
+            out,
+        } => {
+            let sim_executor = match sim_executor {
+                Some(p) => p,
+                None => std::env::current_exe()?
+                    .parent()
+                    .context("no directory of this binary")?
+                    .join("sim-executor"),
+            };
+            let executors = executors
+                .iter()
+                .map(|e| match e.as_str() {
+                    "codex" => Ok(ExecutorKind::Codex),
+                    "stand-in" => Ok(ExecutorKind::StandIn),
+                    other => Err(anyhow::anyhow!("--executors: unknown {other}")),
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let paths = paths
+                .iter()
+                .map(|p| match p.as_str() {
+                    "warm" => Ok(StartPath::Warm),
+                    "cold" => Ok(StartPath::Cold),
+                    other => Err(anyhow::anyhow!("--paths: unknown {other}")),
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let opts = time_to_executor::Options {
+                sessions,
+                sim_executor,
+                codex,
+                executors,
+                paths,
+                pool_size,
+                workers,
+                storage: storage.unwrap_or_else(std::env::temp_dir),
+            };
+            let result = runtime(threads())?.block_on(time_to_executor::measure(&opts))?;
+            write_json(&out, &result)?;
         }
         Command::Report { dir, criterion } => {
             let report = report::build(&dir, &criterion);

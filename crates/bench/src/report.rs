@@ -5,6 +5,7 @@
 use crate::cold_start::ColdStart;
 use crate::scale::Scaled;
 use crate::throughput::Throughput;
+use crate::time_to_executor::{StartPath, TimeToExecutor};
 use crate::transitions::Counted;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -87,7 +88,8 @@ fn with_target(mut r: Row, target: &str, met: bool) -> Row {
     r
 }
 
-fn machine() -> Value {
+/// Logical CPUs available and the CPU model.
+pub fn machine() -> Value {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -300,6 +302,13 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
         _ => rows.push(missing("ECS calls per job and per sweep", "scale.json")),
     }
 
+    let tte: Option<TimeToExecutor> =
+        read_json(&dir.join("time_to_executor.json")).and_then(|v| serde_json::from_value(v).ok());
+    match &tte {
+        Some(t) => rows.extend(time_to_executor_rows(t)),
+        None => rows.push(missing("time to executor", "time_to_executor.json")),
+    }
+
     Report {
         machine: machine(),
         rows,
@@ -309,6 +318,7 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
             "throughput": throughputs,
             "transitions": transitions,
             "scale": scale,
+            "time_to_executor": tte,
             "criterion_median_ns": {
                 "hmac_sha256": hmac,
                 "verify_parse_route": ours,
@@ -414,6 +424,71 @@ fn scale_rows(all: &[Scaled]) -> Vec<Row> {
         ));
     }
     rows.extend(registry_rows(all));
+    rows
+}
+
+/// Issue 27: per executor and path, connection request → environment `connected` (warm
+/// target ≤ 2 s p99) and the controller's own share (warm target ≤ 50 ms p99).
+fn time_to_executor_rows(t: &TimeToExecutor) -> Vec<Row> {
+    let mut rows = Vec::new();
+    if !t.codex_used {
+        rows.push(Row {
+            measurement: "time to executor with the real pinned codex".to_owned(),
+            result: format!("not measured: {}; stand-in rows only", t.codex),
+            value: None,
+            unit: String::new(),
+            target: String::new(),
+            verdict: "MISSED".to_owned(),
+        });
+    }
+    for r in &t.rows {
+        let warm = r.path == StartPath::Warm;
+        let what = format!(
+            "{} start, {} (N = {}, pool size {}, {} workers)",
+            if warm { "warm" } else { "cold" },
+            r.executor,
+            r.sessions,
+            r.pool_size,
+            t.workers
+        );
+        let total = row(
+            &format!("time to executor: connection request → connected, {what}"),
+            format!(
+                "p50 {:.1} ms, p99 {:.1} ms (max {:.1} ms); pool hits {}/{}",
+                r.total_ms.p50, r.total_ms.p99, r.total_ms.max, r.pool_hits, r.sessions
+            ),
+            Some(r.total_ms.p99),
+            "ms",
+        );
+        rows.push(if warm {
+            with_target(
+                total,
+                "≤ 2 s p99, every start a claim",
+                r.total_ms.p99 <= 2000.0 && r.pool_hits == r.sessions,
+            )
+        } else {
+            total
+        });
+        let share = row(
+            &format!("controller's own share (the worker's job of the connection request), {what}"),
+            format!(
+                "p50 {:.2} ms, p99 {:.2} ms; rest (delivery, queue, executor, forwarder, connect) p50 {:.1} ms, p99 {:.1} ms, of it pickup (delivery + intake + queue wait) p50 {:.1} ms, p99 {:.1} ms",
+                r.controller_ms.p50,
+                r.controller_ms.p99,
+                r.rest_ms.p50,
+                r.rest_ms.p99,
+                r.pickup_ms.p50,
+                r.pickup_ms.p99
+            ),
+            Some(r.controller_ms.p99),
+            "ms",
+        );
+        rows.push(if warm {
+            with_target(share, "≤ 50 ms p99", r.controller_ms.p99 <= 50.0)
+        } else {
+            share
+        });
+    }
     rows
 }
 
