@@ -96,14 +96,20 @@ impl std::fmt::Debug for EmbeddedConfig {
 
 impl EmbeddedConfig {
     /// Defaults around the required parts.
+    ///
+    /// The controller's stop read-back starts at [`LOCAL_STOP_READBACK_INTERVAL`] (or what
+    /// `controller` asks, if shorter).
     pub fn new(
         data_dir: impl Into<PathBuf>,
         agents_api: ClientConfig,
         webhook_secret: impl Into<String>,
         executor: ExecutorCommand,
         executor_key: KeySource,
-        controller: ControllerConfig,
+        mut controller: ControllerConfig,
     ) -> Self {
+        controller.stop_readback_interval = controller
+            .stop_readback_interval
+            .min(LOCAL_STOP_READBACK_INTERVAL);
         Self {
             data_dir: data_dir.into(),
             agents_api,
@@ -123,6 +129,13 @@ impl EmbeddedConfig {
         }
     }
 }
+
+/// The first pause of a stop's read-back in local mode (it doubles from there). A child
+/// executor exits within milliseconds of its SIGTERM, where an ECS task takes its
+/// `stopTimeout`: the controller's default first pause (500 ms, for ECS) held a worker half
+/// a second per stop, and connection requests queued behind stop jobs waited for it
+/// (`make bench` time-to-executor, 2026-12-04: stop jobs held a worker 506 ms p50).
+pub const LOCAL_STOP_READBACK_INTERVAL: Duration = Duration::from_millis(25);
 
 /// Why the stack could not start.
 #[derive(Debug, thiserror::Error)]
