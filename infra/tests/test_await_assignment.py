@@ -30,6 +30,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+from test_executor import end_group
 
 EXECUTOR = Path(__file__).resolve().parents[1] / "executor"
 WAITER = EXECUTOR / "await-assignment.mjs"
@@ -60,21 +61,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def end_group(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL to the whole process group, then reap."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -456,18 +456,12 @@ pub async fn measure(opts: &Options) -> anyhow::Result<TimeToExecutor> {
     })
 }
 
-/// Today's UTC date, `YYYY-MM-DD` (civil from days since the epoch).
+/// Today's UTC date, `YYYY-MM-DD`.
 fn utc_date() -> String {
-    let z = (unix_now() / 86_400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
+    i64::try_from(unix_now())
+        .ok()
+        .and_then(|secs| chrono::DateTime::from_timestamp(secs, 0))
+        .map_or_else(String::new, |t| t.format("%Y-%m-%d").to_string())
 }
 
 /// The parts of one row's running system.

@@ -3,27 +3,16 @@
 
 use serde_json::{Value, json};
 
-/// `unix` (seconds) as `YYYY-MM-DDTHH:MM:SSZ` (UTC; proleptic Gregorian calendar, the
-/// civil-from-days algorithm of H. Hinnant's "chrono-Compatible Low-Level Date
-/// Algorithms").
+/// `unix` (seconds) as `YYYY-MM-DDTHH:MM:SSZ` (UTC, proleptic Gregorian; chrono). A time
+/// chrono cannot represent (beyond year 262,143) prints as the raw seconds.
 pub fn utc(unix: u64) -> String {
-    let days = (unix / 86_400) as i64;
-    let secs = unix % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        secs / 3_600,
-        secs % 3_600 / 60,
-        secs % 60
-    )
+    i64::try_from(unix)
+        .ok()
+        .and_then(|secs| chrono::DateTime::from_timestamp(secs, 0))
+        .map_or_else(
+            || unix.to_string(),
+            |t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        )
 }
 
 /// The `--json` form of a timestamp: `{"unix": N, "utc": "..."}`.

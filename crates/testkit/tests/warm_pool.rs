@@ -32,10 +32,9 @@ fn requiring(world: &World, i: usize) -> (SessionId, EnvironmentId) {
     (s, e)
 }
 
-/// Processes the connection request of session `i`; the instance its record names.
-async fn start(world: &World, c: &TwinController, i: usize) -> InstanceId {
-    let (s, e) = requiring(world, i);
-    let job = Job {
+/// The job of session `s`'s connection request for environment `e`.
+fn connection_requested(world: &World, s: SessionId, e: &EnvironmentId) -> Job {
+    Job {
         handoffs: 0,
         swept: None,
         trigger: Trigger::ConnectionRequested,
@@ -43,7 +42,13 @@ async fn start(world: &World, c: &TwinController, i: usize) -> InstanceId {
         environment_id: Some(e.clone()),
         webhook_id: None,
         enqueued_at: world.clock.now(),
-    };
+    }
+}
+
+/// Processes the connection request of session `i`; the instance its record names.
+async fn start(world: &World, c: &TwinController, i: usize) -> InstanceId {
+    let (s, e) = requiring(world, i);
+    let job = connection_requested(world, s, &e);
     let p = c.process(&job).await.unwrap();
     assert_eq!(p.error, None, "{p:?}");
     let record = world.registry.record(&e.effect_key()).expect("a record");
@@ -229,15 +234,7 @@ async fn after_a_lost_cold_start_the_retry_replays_it_instead_of_claiming() {
         .faults
         .fail("compute", Some("start"), Fault::LostResponse, 1);
     let (s, e) = requiring(&world, 1);
-    let job = Job {
-        handoffs: 0,
-        swept: None,
-        trigger: Trigger::ConnectionRequested,
-        session_id: s,
-        environment_id: Some(e.clone()),
-        webhook_id: None,
-        enqueued_at: world.clock.now(),
-    };
+    let job = connection_requested(&world, s, &e);
     let lost = c.process(&job).await.unwrap();
     assert!(
         lost.error
