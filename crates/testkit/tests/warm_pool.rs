@@ -292,3 +292,80 @@ async fn after_a_lost_cold_start_the_retry_replays_it_instead_of_claiming() {
         "the member was not claimed"
     );
 }
+
+/// A member claimed after the refill listed it, then recycled through the test decorators
+/// the controller runs over (the simulation's `Interleaved`, the world's `Counting` and
+/// `Faulty`): the recycle's guard holds, so the claimed member is left to its environment.
+/// The decorators used to leave `recycle_pool_member` and `reconcile_pool` to the trait's
+/// defaults, an unguarded `stop` and a no-op, so every recycle through them stopped the
+/// member whatever its state (simulation seed 6038094601263162090). A recycle whose stop
+/// did not go out leaves the member recycled and running until the reconcile, which the
+/// decorators must forward too.
+#[tokio::test]
+async fn a_recycle_through_the_test_decorators_leaves_a_claimed_member_alone() {
+    use sandbox_controller::ports::NO_DEADLINE;
+    use sandbox_testkit::compute::{MemberState, PoolTiming};
+    use sandbox_testkit::{CallLog, Counting, FaultPlan, Faulty, Interleaved};
+
+    async fn check<C: Compute>(twin: &TwinCompute, c: &C) {
+        let d = World::deployment();
+        let member = c.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+        let spare = c.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+        let (s, e) = (SessionId::new("sess_dec"), EnvironmentId::new("env_dec"));
+        let spec = sandbox_core::decision::StartSpec {
+            environment_id: e.clone(),
+            session_id: s,
+            remote_url: "wss://agents.twin.invalid/x".to_owned(),
+            workspace_directory: "/workspace".to_owned(),
+            generation: sandbox_core::ids::Generation(1),
+            idempotency_token: "tok-dec".to_owned(),
+            previous: None,
+            restore: None,
+        };
+        let claimed = c
+            .claim_pool_member(&spec, &d, 0, NO_DEADLINE)
+            .await
+            .unwrap();
+        assert!(
+            matches!(claimed, Some(sandbox_controller::ports::Started::Instance(ref i)) if i.instance_id == member.instance_id)
+        );
+        assert!(
+            !c.recycle_pool_member(&member.instance_id, NO_DEADLINE)
+                .await
+                .unwrap(),
+            "a claimed member is not recycled"
+        );
+        let live = twin.live_of(&e);
+        assert_eq!(
+            live.len(),
+            1,
+            "the claimed member still serves its environment"
+        );
+        // A recycle whose stop does not go out; the reconcile stops the member.
+        twin.set_pool_timing(PoolTiming {
+            recycle_stop_fail_per_mille: 1_000,
+            ..PoolTiming::default()
+        });
+        assert!(
+            c.recycle_pool_member(&spare.instance_id, NO_DEADLINE)
+                .await
+                .is_err()
+        );
+        let state = |id: &InstanceId| {
+            twin.pool_members()
+                .into_iter()
+                .find(|m| &m.instance_id == id)
+                .map(|m| m.state)
+        };
+        assert_eq!(state(&spare.instance_id), Some(MemberState::Recycled));
+        assert_eq!(c.reconcile_pool(&d, NO_DEADLINE).await.unwrap(), 1);
+        assert_eq!(state(&spare.instance_id), Some(MemberState::Stopped));
+    }
+
+    let twin = TwinCompute::new(SimClock::wall());
+    check(&twin, &Interleaved::new(twin.clone())).await;
+    let twin = TwinCompute::new(SimClock::wall());
+    check(&twin, &Counting::new(twin.clone(), CallLog::new())).await;
+    let twin = TwinCompute::new(SimClock::wall());
+    check(&twin, &Faulty::new(twin.clone(), FaultPlan::new())).await;
+}
