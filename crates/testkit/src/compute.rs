@@ -245,6 +245,11 @@ pub struct EcsAnswers {
     pub throttled: u64,
     /// Snapshot state reads answered `pending` (issue 23: a start waited for one).
     pub snapshot_pending_reads: u64,
+    /// Recycles whose guard found the member claimed since (issue 27: left to its
+    /// environment).
+    pub recycles_lost_to_claims: u64,
+    /// Claims of a member still `PROVISIONING` (issue 27).
+    pub claims_provisioning: u64,
 }
 
 impl EcsCalls {
@@ -1367,6 +1372,11 @@ impl Compute for TwinCompute {
                 .iter_mut()
                 .find(|m| &m.instance_id == id && m.state == MemberState::Idle)
             else {
+                let claimed = s
+                    .pool
+                    .iter()
+                    .any(|m| &m.instance_id == id && m.state == MemberState::Claimed);
+                s.answers.recycles_lost_to_claims += u64::from(claimed);
                 return Ok(false);
             };
             m.state = MemberState::Recycled;
@@ -1416,6 +1426,7 @@ impl Compute for TwinCompute {
         };
         m.state = MemberState::Claimed;
         m.claims.push(spec.environment_id.clone());
+        let provisioning = now < m.running_at_ms;
         let instance = Instance {
             id: m.instance_id.clone(),
             deployment: deployment.clone(),
@@ -1429,6 +1440,7 @@ impl Compute for TwinCompute {
             died_ms: None,
             running_at_ms: Some(m.running_at_ms),
         };
+        s.answers.claims_provisioning += u64::from(provisioning);
         Ok(Some(self.launch(&mut s, instance, key, now)))
     }
 

@@ -46,7 +46,9 @@
 //! environments plus 0 to 2). A refill actor ([`Controller::refill_pool`]) is spawned
 //! among the worker steps, interleaved at every port call and crashed like any other
 //! (its deadline is the worker's: on AWS the refill is a worker job); in the settle it
-//! runs with every sweep, and once more at the end. The twin's members take 30–60 s to
+//! runs with every sweep, and once more at the end. Its host's clock runs up to 2 s ahead
+//! of the workers' ([`SimConfig::refill_clock_ahead_ms`]), so it recycles members at
+//! their maximum age that a worker may still claim. The twin's members take 30–60 s to
 //! run ([`PoolTiming`]; a claim of one still provisioning is allowed), some recycles stop
 //! short of their `StopTask` (the member runs on, recycled, until a refill reconciles
 //! it), and the world kills idle members as well as claimed ones (a claimed member is an
@@ -147,6 +149,11 @@ pub struct SimConfig {
     /// cap minus the slots in use when the refill that started the newest of them read
     /// the counter.
     pub cap_slack: Option<u64>,
+    /// How far ahead of the workers' clock the refill's may run, milliseconds (each pool
+    /// schedule draws its own in `0..=` this; [`crate::clock::SkewedClock`]): at a
+    /// member's maximum age the refill recycles it while a worker may still claim it, the
+    /// race the recycle's guard is for. Default: 2,000.
+    pub refill_clock_ahead_ms: u64,
 }
 
 /// How long an invocation may run in the simulation, simulated seconds.
@@ -189,6 +196,7 @@ impl Default for SimConfig {
                 recycle_stop_fail_per_mille: 100,
             },
             cap_slack: None,
+            refill_clock_ahead_ms: 2_000,
         }
     }
 }
@@ -349,6 +357,7 @@ fn controller(
     clock: &SimClock,
     pool: PoolSettings,
     cap: u32,
+    ahead_ms: u64,
 ) -> Rc<SimController> {
     let mut config = World::config(worker_id);
     config.pool = pool;
@@ -365,7 +374,14 @@ fn controller(
         Interleaved::new(registry.clone()),
         Interleaved::new(compute.clone()),
         Interleaved::new(sessions.clone()),
-        Arc::new(clock.clone()),
+        if ahead_ms > 0 {
+            Arc::new(crate::clock::SkewedClock {
+                inner: clock.clone(),
+                ahead_ms,
+            })
+        } else {
+            Arc::new(clock.clone())
+        },
         config,
     ))
 }
@@ -389,7 +405,7 @@ impl Sim {
         // Issue 27: the pool, from a generator of its own, so that a schedule without it
         // is the one its seed gave before the pool.
         let mut pool_rng = SimRng::new(seed ^ 0x706f_6f6c_5f73_696d);
-        let (pool, cap) = if pool_rng.chance(cfg.pool_percent) {
+        let (pool, cap, refill_ahead_ms) = if pool_rng.chance(cfg.pool_percent) {
             compute.set_pool_timing(cfg.pool_timing);
             let pool = PoolSettings {
                 size: 1 + pool_rng.below(3) as u32,
@@ -400,19 +416,19 @@ impl Sim {
             } else {
                 0
             };
-            (pool, cap)
+            (pool, cap, pool_rng.below(cfg.refill_clock_ahead_ms + 1))
         } else {
-            (PoolSettings::default(), 0)
+            (PoolSettings::default(), 0, 0)
         };
-        let make = |id: &str| {
+        let make = |id: &str, ahead_ms: u64| {
             controller(
-                id, &events, &timers, &registry, &compute, &sessions, &clock, pool, cap,
+                id, &events, &timers, &registry, &compute, &sessions, &clock, pool, cap, ahead_ms,
             )
         };
-        let workers = (0..n_workers).map(|i| make(&format!("w{i}"))).collect();
-        let sweeper = make("sweeper");
-        let operator = make("operator");
-        let refiller = make("refill");
+        let workers = (0..n_workers).map(|i| make(&format!("w{i}"), 0)).collect();
+        let sweeper = make("sweeper", 0);
+        let operator = make("operator", 0);
+        let refiller = make("refill", refill_ahead_ms);
         let envs = (0..n_envs)
             .map(|i| {
                 let session = SessionId::new(format!("sess_sim_{i}"));

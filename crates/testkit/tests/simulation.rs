@@ -10,6 +10,8 @@
 //! - `SIM_BASE=b` changes the base the schedule seeds derive from (default 0).
 //! - `SIM_POOL_PERCENT=p` runs p % of the schedules with the warm pool (issue 27; default
 //!   30; 0: none, 100: all).
+//! - `SIM_REFILL_AHEAD_MS=ms`: how far ahead of the workers' clock the refill's may run
+//!   (default 2,000; larger makes the race of a recycle with a claim frequent).
 //! - `SIM_CAP_SLACK=n` also checks, in the schedules with the warm pool and the executor
 //!   cap (issue 27), that slots in use plus idle members never exceed the cap by more
 //!   than n (`plan_refill`'s doc says 1; seed 17218092366221545609 shows 2).
@@ -35,6 +37,8 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
     let cfg = SimConfig {
         cap_slack: env_u64("SIM_CAP_SLACK"),
         pool_percent: env_u64("SIM_POOL_PERCENT").unwrap_or(SimConfig::default().pool_percent),
+        refill_clock_ahead_ms: env_u64("SIM_REFILL_AHEAD_MS")
+            .unwrap_or(SimConfig::default().refill_clock_ahead_ms),
         ..SimConfig::default()
     };
     let rt = runtime();
@@ -84,6 +88,8 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
                 total.ecs.replays += r.ecs.replays;
                 total.ecs.failing_starts += r.ecs.failing_starts;
                 total.ecs.snapshot_pending_reads += r.ecs.snapshot_pending_reads;
+                total.ecs.recycles_lost_to_claims += r.ecs.recycles_lost_to_claims;
+                total.ecs.claims_provisioning += r.ecs.claims_provisioning;
                 total.volumes_deleted += r.volumes_deleted;
                 total.queued_at_end = total.queued_at_end.max(r.queued_at_end);
                 pool_schedules += u64::from(r.pool.on);
@@ -124,12 +130,15 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
     );
     println!(
         "warm pool: on in {pool_schedules} schedules ({capped_schedules} with the executor cap): \
-         {} refills, {} members started, {} claimed, {} recycled, {} idle and {} claimed \
-         members killed; at most {} over the cap (slots in use + idle members)",
+         {} refills, {} members started, {} claimed ({} still provisioning), {} recycled ({} \
+         recycles found the member claimed since), {} idle and {} claimed members killed; at \
+         most {} over the cap (slots in use + idle members)",
         pool.refills,
         pool.started,
         pool.claims,
+        total.ecs.claims_provisioning,
         pool.recycles,
+        total.ecs.recycles_lost_to_claims,
         pool.idle_killed,
         pool.claimed_killed,
         pool.max_over_cap,
