@@ -338,6 +338,11 @@ struct State {
     by_id: HashMap<InstanceId, usize>,
     /// The latest instance started with each (deployment, token).
     by_token: HashMap<(DeploymentId, String), usize>,
+    /// The member each (deployment, token) claimed (issue 27). Apart from `by_token`, as
+    /// on AWS: the pool's token items are the pool's, and ECS knows only `RunTask`'s own
+    /// `clientToken`s, so a cold start with a token that claimed a member starts a new
+    /// task, and a claim with a token that started cold claims anew.
+    by_claim_token: HashMap<(DeploymentId, String), usize>,
     events: Vec<ComputeEvent>,
     next: u64,
     rng: SimRng,
@@ -493,6 +498,7 @@ impl TwinCompute {
                 instances: vec![],
                 by_id: HashMap::new(),
                 by_token: HashMap::new(),
+                by_claim_token: HashMap::new(),
                 events: vec![],
                 next: 0,
                 rng: SimRng::new(aws.seed),
@@ -1098,13 +1104,14 @@ impl Workspaces for TwinCompute {
 
 impl TwinCompute {
     /// Creates the workspace volume of a start or claim (from the snapshot it names) and
-    /// stores `instance` under its id and token.
+    /// stores `instance` under its id and token (a claim's token apart from `RunTask`'s).
     fn launch(
         &self,
         s: &mut State,
         instance: Instance,
         key: (DeploymentId, String),
         now: u64,
+        claim: bool,
     ) -> Started {
         let spec = instance.spec.clone();
         let deployment = instance.deployment.clone();
@@ -1157,7 +1164,11 @@ impl TwinCompute {
         let pos = s.instances.len();
         s.instances.push(instance);
         s.by_id.insert(id, pos);
-        s.by_token.insert(key, pos);
+        if claim {
+            s.by_claim_token.insert(key, pos);
+        } else {
+            s.by_token.insert(key, pos);
+        }
         s.events.push(ComputeEvent::Started {
             instance: view.clone(),
             created: true,
@@ -1221,7 +1232,7 @@ impl Compute for TwinCompute {
             died_ms: None,
             running_at_ms: None,
         };
-        Ok(self.launch(&mut s, instance, key, now))
+        Ok(self.launch(&mut s, instance, key, now, false))
     }
 
     async fn describe(&self, id: &InstanceId) -> Result<Option<ComputeInstance>, PortError> {
@@ -1410,12 +1421,9 @@ impl Compute for TwinCompute {
         let key = (deployment.clone(), spec.idempotency_token.clone());
         // Strict, as on AWS: the pool knows the tokens of its own claims only (ECS keeps a
         // cold start's `clientToken` to itself), so a token that started cold is no replay.
-        if let Some(&p) = s.by_token.get(&key) {
-            let claimed = &s.instances[p].id;
-            if s.pool.iter().any(|m| &m.instance_id == claimed) {
-                s.answers.replays += 1;
-                return Ok(Some(Started::Instance(self.view(&s.instances[p], now))));
-            }
+        if let Some(&p) = s.by_claim_token.get(&key) {
+            s.answers.replays += 1;
+            return Ok(Some(Started::Instance(self.view(&s.instances[p], now))));
         }
         let Some(m) = s.pool.iter_mut().find(|m| {
             &m.deployment == deployment
@@ -1441,7 +1449,7 @@ impl Compute for TwinCompute {
             running_at_ms: Some(m.running_at_ms),
         };
         s.answers.claims_provisioning += u64::from(provisioning);
-        Ok(Some(self.launch(&mut s, instance, key, now)))
+        Ok(Some(self.launch(&mut s, instance, key, now, true)))
     }
 
     /// Stops every recycled member still running (its recycle's stop did not go out,

@@ -369,3 +369,64 @@ async fn a_recycle_through_the_test_decorators_leaves_a_claimed_member_alone() {
     let twin = TwinCompute::new(SimClock::wall());
     check(&twin, &Faulty::new(twin.clone(), FaultPlan::new())).await;
 }
+
+/// As on AWS, the pool's claim tokens and ECS's `clientToken`s are apart: a cold start
+/// with a token that claimed a member starts a new task (ECS never saw the claim), and a
+/// claim with a token that started cold claims a member (the pool never saw the start).
+/// Only the controller's rule 4 (`REPLAY_ONLY` after an unclean predecessor) keeps one
+/// compute per environment then; a twin that replayed across the two would hide a break
+/// of it from the simulation.
+#[tokio::test]
+async fn the_twin_keeps_claim_tokens_apart_from_run_task_tokens() {
+    use sandbox_controller::pool::REPLAY_ONLY;
+    use sandbox_controller::ports::{NO_DEADLINE, Started};
+    let twin = TwinCompute::new(SimClock::wall());
+    let d = World::deployment();
+    let spec = |token: &str| sandbox_core::decision::StartSpec {
+        environment_id: EnvironmentId::new("env_tok"),
+        session_id: SessionId::new("sess_tok"),
+        remote_url: "wss://agents.twin.invalid/x".to_owned(),
+        workspace_directory: "/workspace".to_owned(),
+        generation: sandbox_core::ids::Generation(1),
+        idempotency_token: token.to_owned(),
+        previous: None,
+        restore: None,
+    };
+    let id = |s: Option<Started>| match s {
+        Some(Started::Instance(i)) => Some(i.instance_id),
+        _ => None,
+    };
+    twin.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+    twin.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+    // A claim, then a cold start with its token: two tasks.
+    let claimed = id(twin
+        .claim_pool_member(&spec("tok-a"), &d, 0, NO_DEADLINE)
+        .await
+        .unwrap())
+    .unwrap();
+    let cold = id(Some(
+        twin.start(&spec("tok-a"), &d, NO_DEADLINE).await.unwrap(),
+    ))
+    .unwrap();
+    assert_ne!(claimed, cold);
+    // The claim's replay still answers its member.
+    let replayed = twin
+        .claim_pool_member(&spec("tok-a"), &d, REPLAY_ONLY, NO_DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(id(replayed), Some(claimed));
+    // A cold start, then a replay-only claim with its token: nothing; a new claim: a member.
+    twin.start(&spec("tok-b"), &d, NO_DEADLINE).await.unwrap();
+    let none = twin
+        .claim_pool_member(&spec("tok-b"), &d, REPLAY_ONLY, NO_DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(id(none), None);
+    assert!(
+        id(twin
+            .claim_pool_member(&spec("tok-b"), &d, 0, NO_DEADLINE)
+            .await
+            .unwrap())
+        .is_some()
+    );
+}
