@@ -5,7 +5,7 @@
 //!
 //! - `SIM_SCHEDULES=n` runs n schedules (default 2,000, the ECS-like compute twin on:
 //!   visibility lag, forgetting, failed starts, the token window; snapshots `pending` for
-//!   120 s, issue 23); `make soak` uses 1,000,000.
+//!   120 s, issue 23; the warm pool in 30 % of them, issue 27); `make soak` uses 1,000,000.
 //! - `SIM_SEED=s` replays exactly the schedule of seed `s` (printed on failure).
 //! - `SIM_BASE=b` changes the base the schedule seeds derive from (default 0).
 //! - `SIM_POOL_PERCENT=p` runs p % of the schedules with the warm pool (issue 27; default
@@ -14,7 +14,8 @@
 //!   (default 2,000; larger makes the race of a recycle with a claim frequent).
 //! - `SIM_CAP_SLACK=n` also checks, in the schedules with the warm pool and the executor
 //!   cap (issue 27), that slots in use plus idle members never exceed the cap by more
-//!   than n (`plan_refill`'s doc says 1; seed 17218092366221545609 shows 2).
+//!   than n (`plan_refill`'s doc says 1; seed 17218092366221545609 shows 2: see
+//!   `SimConfig::cap_slack`).
 
 use sandbox_testkit::sim::{
     Deadlines, PoolReport, ScheduleReport, SimConfig, run_schedule, schedule_seed,
