@@ -93,3 +93,22 @@ impl Clock for SimClock {
         self.now_ms() / 1_000
     }
 }
+
+/// A host's view of a [`SimClock`], running `ahead_ms` ahead of it: another machine's
+/// clock. NTP keeps hosts within milliseconds, but the controller reads whole seconds
+/// ([`Clock::now`]), so two hosts can disagree by a second at a boundary: the simulation
+/// gives the warm pool's refill such a clock (issue 27), so that a member at its maximum
+/// age is recycled by the refill while a worker may still claim it.
+#[derive(Clone, Debug)]
+pub struct SkewedClock {
+    /// The shared clock.
+    pub inner: SimClock,
+    /// How far this host runs ahead, milliseconds.
+    pub ahead_ms: u64,
+}
+
+impl Clock for SkewedClock {
+    fn now(&self) -> u64 {
+        (self.inner.now_ms() + self.ahead_ms) / 1_000
+    }
+}

@@ -81,6 +81,29 @@ pub struct SnapshotTiming {
     pub error_per_mille: u64,
 }
 
+/// How warm pool members (issue 27) behave on the twin. Default: a member is `RUNNING` at
+/// once and a recycle's stop always goes out (the contract suite). The simulation makes
+/// them behave as on AWS, where a member is a Fargate task started by `RunTask` and a
+/// recycle is two requests (docs/WARM_POOL.md, "ECS calls").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolTiming {
+    /// Shortest time, seconds, from `start_pool_member` to `RUNNING`.
+    pub start_secs_min: u64,
+    /// Longest time, seconds, from `start_pool_member` to `RUNNING` (each member draws
+    /// its own in `min..=max`). A Fargate task takes 30–60 s to reach `RUNNING`, image pull
+    /// being most of it (docs/WARM_POOL.md; aws-semantics.md). A member still
+    /// `PROVISIONING` is listed and may be claimed (the claim only writes its assignment;
+    /// the forwarder reads it once it runs), and is then `PROVISIONING` as its
+    /// environment's instance until that time.
+    pub start_secs_max: u64,
+    /// Recycles, per mille, whose `StopTask` does not go out after the guard write
+    /// (idle → recycled): the call answers a transient error and the member keeps running,
+    /// recycled, until a refill's [`Compute::reconcile_pool`] stops it. On AWS the recycle
+    /// is an `UpdateItem` then a `StopTask`; a worker killed or throttled between the two
+    /// leaves exactly that ([`Compute::recycle_pool_member`]'s errors).
+    pub recycle_stop_fail_per_mille: u64,
+}
+
 /// ECS API limits the twin enforces (ECS API reference; aws-semantics.md).
 pub mod limits {
     /// `RunTask` `clientToken`: "Up to 64 ASCII characters are allowed."
@@ -222,6 +245,11 @@ pub struct EcsAnswers {
     pub throttled: u64,
     /// Snapshot state reads answered `pending` (issue 23: a start waited for one).
     pub snapshot_pending_reads: u64,
+    /// Recycles whose guard found the member claimed since (issue 27: left to its
+    /// environment).
+    pub recycles_lost_to_claims: u64,
+    /// Claims of a member still `PROVISIONING` (issue 27).
+    pub claims_provisioning: u64,
 }
 
 impl EcsCalls {
@@ -294,6 +322,9 @@ struct Instance {
     stop_requested_ms: Option<u64>,
     /// Died on its own (crash, spot reclaim): stopped at once, at this time.
     died_ms: Option<u64>,
+    /// A claimed pool member: when it reaches `RUNNING` (Unix ms), from its own start
+    /// ([`PoolTiming`]); `None`: [`ComputeTiming::start_secs`] after `created_ms`.
+    running_at_ms: Option<u64>,
 }
 
 /// ECS `stopCode` of a task stopped by `StopTask` (ECS API reference, `Task.stopCode`).
@@ -307,6 +338,11 @@ struct State {
     by_id: HashMap<InstanceId, usize>,
     /// The latest instance started with each (deployment, token).
     by_token: HashMap<(DeploymentId, String), usize>,
+    /// The member each (deployment, token) claimed (issue 27). Apart from `by_token`, as
+    /// on AWS: the pool's token items are the pool's, and ECS knows only `RunTask`'s own
+    /// `clientToken`s, so a cold start with a token that claimed a member starts a new
+    /// task, and a claim with a token that started cold claims anew.
+    by_claim_token: HashMap<(DeploymentId, String), usize>,
     events: Vec<ComputeEvent>,
     next: u64,
     rng: SimRng,
@@ -323,26 +359,46 @@ struct State {
     /// Counter of volume and snapshot ids.
     ws_next: u64,
     /// Warm pool members (issue 27), in start order.
-    pool: Vec<TwinMember>,
+    pool: Vec<TwinPoolMember>,
+    /// How members behave ([`TwinCompute::set_pool_timing`]).
+    pool_timing: PoolTiming,
     /// How snapshots take time ([`TwinCompute::set_snapshot_timing`]).
     snapshot_timing: SnapshotTiming,
 }
 
-/// A warm pool member of the twin (issue 27).
-#[derive(Debug)]
-struct TwinMember {
-    id: InstanceId,
-    deployment: DeploymentId,
-    created_ms: u64,
-    state: MemberState,
+/// Where a warm pool member of the twin stands (issue 27).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberState {
+    /// In the pool, live, serving no environment.
+    Idle,
+    /// Assigned to an environment: from then on an instance of it (its ground truth is
+    /// [`TwinCompute::instances`]).
+    Claimed,
+    /// Taken by a recycle's guard write, its stop not sent yet: still running.
+    Recycled,
+    /// Stopped while in the pool (a recycle, or the reconcile of a recycled member).
+    Stopped,
+    /// Died on its own while in the pool ([`TwinCompute::kill`]).
+    Died,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum MemberState {
-    Idle,
-    Claimed,
-    Stopped,
-    Died,
+/// A warm pool member of the twin as it is (ground truth, [`TwinCompute::pool_members`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TwinPoolMember {
+    /// Its id (the instance id it keeps once claimed).
+    pub instance_id: InstanceId,
+    /// Its deployment.
+    pub deployment: DeploymentId,
+    /// When it was started, Unix ms.
+    pub created_ms: u64,
+    /// When it reaches (reached) `RUNNING`, Unix ms.
+    pub running_at_ms: u64,
+    /// Where it stands.
+    pub state: MemberState,
+    /// Every environment a claim assigned it to, in order (single-use: at most one).
+    pub claims: Vec<EnvironmentId>,
+    /// When a recycle's guard write (idle → recycled) took it, Unix ms.
+    pub recycled_ms: Option<u64>,
 }
 
 /// A workspace volume of the twin (ECS-managed EBS volume: created at `RunTask`, from the
@@ -442,6 +498,7 @@ impl TwinCompute {
                 instances: vec![],
                 by_id: HashMap::new(),
                 by_token: HashMap::new(),
+                by_claim_token: HashMap::new(),
                 events: vec![],
                 next: 0,
                 rng: SimRng::new(aws.seed),
@@ -453,6 +510,7 @@ impl TwinCompute {
                 snapshots: HashMap::new(),
                 ws_next: 0,
                 pool: vec![],
+                pool_timing: PoolTiming::default(),
                 snapshot_timing: SnapshotTiming::default(),
             })),
         }
@@ -461,6 +519,23 @@ impl TwinCompute {
     /// From now on, new snapshots take time as `timing` says (issue 23).
     pub fn set_snapshot_timing(&self, timing: SnapshotTiming) {
         self.state().snapshot_timing = timing;
+    }
+
+    /// From now on, pool members behave as `timing` says (issue 27); members already
+    /// started keep their start time.
+    pub fn set_pool_timing(&self, timing: PoolTiming) {
+        self.state().pool_timing = timing;
+    }
+
+    /// Every warm pool member ever started, in start order (ground truth).
+    pub fn pool_members(&self) -> Vec<TwinPoolMember> {
+        self.state().pool.clone()
+    }
+
+    /// `f` of every warm pool member ever started, in start order (ground truth), without
+    /// copying them (the simulation reads them after every step).
+    pub fn with_pool_members<R>(&self, f: impl FnOnce(&[TwinPoolMember]) -> R) -> R {
+        f(&self.state().pool)
     }
 
     /// The ECS behaviours this twin reproduces.
@@ -498,7 +573,9 @@ impl TwinCompute {
 
     /// The instance as it is (ground truth, whatever ECS would answer).
     fn view(&self, i: &Instance, now_ms: u64) -> ComputeInstance {
-        let running_at = i.created_ms + self.timing.start_secs * 1_000;
+        let running_at = i
+            .running_at_ms
+            .unwrap_or(i.created_ms + self.timing.start_secs * 1_000);
         let runs = i.fails_at_ms.is_none() && now_ms >= running_at;
         let (status, stop_code) = match (self.stopped(i, now_ms), i.stop_requested_ms) {
             (Some((_, code)), _) => (ComputeStatus::Stopped, Some(code.to_owned())),
@@ -682,11 +759,9 @@ impl TwinCompute {
     pub fn kill(&self, id: &InstanceId) -> bool {
         let now = self.clock.now_ms();
         let mut s = self.state();
-        if let Some(m) = s
-            .pool
-            .iter_mut()
-            .find(|m| &m.id == id && m.state == MemberState::Idle)
-        {
+        if let Some(m) = s.pool.iter_mut().find(|m| {
+            &m.instance_id == id && matches!(m.state, MemberState::Idle | MemberState::Recycled)
+        }) {
             m.state = MemberState::Died;
             return true;
         }
@@ -1029,13 +1104,14 @@ impl Workspaces for TwinCompute {
 
 impl TwinCompute {
     /// Creates the workspace volume of a start or claim (from the snapshot it names) and
-    /// stores `instance` under its id and token.
+    /// stores `instance` under its id and token (a claim's token apart from `RunTask`'s).
     fn launch(
         &self,
         s: &mut State,
         instance: Instance,
         key: (DeploymentId, String),
         now: u64,
+        claim: bool,
     ) -> Started {
         let spec = instance.spec.clone();
         let deployment = instance.deployment.clone();
@@ -1088,7 +1164,11 @@ impl TwinCompute {
         let pos = s.instances.len();
         s.instances.push(instance);
         s.by_id.insert(id, pos);
-        s.by_token.insert(key, pos);
+        if claim {
+            s.by_claim_token.insert(key, pos);
+        } else {
+            s.by_token.insert(key, pos);
+        }
         s.events.push(ComputeEvent::Started {
             instance: view.clone(),
             created: true,
@@ -1150,8 +1230,9 @@ impl Compute for TwinCompute {
             fails_at_ms,
             stop_requested_ms: None,
             died_ms: None,
+            running_at_ms: None,
         };
-        Ok(self.launch(&mut s, instance, key, now))
+        Ok(self.launch(&mut s, instance, key, now, false))
     }
 
     async fn describe(&self, id: &InstanceId) -> Result<Option<ComputeInstance>, PortError> {
@@ -1217,11 +1298,9 @@ impl Compute for TwinCompute {
                 format!("reason has {n} characters (at most 255)"),
             ));
         }
-        if let Some(m) = s
-            .pool
-            .iter_mut()
-            .find(|m| &m.id == id && m.state == MemberState::Idle)
-        {
+        if let Some(m) = s.pool.iter_mut().find(|m| {
+            &m.instance_id == id && matches!(m.state, MemberState::Idle | MemberState::Recycled)
+        }) {
             m.state = MemberState::Stopped;
         }
         let pos = s.by_id.get(id).copied();
@@ -1251,11 +1330,20 @@ impl Compute for TwinCompute {
         self.request(&mut s, "RunTask", now)?;
         s.next += 1;
         let id = InstanceId::new(format!("twin-pool-{}-t", s.next));
-        s.pool.push(TwinMember {
-            id: id.clone(),
+        let t = s.pool_timing;
+        let start_secs = if t.start_secs_max > t.start_secs_min {
+            t.start_secs_min + s.rng.below(t.start_secs_max - t.start_secs_min + 1)
+        } else {
+            t.start_secs_min
+        };
+        s.pool.push(TwinPoolMember {
+            instance_id: id.clone(),
             deployment: deployment.clone(),
             created_ms: now,
+            running_at_ms: now + start_secs * 1_000,
             state: MemberState::Idle,
+            claims: vec![],
+            recycled_ms: None,
         });
         Ok(PoolMember {
             instance_id: id,
@@ -1270,14 +1358,16 @@ impl Compute for TwinCompute {
             .iter()
             .filter(|m| &m.deployment == deployment && m.state == MemberState::Idle)
             .map(|m| PoolMember {
-                instance_id: m.id.clone(),
+                instance_id: m.instance_id.clone(),
                 created_at: m.created_ms / 1000,
             })
             .collect())
     }
 
-    /// Under the twin's mutex: idle → stopped (recycled), then the stop; a member claimed
-    /// since is left alone.
+    /// Under the twin's mutex: idle → recycled, then the stop (→ stopped); a member claimed
+    /// since is left alone. [`PoolTiming::recycle_stop_fail_per_mille`] of them stop short
+    /// of the stop (a transient error; the member runs on, recycled, until
+    /// [`Compute::reconcile_pool`]).
     async fn recycle_pool_member(
         &self,
         id: &InstanceId,
@@ -1287,14 +1377,28 @@ impl Compute for TwinCompute {
         check_deadline(DEP, "recycle_pool_member", now / 1000, not_after)?;
         {
             let mut s = self.state();
+            let fail = s.pool_timing.recycle_stop_fail_per_mille;
             let Some(m) = s
                 .pool
                 .iter_mut()
-                .find(|m| &m.id == id && m.state == MemberState::Idle)
+                .find(|m| &m.instance_id == id && m.state == MemberState::Idle)
             else {
+                let claimed = s
+                    .pool
+                    .iter()
+                    .any(|m| &m.instance_id == id && m.state == MemberState::Claimed);
+                s.answers.recycles_lost_to_claims += u64::from(claimed);
                 return Ok(false);
             };
-            m.state = MemberState::Stopped;
+            m.state = MemberState::Recycled;
+            m.recycled_ms = Some(now);
+            if fail > 0 && s.rng.below(1_000) < fail {
+                return Err(PortError::transient(
+                    DEP,
+                    "recycle_pool_member",
+                    format!("member {id} recycled, its StopTask not sent"),
+                ));
+            }
         }
         self.stop(id, sandbox_controller::pool::RECYCLE_REASON, not_after)
             .await?;
@@ -1317,12 +1421,9 @@ impl Compute for TwinCompute {
         let key = (deployment.clone(), spec.idempotency_token.clone());
         // Strict, as on AWS: the pool knows the tokens of its own claims only (ECS keeps a
         // cold start's `clientToken` to itself), so a token that started cold is no replay.
-        if let Some(&p) = s.by_token.get(&key) {
-            let claimed = &s.instances[p].id;
-            if s.pool.iter().any(|m| &m.id == claimed) {
-                s.answers.replays += 1;
-                return Ok(Some(Started::Instance(self.view(&s.instances[p], now))));
-            }
+        if let Some(&p) = s.by_claim_token.get(&key) {
+            s.answers.replays += 1;
+            return Ok(Some(Started::Instance(self.view(&s.instances[p], now))));
         }
         let Some(m) = s.pool.iter_mut().find(|m| {
             &m.deployment == deployment
@@ -1332,17 +1433,46 @@ impl Compute for TwinCompute {
             return Ok(None);
         };
         m.state = MemberState::Claimed;
+        m.claims.push(spec.environment_id.clone());
+        let provisioning = now < m.running_at_ms;
         let instance = Instance {
-            id: m.id.clone(),
+            id: m.instance_id.clone(),
             deployment: deployment.clone(),
             spec: spec.clone(),
-            // Started when the member was: already running, and visible at once.
+            // Started when the member was (running from its own start time on), and
+            // visible at once.
             created_ms: m.created_ms,
             visible_at_ms: now,
             fails_at_ms: None,
             stop_requested_ms: None,
             died_ms: None,
+            running_at_ms: Some(m.running_at_ms),
         };
-        Ok(Some(self.launch(&mut s, instance, key, now)))
+        s.answers.claims_provisioning += u64::from(provisioning);
+        Ok(Some(self.launch(&mut s, instance, key, now, true)))
+    }
+
+    /// Stops every recycled member still running (its recycle's stop did not go out,
+    /// [`PoolTiming::recycle_stop_fail_per_mille`]). The twin's other bookkeeping cannot
+    /// be lost: a member's start and its record are one step here.
+    async fn reconcile_pool(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<usize, PortError> {
+        let now = self.clock.now_ms();
+        check_deadline(DEP, "reconcile_pool", now / 1000, not_after)?;
+        let recycled: Vec<InstanceId> = self
+            .state()
+            .pool
+            .iter()
+            .filter(|m| &m.deployment == deployment && m.state == MemberState::Recycled)
+            .map(|m| m.instance_id.clone())
+            .collect();
+        for id in &recycled {
+            self.stop(id, sandbox_controller::pool::RECYCLE_REASON, not_after)
+                .await?;
+        }
+        Ok(recycled.len())
     }
 }

@@ -492,6 +492,23 @@ impl<C: Compute> Compute for Counting<C> {
             .claim_pool_member(spec, deployment, created_after, not_after)
             .await
     }
+    // Forwarded, not left to the trait's defaults (an unguarded stop, a no-op reconcile).
+    async fn recycle_pool_member(
+        &self,
+        id: &InstanceId,
+        not_after: u64,
+    ) -> Result<bool, PortError> {
+        self.log.record("compute", "recycle_pool_member");
+        self.inner.recycle_pool_member(id, not_after).await
+    }
+    async fn reconcile_pool(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<usize, PortError> {
+        self.log.record("compute", "reconcile_pool");
+        self.inner.reconcile_pool(deployment, not_after).await
+    }
 }
 
 impl<S: SessionsApi> SessionsApi for Counting<S> {

@@ -691,6 +691,31 @@ impl<C: Compute> Compute for Faulty<C> {
             Some(f) => Err(port_error("compute", "claim_pool_member", &f)),
         }
     }
+    // Forwarded, not left to the trait's defaults (an unguarded stop, a no-op reconcile).
+    async fn recycle_pool_member(
+        &self,
+        id: &InstanceId,
+        not_after: u64,
+    ) -> Result<bool, PortError> {
+        guarded!(
+            self,
+            "compute",
+            "recycle_pool_member",
+            self.inner.recycle_pool_member(id, not_after)
+        )
+    }
+    async fn reconcile_pool(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<usize, PortError> {
+        guarded!(
+            self,
+            "compute",
+            "reconcile_pool",
+            self.inner.reconcile_pool(deployment, not_after)
+        )
+    }
 }
 
 impl<S: SessionsApi> SessionsApi for Faulty<S> {

@@ -319,6 +319,25 @@ impl<C: Compute> Compute for Interleaved<C> {
             .claim_pool_member(spec, deployment, created_after, not_after)
             .await
     }
+    // Forwarded, not left to the trait's defaults: the default recycle is an unguarded
+    // stop and the default reconcile does nothing, so a decorator that omits them
+    // silently drops the provider's guard (simulation seed 6038094601263162090).
+    async fn recycle_pool_member(
+        &self,
+        id: &InstanceId,
+        not_after: u64,
+    ) -> Result<bool, PortError> {
+        yield_once().await;
+        self.inner.recycle_pool_member(id, not_after).await
+    }
+    async fn reconcile_pool(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<usize, PortError> {
+        yield_once().await;
+        self.inner.reconcile_pool(deployment, not_after).await
+    }
 }
 
 impl<S: SessionsApi> SessionsApi for Interleaved<S> {

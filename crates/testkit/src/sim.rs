@@ -37,9 +37,39 @@
 //! copy with snapshots was deleted before one of them was `completed` and named by its
 //! environment's record ([`ComputeEvent::VolumeDeleted`]; a discard, and a closed or
 //! missing record, delete on purpose).
+//!
+//! **The warm pool** (issue 27, docs/WARM_POOL.md): [`SimConfig::pool_percent`] of the
+//! schedules, chosen from the seed by a generator of their own (the other schedules are
+//! exactly those of their seed before the pool), run with the pool on — 1 to 3 members,
+//! a maximum age of 2 to 10 simulated minutes so that members age out during the
+//! schedule, half of them with the executor cap on (`policy.max_executors`: the
+//! environments plus 0 to 2). A refill actor ([`Controller::refill_pool`]) is spawned
+//! among the worker steps, interleaved at every port call and crashed like any other
+//! (its deadline is the worker's: on AWS the refill is a worker job); in the settle it
+//! runs with every sweep, and once more at the end. Its host's clock runs up to 2 s ahead
+//! of the workers' ([`SimConfig::refill_clock_ahead_ms`]), so it recycles members at
+//! their maximum age that a worker may still claim. The twin's members take 30–60 s to
+//! run ([`PoolTiming`]; a claim of one still provisioning is allowed), some recycles stop
+//! short of their `StopTask` (the member runs on, recycled, until a refill reconciles
+//! it), and the world kills idle members as well as claimed ones (a claimed member is an
+//! ordinary compute of its environment, replaced like any).
+//!
+//! Checked after every step, against the twin's ground truth
+//! ([`TwinCompute::pool_members`]): a member is claimed by at most one environment, ever,
+//! and never returns to the pool; a recycled member is never claimed and a claimed one
+//! never recycled (every `pool_max_age` stop hits an unclaimed member its recycle's
+//! guard took); with the cap on, the idle members stay within the cap minus the slots in
+//! use when the refill that started the newest of them read the counter (slots in use
+//! plus idle members may exceed the cap by more than the one member `plan_refill`'s doc
+//! allows: [`SimConfig::cap_slack`]). Checked after the settle: at most the pool's size in idle
+//! members, none past its maximum age, no recycled member still running; claimed members
+//! fall under "no live compute without a record that names it" (they are instances of
+//! their environment), idle ones do not (they belong to the pool).
 
 use crate::clock::SimClock;
-use crate::compute::{AwsLike, ComputeEvent, ComputeTiming, SnapshotTiming, TwinCompute};
+use crate::compute::{
+    AwsLike, ComputeEvent, ComputeTiming, MemberState, PoolTiming, SnapshotTiming, TwinCompute,
+};
 use crate::interleave::{Interleaved, Scheduler};
 use crate::queue::TwinQueue;
 use crate::registry::TwinRegistry;
@@ -47,6 +77,8 @@ use crate::rng::SimRng;
 use crate::sessions::TwinSessions;
 use crate::world::{MAX_RECEIVE_COUNT, World};
 use sandbox_controller::Controller;
+use sandbox_controller::config::PoolSettings;
+use sandbox_controller::pool::RECYCLE_REASON;
 use sandbox_controller::ports::{Clock, Outgoing, Queue};
 use sandbox_core::compute::ComputeStatus;
 use sandbox_core::environment::EnvironmentStatus;
@@ -99,6 +131,33 @@ pub struct SimConfig {
     /// How workspace snapshots take time (issue 23). Default: `pending` for 120 s, never
     /// `error`.
     pub snapshots: SnapshotTiming,
+    /// Percent of schedules run with the warm pool on (issue 27; see the module doc).
+    /// Default: 30.
+    pub pool_percent: u64,
+    /// How pool members behave on the twin in those schedules (during the chaos; the
+    /// settle sends every recycle's stop). Default: 30–60 s to `RUNNING`, as a Fargate
+    /// task; 10 % of recycles stop short of their `StopTask`.
+    pub pool_timing: PoolTiming,
+    /// With the cap on, how far slots in use plus idle members may exceed the cap after
+    /// any step; `None`: not checked (the overshoot is measured,
+    /// [`PoolReport::max_over_cap`]). `plan_refill`'s doc allows one member ("under races
+    /// the pool may briefly hold one member more than the cap leaves room for"), but the
+    /// simulation finds more: `Some(1)` fails on seed 17218092366221545609 (cap 2: the
+    /// refill fills the pool with two members while no slot is in use, then both
+    /// environments take a slot and start cold — one a replay-only start after a crashed
+    /// worker, rule 4). Every start that takes a slot without taking a member (a miss
+    /// while the refill is still starting members, members past their age, a replay-only
+    /// start) adds one, up to the pool's size (`Some(2)` fails on seed
+    /// 9587870824524365567: cap 3, three slots in use and three idle members), and it
+    /// lasts until members are claimed or age out, not "briefly". What always holds, and is checked: the idle members never
+    /// exceed the cap minus the slots in use when the refill that started the newest of
+    /// them read the counter.
+    pub cap_slack: Option<u64>,
+    /// How far ahead of the workers' clock the refill's may run, milliseconds (each pool
+    /// schedule draws its own in `0..=` this; [`crate::clock::SkewedClock`]): at a
+    /// member's maximum age the refill recycles it while a worker may still claim it, the
+    /// race the recycle's guard is for. Default: 2,000.
+    pub refill_clock_ahead_ms: u64,
 }
 
 /// How long an invocation may run in the simulation, simulated seconds.
@@ -134,6 +193,14 @@ impl Default for SimConfig {
                 pending_secs: 120,
                 error_per_mille: 0,
             },
+            pool_percent: 30,
+            pool_timing: PoolTiming {
+                start_secs_min: 30,
+                start_secs_max: 60,
+                recycle_stop_fail_per_mille: 100,
+            },
+            cap_slack: None,
+            refill_clock_ahead_ms: 2_000,
         }
     }
 }
@@ -175,6 +242,31 @@ pub struct ScheduleReport {
     /// What the ECS-like compute twin did: reads answered `MISSING` because the task was
     /// new or forgotten, token replays, starts that ended `TaskFailedToStart`.
     pub ecs: crate::compute::EcsAnswers,
+    /// What the warm pool did (issue 27; all zero when it was off).
+    pub pool: PoolReport,
+}
+
+/// What the warm pool did in a schedule (issue 27).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolReport {
+    /// The pool was on.
+    pub on: bool,
+    /// The executor cap was on too.
+    pub capped: bool,
+    /// Refills spawned.
+    pub refills: usize,
+    /// Members started.
+    pub started: usize,
+    /// Members claimed (each by one environment).
+    pub claims: usize,
+    /// Members a recycle's guard took.
+    pub recycles: usize,
+    /// Idle members killed by the world.
+    pub idle_killed: usize,
+    /// Claimed members killed by the world.
+    pub claimed_killed: usize,
+    /// With the cap on: the largest (slots in use + idle members) − cap after a step.
+    pub max_over_cap: u64,
 }
 
 /// An invariant that did not hold, with the schedule's trace (last steps first to last).
@@ -237,10 +329,28 @@ struct Sim {
     sender_retries: Vec<(u64, usize, Trigger, Option<EnvironmentId>, String)>,
     /// Running actor kind → when its invocation's deadline passes (Unix ms).
     deadlines: std::collections::HashMap<String, u64>,
+    /// The warm pool's settings (size 0: off) and the executor cap (0: off).
+    pool: PoolSettings,
+    cap: u32,
+    /// The refill actor's controller.
+    refiller: Rc<SimController>,
+    /// Pool members seen claimed (a `Started` of a member), by the environment.
+    claimed: std::collections::HashMap<sandbox_core::ids::InstanceId, EnvironmentId>,
+    /// With the cap on: the largest (slots in use + idle members) − cap seen so far.
+    max_over_cap: std::cell::Cell<u64>,
+    /// The fewest slots in use seen before any port call of the running refill (it reads
+    /// the counter at one of them).
+    refill_min_in_use: u64,
+    /// That minimum for the latest refill that started a member: its plan kept the idle
+    /// members within the cap minus its read, which is at least this.
+    cap_floor: u64,
+    /// Pool members seen so far.
+    members_seen: usize,
 }
 
 const TRACE_KEEP: usize = 400;
 
+#[allow(clippy::too_many_arguments)]
 fn controller(
     worker_id: &str,
     events: &TwinQueue,
@@ -249,8 +359,13 @@ fn controller(
     compute: &TwinCompute,
     sessions: &TwinSessions,
     clock: &SimClock,
+    pool: PoolSettings,
+    cap: u32,
+    ahead_ms: u64,
 ) -> Rc<SimController> {
     let mut config = World::config(worker_id);
+    config.pool = pool;
+    config.policy.max_executors = cap;
     config.stop_readback_interval = Duration::from_millis(1);
     // Stops are instant here, so a read-back confirms at its first read unless the clock
     // jumped past the hour after which ECS forgets the task (a worker paused mid
@@ -263,7 +378,14 @@ fn controller(
         Interleaved::new(registry.clone()),
         Interleaved::new(compute.clone()),
         Interleaved::new(sessions.clone()),
-        Arc::new(clock.clone()),
+        if ahead_ms > 0 {
+            Arc::new(crate::clock::SkewedClock {
+                inner: clock.clone(),
+                ahead_ms,
+            })
+        } else {
+            Arc::new(clock.clone())
+        },
         config,
     ))
 }
@@ -284,11 +406,33 @@ impl Sim {
         let sessions = TwinSessions::new();
         let n_envs = 1 + rng.index(3);
         let n_workers = 2 + rng.index(3);
-        let make =
-            |id: &str| controller(id, &events, &timers, &registry, &compute, &sessions, &clock);
-        let workers = (0..n_workers).map(|i| make(&format!("w{i}"))).collect();
-        let sweeper = make("sweeper");
-        let operator = make("operator");
+        // Issue 27: the pool, from a generator of its own, so that a schedule without it
+        // is the one its seed gave before the pool.
+        let mut pool_rng = SimRng::new(seed ^ 0x706f_6f6c_5f73_696d);
+        let (pool, cap, refill_ahead_ms) = if pool_rng.chance(cfg.pool_percent) {
+            compute.set_pool_timing(cfg.pool_timing);
+            let pool = PoolSettings {
+                size: 1 + pool_rng.below(3) as u32,
+                max_age_secs: *pool_rng.pick(&[120, 300, 600]),
+            };
+            let cap = if pool_rng.chance(50) {
+                n_envs as u32 + pool_rng.below(3) as u32
+            } else {
+                0
+            };
+            (pool, cap, pool_rng.below(cfg.refill_clock_ahead_ms + 1))
+        } else {
+            (PoolSettings::default(), 0, 0)
+        };
+        let make = |id: &str, ahead_ms: u64| {
+            controller(
+                id, &events, &timers, &registry, &compute, &sessions, &clock, pool, cap, ahead_ms,
+            )
+        };
+        let workers = (0..n_workers).map(|i| make(&format!("w{i}"), 0)).collect();
+        let sweeper = make("sweeper", 0);
+        let operator = make("operator", 0);
+        let refiller = make("refill", refill_ahead_ms);
         let envs = (0..n_envs)
             .map(|i| {
                 let session = SessionId::new(format!("sess_sim_{i}"));
@@ -324,11 +468,24 @@ impl Sim {
                 seed,
                 environments: n_envs,
                 workers: n_workers,
+                pool: PoolReport {
+                    on: pool.size > 0,
+                    capped: cap > 0,
+                    ..PoolReport::default()
+                },
                 ..ScheduleReport::default()
             },
             next_webhook: 0,
             sender_retries: vec![],
             deadlines: std::collections::HashMap::new(),
+            pool,
+            cap,
+            refiller,
+            claimed: std::collections::HashMap::new(),
+            max_over_cap: std::cell::Cell::new(0),
+            refill_min_in_use: 0,
+            cap_floor: 0,
+            members_seen: 0,
         }
         .started()
     }
@@ -453,6 +610,10 @@ impl Sim {
     // ---- the world -----------------------------------------------------------------
 
     async fn world_event(&mut self) {
+        if self.pool.size > 0 && self.rng.chance(10) {
+            self.kill_idle_member();
+            return;
+        }
         let e = self.rng.index(self.envs.len());
         let (session, env) = (self.envs[e].session.clone(), self.envs[e].env.clone());
         let Some(s) = self.sessions.get(&session) else {
@@ -494,6 +655,9 @@ impl Sim {
                     return;
                 }
                 let victim = live[self.rng.index(live.len())].instance_id.clone();
+                if self.claimed.contains_key(&victim) {
+                    self.report.pool.claimed_killed += 1;
+                }
                 self.compute.kill(&victim);
                 self.sessions
                     .set_environment_status(&env, EnvironmentStatus::Disconnected);
@@ -522,6 +686,24 @@ impl Sim {
                     }),
                 );
             }
+        }
+    }
+
+    /// An idle member (or a recycled one still running) dies on its own (issue 27).
+    fn kill_idle_member(&mut self) {
+        let idle: Vec<_> = self
+            .compute
+            .pool_members()
+            .into_iter()
+            .filter(|m| matches!(m.state, MemberState::Idle | MemberState::Recycled))
+            .collect();
+        if idle.is_empty() {
+            return;
+        }
+        let victim = idle[self.rng.index(idle.len())].instance_id.clone();
+        if self.compute.kill(&victim) {
+            self.report.pool.idle_killed += 1;
+            self.note(format!("world: pool member {victim} died (idle)"));
         }
     }
 
@@ -567,6 +749,25 @@ impl Sim {
         );
     }
 
+    /// Spawns the refill (issue 27) unless the pool is off or a refill runs. On AWS it is
+    /// a worker job, so it has the worker's deadline.
+    fn spawn_refill(&mut self) {
+        if self.pool.size == 0 || self.sched.has("refill") {
+            return;
+        }
+        let c = self.refiller.clone();
+        self.refill_min_in_use = u64::MAX;
+        self.set_deadline("refill", |d| d.worker_secs);
+        self.report.pool.refills += 1;
+        self.note("refill: pool".to_owned());
+        self.sched.spawn(
+            "refill",
+            Box::pin(async move {
+                let _ = c.refill_pool().await;
+            }),
+        );
+    }
+
     /// Records when the invocation of actor `kind`, beginning now, times out.
     fn set_deadline(&mut self, kind: &str, secs: impl Fn(&Deadlines) -> u64) {
         if let Some(d) = &self.cfg.deadlines {
@@ -606,6 +807,9 @@ impl Sim {
         }
         self.report.polls += 1;
         let kind = self.sched.kind(i).unwrap_or_default().to_owned();
+        if kind == "refill" {
+            self.refill_min_in_use = self.refill_min_in_use.min(self.registry.slots_in_use());
+        }
         let sched = &mut self.sched;
         let done = poll_fn(|cx| Poll::Ready(sched.poll(i, cx.waker()))).await;
         let _ = done;
@@ -668,7 +872,114 @@ impl Sim {
                 )));
             }
         }
+        self.check_pool(actor)
+    }
+
+    /// Issue 27, after every step, by the twin's ground truth: single-use (a member is
+    /// claimed by at most one environment, ever, and never returns to the pool), a
+    /// recycled member is never claimed (nor a claimed one recycled), and with the cap on
+    /// the idle members stay within the cap minus the slots in use at the read of the
+    /// refill that started the newest of them (and, when [`SimConfig::cap_slack`] is set,
+    /// slots in use plus idle members within the cap plus it).
+    fn check_pool(&self, actor: &str) -> Result<(), Violation> {
+        if self.pool.size == 0 {
+            return Ok(());
+        }
+        // Read in place: this runs after every step.
+        let (problem, idle) = self.compute.with_pool_members(|members| {
+            let problem = members.iter().find_map(|m| {
+                if m.claims.len() > 1 {
+                    Some(format!(
+                        "pool member {} was claimed {} times, by {:?}: single-use broken",
+                        m.instance_id,
+                        m.claims.len(),
+                        m.claims
+                    ))
+                } else if !m.claims.is_empty() && m.state != MemberState::Claimed {
+                    Some(format!(
+                        "pool member {} claimed by {:?} is {:?} in the pool again: a claimed \
+                         member never returns to the pool",
+                        m.instance_id, m.claims, m.state
+                    ))
+                } else if !m.claims.is_empty() && m.recycled_ms.is_some() {
+                    Some(format!(
+                        "pool member {} was both claimed (by {:?}) and recycled (at {:?} ms): a \
+                         recycled member is never claimed, a claimed one never recycled",
+                        m.instance_id, m.claims, m.recycled_ms
+                    ))
+                } else {
+                    None
+                }
+            });
+            let idle = members
+                .iter()
+                .filter(|m| m.state == MemberState::Idle)
+                .count() as u64;
+            (problem, idle)
+        });
+        if let Some(problem) = problem {
+            return Err(self.violation(format!("{problem} (after a step of {actor})")));
+        }
+        if self.cap > 0 {
+            let in_use = self.registry.slots_in_use();
+            let over = (in_use + idle).saturating_sub(u64::from(self.cap));
+            self.max_over_cap.set(self.max_over_cap.get().max(over));
+            let room = u64::from(self.cap).saturating_sub(self.cap_floor);
+            if idle > room {
+                return Err(self.violation(format!(
+                    "{idle} idle pool members exceed the executor cap {} minus the {} slots in \
+                     use when the refill that started the newest of them read the counter \
+                     (after a step of {actor}; slots in use now {in_use})",
+                    self.cap, self.cap_floor
+                )));
+            }
+            if let Some(slack) = self.cfg.cap_slack
+                && over > slack
+            {
+                return Err(self.violation(format!(
+                    "slots in use {in_use} + idle pool members {idle} exceed the executor cap \
+                     {} by more than {slack} (after a step of {actor}); idle: {:?}",
+                    self.cap,
+                    self.compute
+                        .pool_members()
+                        .iter()
+                        .filter(|m| m.state == MemberState::Idle)
+                        .map(|m| m.instance_id.as_str())
+                        .collect::<Vec<_>>()
+                )));
+            }
+        }
         Ok(())
+    }
+
+    /// A `pool_max_age` stop (issue 27) hits a member no environment claimed, which its
+    /// recycle's guard took (idle → recycled) first.
+    fn check_recycle_stop(
+        &self,
+        actor: &str,
+        before: Option<&sandbox_core::compute::ComputeInstance>,
+        id: &sandbox_core::ids::InstanceId,
+    ) -> Result<(), Violation> {
+        if let Some(inst) = before {
+            return Err(self.violation(format!(
+                "{actor} recycled {id}, which serves env {:?} (gen {}, {:?}): a claimed member \
+                 is stopped only as a compute of its environment",
+                self.env_index(&inst.environment_id),
+                inst.generation,
+                inst.status
+            )));
+        }
+        let member = self
+            .compute
+            .pool_members()
+            .into_iter()
+            .find(|m| &m.instance_id == id);
+        match member {
+            Some(m) if m.claims.is_empty() && m.recycled_ms.is_some() => Ok(()),
+            other => Err(self.violation(format!(
+                "{actor} stopped {id} for its age, which no recycle's guard took: {other:?}"
+            ))),
+        }
     }
 
     fn env_index(&self, env: &EnvironmentId) -> Option<usize> {
@@ -676,6 +987,24 @@ impl Sim {
     }
 
     fn check_step(&mut self, actor: &str) -> Result<(), Violation> {
+        if self.pool.size > 0 && self.compute.with_pool_members(<[_]>::len) > self.members_seen {
+            let members = self.compute.pool_members();
+            {
+                if actor == "refill" {
+                    self.cap_floor = self.refill_min_in_use;
+                }
+                for m in &members[self.members_seen..] {
+                    let line = format!(
+                        "{actor}: pool member {} started (running at t+{}s; slots in use {})",
+                        m.instance_id,
+                        m.running_at_ms.saturating_sub(self.start_ms) / 1_000,
+                        self.registry.slots_in_use()
+                    );
+                    self.note(line);
+                }
+                self.members_seen = members.len();
+            }
+        }
         let new = self.compute.events_since(self.seen_events);
         self.seen_events += new.len();
         for event in new {
@@ -685,6 +1014,23 @@ impl Sim {
                 } => {
                     if created {
                         self.report.starts += 1;
+                    }
+                    if created
+                        && self.compute.with_pool_members(|ms| {
+                            ms.iter().any(|m| m.instance_id == instance.instance_id)
+                        })
+                        && let Some(first) = self.claimed.insert(
+                            instance.instance_id.clone(),
+                            instance.environment_id.clone(),
+                        )
+                    {
+                        return Err(self.violation(format!(
+                            "{actor} claimed pool member {} for env {:?}, which env {:?} \
+                             claimed before: single-use broken",
+                            instance.instance_id,
+                            self.env_index(&instance.environment_id),
+                            self.env_index(&first)
+                        )));
                     }
                     self.note(format!(
                         "{actor}: compute start env {:?} gen {} -> {} (created {created})",
@@ -701,7 +1047,11 @@ impl Sim {
                 } => {
                     self.report.stops += 1;
                     self.note(format!("{actor}: compute stop {instance_id} ({reason})"));
-                    self.check_stop(actor, before, &instance_id, &reason)?;
+                    if reason == RECYCLE_REASON {
+                        self.check_recycle_stop(actor, before.as_ref(), &instance_id)?;
+                    } else {
+                        self.check_stop(actor, before, &instance_id, &reason)?;
+                    }
                 }
                 ComputeEvent::RestoreRefused {
                     snapshot_id, state, ..
@@ -846,7 +1196,51 @@ impl Sim {
         }
     }
 
+    /// Issue 27, after the settle (which ends with a refill): the pool holds at most its
+    /// size in idle members, none past its maximum age (they were recycled), and no
+    /// recycled member still runs.
+    fn check_final_pool(&self) -> Result<(), Violation> {
+        let members = self.compute.pool_members();
+        let idle: Vec<_> = members
+            .iter()
+            .filter(|m| m.state == MemberState::Idle)
+            .collect();
+        if idle.len() > self.pool.size as usize {
+            return Err(self.violation(format!(
+                "after the settle the pool holds {} idle members, its size is {}: {:?}",
+                idle.len(),
+                self.pool.size,
+                idle.iter()
+                    .map(|m| m.instance_id.as_str())
+                    .collect::<Vec<_>>()
+            )));
+        }
+        let bound = self.clock.now().saturating_sub(self.pool.max_age_secs);
+        if let Some(old) = idle.iter().find(|m| m.created_ms / 1000 <= bound) {
+            return Err(self.violation(format!(
+                "after the settle idle pool member {} (created at {} s) is past its maximum \
+                 age {} s at {} s: not recycled",
+                old.instance_id,
+                old.created_ms / 1000,
+                self.pool.max_age_secs,
+                self.clock.now()
+            )));
+        }
+        if let Some(m) = members.iter().find(|m| m.state == MemberState::Recycled) {
+            return Err(self.violation(format!(
+                "after the settle recycled pool member {} still runs (recycled at {:?} ms): \
+                 no refill's reconcile stopped it",
+                m.instance_id, m.recycled_ms
+            )));
+        }
+        Ok(())
+    }
+
     fn check_final(&self) -> Result<(), Violation> {
+        self.check_final_pool()?;
+        // Every live compute of an environment, a claimed pool member included (it is an
+        // instance of its environment), must be named by the environment's record. Idle
+        // members are no environment's instance: they belong to the pool.
         for (e, env) in self.envs.iter().enumerate() {
             let live = self.compute.live_of(&env.env);
             let record = self.registry.record(&env.env.effect_key());
@@ -952,6 +1346,7 @@ impl Sim {
                     let i = ready[self.rng.index(ready.len())];
                     self.poll_actor(i).await?;
                 }
+                0..=59 if self.pool.size > 0 && self.rng.chance(10) => self.spawn_refill(),
                 0..=59 => {
                     let w = self.rng.index(self.workers.len());
                     let timers = self.rng.chance(25);
@@ -1002,6 +1397,12 @@ impl Sim {
         self.note("settle".to_owned());
         // No new chaos: starts from now on run (those made before keep their fate).
         self.compute.set_failed_starts(0);
+        if self.pool.size > 0 {
+            self.compute.set_pool_timing(PoolTiming {
+                recycle_stop_fail_per_mille: 0,
+                ..self.cfg.pool_timing
+            });
+        }
         self.run_to_idle().await?;
         // The sender's last retries get through; an operator redrives the dead letters
         // (an alarm fires on a non-empty DLQ).
@@ -1016,6 +1417,7 @@ impl Sim {
                 // the next DLQ alarm.
                 self.report.dead_letters += self.events.redrive() + self.timers.redrive();
                 self.spawn_sweep();
+                self.spawn_refill();
                 self.run_to_idle().await?;
                 next_sweep = self.clock.now_ms() + 300_000;
             }
@@ -1062,6 +1464,10 @@ impl Sim {
             }
             self.run_to_idle().await?;
         }
+        // Issue 27: the last refill recycles what aged since the one before and stops
+        // what a recycle left running.
+        self.spawn_refill();
+        self.run_to_idle().await?;
         Ok(())
     }
 }
@@ -1079,6 +1485,11 @@ pub async fn run_schedule(seed: u64, cfg: &SimConfig) -> Result<ScheduleReport, 
     sim.report.sim_secs = (sim.clock.now_ms() - sim.start_ms) / 1_000;
     sim.report.queued_at_end = sim.events.len() + sim.timers.len();
     sim.report.ecs = sim.compute.answers();
+    let members = sim.compute.pool_members();
+    sim.report.pool.started = members.len();
+    sim.report.pool.claims = members.iter().map(|m| m.claims.len()).sum();
+    sim.report.pool.recycles = members.iter().filter(|m| m.recycled_ms.is_some()).count();
+    sim.report.pool.max_over_cap = sim.max_over_cap.get();
     Ok(sim.report)
 }
 

@@ -5,11 +5,21 @@
 //!
 //! - `SIM_SCHEDULES=n` runs n schedules (default 2,000, the ECS-like compute twin on:
 //!   visibility lag, forgetting, failed starts, the token window; snapshots `pending` for
-//!   120 s, issue 23); `make soak` uses 1,000,000.
+//!   120 s, issue 23; the warm pool in 30 % of them, issue 27); `make soak` uses 1,000,000.
 //! - `SIM_SEED=s` replays exactly the schedule of seed `s` (printed on failure).
 //! - `SIM_BASE=b` changes the base the schedule seeds derive from (default 0).
+//! - `SIM_POOL_PERCENT=p` runs p % of the schedules with the warm pool (issue 27; default
+//!   30; 0: none, 100: all).
+//! - `SIM_REFILL_AHEAD_MS=ms`: how far ahead of the workers' clock the refill's may run
+//!   (default 2,000; larger makes the race of a recycle with a claim frequent).
+//! - `SIM_CAP_SLACK=n` also checks, in the schedules with the warm pool and the executor
+//!   cap (issue 27), that slots in use plus idle members never exceed the cap by more
+//!   than n (`plan_refill`'s doc says 1; seed 17218092366221545609 shows 2: see
+//!   `SimConfig::cap_slack`).
 
-use sandbox_testkit::sim::{Deadlines, ScheduleReport, SimConfig, run_schedule, schedule_seed};
+use sandbox_testkit::sim::{
+    Deadlines, PoolReport, ScheduleReport, SimConfig, run_schedule, schedule_seed,
+};
 use std::time::Instant;
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -25,7 +35,13 @@ fn runtime() -> tokio::runtime::Runtime {
 
 #[test]
 fn seeded_schedules_with_crashes_keep_every_invariant() {
-    let cfg = SimConfig::default();
+    let cfg = SimConfig {
+        cap_slack: env_u64("SIM_CAP_SLACK"),
+        pool_percent: env_u64("SIM_POOL_PERCENT").unwrap_or(SimConfig::default().pool_percent),
+        refill_clock_ahead_ms: env_u64("SIM_REFILL_AHEAD_MS")
+            .unwrap_or(SimConfig::default().refill_clock_ahead_ms),
+        ..SimConfig::default()
+    };
     let rt = runtime();
     if let Some(seed) = env_u64("SIM_SEED") {
         // A replay shows the controller's own logs (decisions, outcomes, hand-offs).
@@ -43,6 +59,9 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
     let base = env_u64("SIM_BASE").unwrap_or(0);
     let started = Instant::now();
     let mut total = ScheduleReport::default();
+    // Issue 27: the warm pool's counters, and in how many schedules it was on (capped).
+    let mut pool = PoolReport::default();
+    let (mut pool_schedules, mut capped_schedules) = (0u64, 0u64);
     // Progress on long runs (make soak): every tenth, at least every 100,000 schedules.
     let every = (schedules / 10).clamp(1, 100_000);
     for index in 0..schedules {
@@ -70,8 +89,19 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
                 total.ecs.replays += r.ecs.replays;
                 total.ecs.failing_starts += r.ecs.failing_starts;
                 total.ecs.snapshot_pending_reads += r.ecs.snapshot_pending_reads;
+                total.ecs.recycles_lost_to_claims += r.ecs.recycles_lost_to_claims;
+                total.ecs.claims_provisioning += r.ecs.claims_provisioning;
                 total.volumes_deleted += r.volumes_deleted;
                 total.queued_at_end = total.queued_at_end.max(r.queued_at_end);
+                pool_schedules += u64::from(r.pool.on);
+                capped_schedules += u64::from(r.pool.capped);
+                pool.refills += r.pool.refills;
+                pool.started += r.pool.started;
+                pool.claims += r.pool.claims;
+                pool.recycles += r.pool.recycles;
+                pool.idle_killed += r.pool.idle_killed;
+                pool.claimed_killed += r.pool.claimed_killed;
+                pool.max_over_cap = pool.max_over_cap.max(r.pool.max_over_cap);
             }
             Err(v) => panic!("schedule {index} of {schedules} failed\n{v}"),
         }
@@ -99,6 +129,21 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
         total.ecs.snapshot_pending_reads,
         total.volumes_deleted,
     );
+    println!(
+        "warm pool: on in {pool_schedules} schedules ({capped_schedules} with the executor cap): \
+         {} refills, {} members started, {} claimed ({} still provisioning), {} recycled ({} \
+         recycles found the member claimed since), {} idle and {} claimed members killed; at \
+         most {} over the cap (slots in use + idle members)",
+        pool.refills,
+        pool.started,
+        pool.claims,
+        total.ecs.claims_provisioning,
+        pool.recycles,
+        total.ecs.recycles_lost_to_claims,
+        pool.idle_killed,
+        pool.claimed_killed,
+        pool.max_over_cap,
+    );
     assert!(total.crashes > 0 && total.starts > 0 && total.stops > 0 || schedules < 20);
     // The ECS behaviours were exercised, not merely configured.
     let ecs = total.ecs;
@@ -112,6 +157,17 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
                 && ecs.snapshot_pending_reads > 0
                 && total.volumes_deleted > 0),
         "an ECS behaviour never happened: {total:?}"
+    );
+    // The pool's races were exercised, not merely configured.
+    assert!(
+        schedules < 200
+            || cfg.pool_percent == 0
+            || (capped_schedules > 0
+                && pool.claims > 0
+                && pool.recycles > 0
+                && pool.idle_killed > 0
+                && pool.claimed_killed > 0),
+        "a warm pool behaviour never happened: {pool:?}"
     );
 }
 

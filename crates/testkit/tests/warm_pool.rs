@@ -289,3 +289,141 @@ async fn after_a_lost_cold_start_the_retry_replays_it_instead_of_claiming() {
         "the member was not claimed"
     );
 }
+
+/// A member claimed after the refill listed it, then recycled through the test decorators
+/// the controller runs over (the simulation's `Interleaved`, the world's `Counting` and
+/// `Faulty`): the recycle's guard holds, so the claimed member is left to its environment.
+/// The decorators used to leave `recycle_pool_member` and `reconcile_pool` to the trait's
+/// defaults, an unguarded `stop` and a no-op, so every recycle through them stopped the
+/// member whatever its state (simulation seed 6038094601263162090). A recycle whose stop
+/// did not go out leaves the member recycled and running until the reconcile, which the
+/// decorators must forward too.
+#[tokio::test]
+async fn a_recycle_through_the_test_decorators_leaves_a_claimed_member_alone() {
+    use sandbox_controller::ports::NO_DEADLINE;
+    use sandbox_testkit::compute::{MemberState, PoolTiming};
+    use sandbox_testkit::{CallLog, Counting, FaultPlan, Faulty, Interleaved};
+
+    async fn check<C: Compute>(twin: &TwinCompute, c: &C) {
+        let d = World::deployment();
+        let member = c.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+        let spare = c.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+        let (s, e) = (SessionId::new("sess_dec"), EnvironmentId::new("env_dec"));
+        let spec = sandbox_core::decision::StartSpec {
+            environment_id: e.clone(),
+            session_id: s,
+            remote_url: "wss://agents.twin.invalid/x".to_owned(),
+            workspace_directory: "/workspace".to_owned(),
+            generation: sandbox_core::ids::Generation(1),
+            idempotency_token: "tok-dec".to_owned(),
+            previous: None,
+            restore: None,
+        };
+        let claimed = c
+            .claim_pool_member(&spec, &d, 0, NO_DEADLINE)
+            .await
+            .unwrap();
+        assert!(
+            matches!(claimed, Some(sandbox_controller::ports::Started::Instance(ref i)) if i.instance_id == member.instance_id)
+        );
+        assert!(
+            !c.recycle_pool_member(&member.instance_id, NO_DEADLINE)
+                .await
+                .unwrap(),
+            "a claimed member is not recycled"
+        );
+        let live = twin.live_of(&e);
+        assert_eq!(
+            live.len(),
+            1,
+            "the claimed member still serves its environment"
+        );
+        // A recycle whose stop does not go out; the reconcile stops the member.
+        twin.set_pool_timing(PoolTiming {
+            recycle_stop_fail_per_mille: 1_000,
+            ..PoolTiming::default()
+        });
+        assert!(
+            c.recycle_pool_member(&spare.instance_id, NO_DEADLINE)
+                .await
+                .is_err()
+        );
+        let state = |id: &InstanceId| {
+            twin.pool_members()
+                .into_iter()
+                .find(|m| &m.instance_id == id)
+                .map(|m| m.state)
+        };
+        assert_eq!(state(&spare.instance_id), Some(MemberState::Recycled));
+        assert_eq!(c.reconcile_pool(&d, NO_DEADLINE).await.unwrap(), 1);
+        assert_eq!(state(&spare.instance_id), Some(MemberState::Stopped));
+    }
+
+    let twin = TwinCompute::new(SimClock::wall());
+    check(&twin, &Interleaved::new(twin.clone())).await;
+    let twin = TwinCompute::new(SimClock::wall());
+    check(&twin, &Counting::new(twin.clone(), CallLog::new())).await;
+    let twin = TwinCompute::new(SimClock::wall());
+    check(&twin, &Faulty::new(twin.clone(), FaultPlan::new())).await;
+}
+
+/// As on AWS, the pool's claim tokens and ECS's `clientToken`s are apart: a cold start
+/// with a token that claimed a member starts a new task (ECS never saw the claim), and a
+/// claim with a token that started cold claims a member (the pool never saw the start).
+/// Only the controller's rule 4 (`REPLAY_ONLY` after an unclean predecessor) keeps one
+/// compute per environment then; a twin that replayed across the two would hide a break
+/// of it from the simulation.
+#[tokio::test]
+async fn the_twin_keeps_claim_tokens_apart_from_run_task_tokens() {
+    use sandbox_controller::pool::REPLAY_ONLY;
+    use sandbox_controller::ports::{NO_DEADLINE, Started};
+    let twin = TwinCompute::new(SimClock::wall());
+    let d = World::deployment();
+    let spec = |token: &str| sandbox_core::decision::StartSpec {
+        environment_id: EnvironmentId::new("env_tok"),
+        session_id: SessionId::new("sess_tok"),
+        remote_url: "wss://agents.twin.invalid/x".to_owned(),
+        workspace_directory: "/workspace".to_owned(),
+        generation: sandbox_core::ids::Generation(1),
+        idempotency_token: token.to_owned(),
+        previous: None,
+        restore: None,
+    };
+    let id = |s: Option<Started>| match s {
+        Some(Started::Instance(i)) => Some(i.instance_id),
+        _ => None,
+    };
+    twin.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+    twin.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+    // A claim, then a cold start with its token: two tasks.
+    let claimed = id(twin
+        .claim_pool_member(&spec("tok-a"), &d, 0, NO_DEADLINE)
+        .await
+        .unwrap())
+    .unwrap();
+    let cold = id(Some(
+        twin.start(&spec("tok-a"), &d, NO_DEADLINE).await.unwrap(),
+    ))
+    .unwrap();
+    assert_ne!(claimed, cold);
+    // The claim's replay still answers its member.
+    let replayed = twin
+        .claim_pool_member(&spec("tok-a"), &d, REPLAY_ONLY, NO_DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(id(replayed), Some(claimed));
+    // A cold start, then a replay-only claim with its token: nothing; a new claim: a member.
+    twin.start(&spec("tok-b"), &d, NO_DEADLINE).await.unwrap();
+    let none = twin
+        .claim_pool_member(&spec("tok-b"), &d, REPLAY_ONLY, NO_DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(id(none), None);
+    assert!(
+        id(twin
+            .claim_pool_member(&spec("tok-b"), &d, 0, NO_DEADLINE)
+            .await
+            .unwrap())
+        .is_some()
+    );
+}
