@@ -8,15 +8,22 @@
 //!   records the instance the same way under the environment's lock, before the release
 //!   (one compute per environment, adopt after a crash, the sweep: nothing changes for
 //!   them). The pure decision does not know about the pool.
-//! - **Refill.** [`plan_refill`] (pure) says which members to recycle (older than
-//!   [`PoolSettings::max_age_secs`]) and how many to start, so that the pool holds
-//!   [`PoolSettings::size`] young idle members and — with the executor cap on
-//!   ([`sandbox_core::observed::Policy::max_executors`]) — slots in use plus idle members
-//!   stay within the cap. [`Controller::refill_pool`] applies it (local mode: after every
-//!   claim and on a short timer). The cap's guard is still the slot counter
-//!   ([`Registry::acquire_slot`]): a claimed member takes the slot of the environment that
-//!   claims it, like a started compute; the refill's count is a read, so under races the
-//!   pool may briefly hold one member more than the cap leaves room for.
+//! - **Refill.** [`plan_refill`] (pure) says which members to recycle and how many to
+//!   start, so that the pool holds [`PoolSettings::size`] young idle members and — with the
+//!   executor cap on ([`sandbox_core::observed::Policy::max_executors`]) — slots in use plus
+//!   idle members stay within the cap. It recycles members older than
+//!   [`PoolSettings::max_age_secs`], and also the oldest young members beyond the size or
+//!   beyond the room the cap leaves. [`Controller::refill_pool`] applies it: on a short
+//!   timer in local mode, and on AWS after every batch that started an executor and every
+//!   minute.
+//!
+//!   The cap's guard is still the slot counter ([`Registry::acquire_slot`]). A claimed
+//!   member takes the slot of the environment that claims it, like a started compute.
+//!   Idle members hold no slot, and the refill's count of slots in use is a read. So a start
+//!   that takes a slot without taking a member (a miss, a replay, a member too old) can put
+//!   slots in use plus idle members above the cap, by at most the pool's size. The next
+//!   refill recycles the excess (the simulation's seeds 17218092366221545609 and
+//!   9587870824524365567 showed the overshoot reaching the size before the trim).
 //! - **Single-use.** A claimed member is an ordinary instance of its environment, stopped
 //!   at release; nothing returns to the pool.
 //! - **After an unclean predecessor** (the lock was `recovered`: a worker died after a
@@ -116,10 +123,13 @@ pub struct RefillPlan {
     pub start: usize,
 }
 
-/// The refill for the idle members `idle` at `now` (Unix seconds): recycle every member
-/// with `created_at + max_age_secs <= now` (the same bound the claim uses, so a member is
-/// either claimable or recycled), then start enough to reach `settings.size` young
-/// members, limited by `cap` (0: no cap) minus `slots_in_use` minus the young members.
+/// The refill for the idle members `idle` at `now` (Unix seconds):
+/// - recycle every member with `created_at + max_age_secs <= now` (the same bound the claim
+///   uses, so a member is either claimable or recycled);
+/// - keep at most `settings.size` of the young ones, and with a cap (`cap` > 0; 0: no cap)
+///   at most `cap - slots_in_use`; recycle the oldest of the rest (members count toward the
+///   executor cap);
+/// - start enough to reach `settings.size` young members within that same room.
 pub fn plan_refill(
     idle: &[PoolMember],
     settings: PoolSettings,
@@ -128,16 +138,25 @@ pub fn plan_refill(
     now: u64,
 ) -> RefillPlan {
     let created_after = now.saturating_sub(settings.max_age_secs);
-    let (young, old): (Vec<&PoolMember>, Vec<&PoolMember>) =
+    let (mut young, old): (Vec<&PoolMember>, Vec<&PoolMember>) =
         idle.iter().partition(|m| m.created_at > created_after);
-    let young = young.len() as u64;
-    let mut start = u64::from(settings.size).saturating_sub(young);
+    let mut keep = u64::from(settings.size);
     if cap > 0 {
-        start = start.min(u64::from(cap).saturating_sub(slots_in_use.saturating_add(young)));
+        keep = keep.min(u64::from(cap).saturating_sub(slots_in_use));
     }
+    // The oldest young members go first: they are the nearest to their maximum age.
+    young.sort_by_key(|m| (m.created_at, m.instance_id.as_str().to_owned()));
+    let excess = (young.len() as u64).saturating_sub(keep);
+    let excess = usize::try_from(excess).unwrap_or(usize::MAX);
+    let kept = young.len() - excess.min(young.len());
+    let recycle = old
+        .into_iter()
+        .chain(young.iter().take(excess).copied())
+        .map(|m| m.instance_id.clone())
+        .collect();
     RefillPlan {
-        recycle: old.into_iter().map(|m| m.instance_id.clone()).collect(),
-        start: usize::try_from(start).unwrap_or(usize::MAX),
+        recycle,
+        start: usize::try_from(keep.saturating_sub(kept as u64)).unwrap_or(usize::MAX),
     }
 }
 
@@ -286,6 +305,37 @@ mod tests {
             plan_refill(&[member("m", 990)], SETTINGS, 4, 4, 1_000).start,
             0
         );
+    }
+
+    #[test]
+    fn the_refill_trims_idle_members_above_the_room_the_executor_cap_leaves() {
+        // Cap 4, 3 slots in use, 2 young members: one is too many; the oldest goes.
+        let plan = plan_refill(
+            &[member("newer", 995), member("older", 990)],
+            SETTINGS,
+            4,
+            3,
+            1_000,
+        );
+        assert_eq!(plan.recycle, vec![InstanceId::new("older")]);
+        assert_eq!(plan.start, 0);
+        // The cap is full: every idle member goes, old ones included.
+        let plan = plan_refill(&[member("a", 995), member("old", 1)], SETTINGS, 4, 4, 1_000);
+        assert_eq!(plan.recycle.len(), 2);
+        assert_eq!(plan.start, 0);
+    }
+
+    #[test]
+    fn the_refill_trims_idle_members_above_the_pool_size() {
+        let plan = plan_refill(
+            &[member("c", 997), member("a", 991), member("b", 993)],
+            SETTINGS,
+            0,
+            0,
+            1_000,
+        );
+        assert_eq!(plan.recycle, vec![InstanceId::new("a")]);
+        assert_eq!(plan.start, 0);
     }
 
     #[test]

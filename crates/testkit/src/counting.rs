@@ -509,6 +509,19 @@ impl<C: Compute> Compute for Counting<C> {
         self.log.record("compute", "reconcile_pool");
         self.inner.reconcile_pool(deployment, not_after).await
     }
+
+    async fn take_pool_refill_lease(
+        &self,
+        deployment: &DeploymentId,
+        holder: &str,
+        now: u64,
+        lease_secs: u64,
+    ) -> Result<bool, PortError> {
+        self.log.record("compute", "take_pool_refill_lease");
+        self.inner
+            .take_pool_refill_lease(deployment, holder, now, lease_secs)
+            .await
+    }
 }
 
 impl<S: SessionsApi> SessionsApi for Counting<S> {

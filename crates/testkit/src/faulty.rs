@@ -716,6 +716,22 @@ impl<C: Compute> Compute for Faulty<C> {
             self.inner.reconcile_pool(deployment, not_after)
         )
     }
+
+    async fn take_pool_refill_lease(
+        &self,
+        deployment: &DeploymentId,
+        holder: &str,
+        now: u64,
+        lease_secs: u64,
+    ) -> Result<bool, PortError> {
+        guarded!(
+            self,
+            "compute",
+            "take_pool_refill_lease",
+            self.inner
+                .take_pool_refill_lease(deployment, holder, now, lease_secs)
+        )
+    }
 }
 
 impl<S: SessionsApi> SessionsApi for Faulty<S> {

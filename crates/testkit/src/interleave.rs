@@ -338,6 +338,19 @@ impl<C: Compute> Compute for Interleaved<C> {
         yield_once().await;
         self.inner.reconcile_pool(deployment, not_after).await
     }
+
+    async fn take_pool_refill_lease(
+        &self,
+        deployment: &DeploymentId,
+        holder: &str,
+        now: u64,
+        lease_secs: u64,
+    ) -> Result<bool, PortError> {
+        yield_once().await;
+        self.inner
+            .take_pool_refill_lease(deployment, holder, now, lease_secs)
+            .await
+    }
 }
 
 impl<S: SessionsApi> SessionsApi for Interleaved<S> {

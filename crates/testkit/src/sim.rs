@@ -140,18 +140,15 @@ pub struct SimConfig {
     pub pool_timing: PoolTiming,
     /// With the cap on, how far slots in use plus idle members may exceed the cap after
     /// any step; `None`: not checked (the overshoot is measured,
-    /// [`PoolReport::max_over_cap`]). `plan_refill`'s doc allows one member ("under races
-    /// the pool may briefly hold one member more than the cap leaves room for"), but the
-    /// simulation finds more: `Some(1)` fails on seed 17218092366221545609 (cap 2: the
-    /// refill fills the pool with two members while no slot is in use, then both
-    /// environments take a slot and start cold — one a replay-only start after a crashed
-    /// worker, rule 4). Every start that takes a slot without taking a member (a miss
-    /// while the refill is still starting members, members past their age, a replay-only
-    /// start) adds one, up to the pool's size (`Some(2)` fails on seed
-    /// 9587870824524365567: cap 3, three slots in use and three idle members), and it
-    /// lasts until members are claimed or age out, not "briefly". What always holds, and is checked: the idle members never
-    /// exceed the cap minus the slots in use when the refill that started the newest of
-    /// them read the counter.
+    /// [`PoolReport::max_over_cap`]). Idle members hold no slot, so a start that takes a
+    /// slot without taking a member adds one until the next refill: a miss while the
+    /// refill is still starting members, members past their age, or a replay-only start
+    /// after a crashed worker (rule 4). The overshoot reaches the pool's size: `Some(1)`
+    /// fails on seed 17218092366221545609 (cap 2) and `Some(2)` on seed
+    /// 9587870824524365567 (cap 3). The next refill recycles the excess
+    /// (`sandbox_controller::pool::plan_refill`, found by these seeds). What always holds,
+    /// and is checked: the idle members never exceed the cap minus the slots in use when
+    /// the refill that started the newest of them read the counter.
     pub cap_slack: Option<u64>,
     /// How far ahead of the workers' clock the refill's may run, milliseconds (each pool
     /// schedule draws its own in `0..=` this; [`crate::clock::SkewedClock`]): at a
