@@ -60,9 +60,10 @@
 //! never recycled (every `pool_max_age` stop hits an unclaimed member its recycle's
 //! guard took); with the cap on, the idle members stay within the cap minus the slots in
 //! use when the refill that started the newest of them read the counter (slots in use
-//! plus idle members may exceed the cap by more than the one member `plan_refill`'s doc
-//! allows: [`SimConfig::cap_slack`]). Checked after the settle: at most the pool's size in idle
-//! members, none past its maximum age, no recycled member still running; claimed members
+//! plus idle members may exceed the cap until the next refill trims them:
+//! [`SimConfig::cap_slack`]). Checked after the settle: at most the pool's size in idle
+//! members, none past its maximum age, no recycled member still running, slots in use plus
+//! idle members within the cap; claimed members
 //! fall under "no live compute without a record that names it" (they are instances of
 //! their environment), idle ones do not (they belong to the pool).
 
@@ -1194,8 +1195,8 @@ impl Sim {
     }
 
     /// Issue 27, after the settle (which ends with a refill): the pool holds at most its
-    /// size in idle members, none past its maximum age (they were recycled), and no
-    /// recycled member still runs.
+    /// size in idle members, none past its maximum age (they were recycled), no recycled
+    /// member still runs, and with the cap on slots in use plus idle members are within it.
     fn check_final_pool(&self) -> Result<(), Violation> {
         let members = self.compute.pool_members();
         let idle: Vec<_> = members
@@ -1228,6 +1229,16 @@ impl Sim {
                 "after the settle recycled pool member {} still runs (recycled at {:?} ms): \
                  no refill's reconcile stopped it",
                 m.instance_id, m.recycled_ms
+            )));
+        }
+        // The last refill recycled what a start put above the cap (plan_refill's trim).
+        let in_use = self.registry.slots_in_use();
+        if self.cap > 0 && in_use + idle.len() as u64 > u64::from(self.cap) {
+            return Err(self.violation(format!(
+                "after the settle {in_use} slots in use and {} idle pool members exceed the \
+                 executor cap {}: the last refill did not recycle the excess",
+                idle.len(),
+                self.cap
             )));
         }
         Ok(())

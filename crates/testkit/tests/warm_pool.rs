@@ -6,7 +6,7 @@ use sandbox_controller::Job;
 use sandbox_controller::config::PoolSettings;
 use sandbox_controller::contract::compute_pool_contract;
 use sandbox_controller::pool::RECYCLE_REASON;
-use sandbox_controller::ports::{Clock, Compute};
+use sandbox_controller::ports::{Clock, Compute, Registry};
 use sandbox_core::ids::{DeploymentId, EnvironmentId, InstanceId, SessionId};
 use sandbox_core::observed::Trigger;
 use sandbox_core::session::SessionStatus;
@@ -426,4 +426,43 @@ async fn the_twin_keeps_claim_tokens_apart_from_run_task_tokens() {
             .unwrap())
         .is_some()
     );
+}
+
+/// Idle members count toward the executor cap. When starts that took no member (here: a
+/// controller with the pool off) fill the slots while members wait, the next refill
+/// recycles the members beyond the room the cap leaves, oldest first. Slots in use plus
+/// idle members are then within the cap again (docs/WARM_POOL.md rule 6; the simulation
+/// found the overshoot reaching the pool's size: seeds 17218092366221545609,
+/// 9587870824524365567).
+#[tokio::test]
+async fn idle_members_above_the_room_the_cap_leaves_are_recycled() {
+    let world = World::new();
+    let capped = |size: u32| {
+        let mut config = World::config("pool-cap");
+        config.pool = PoolSettings {
+            size,
+            max_age_secs: 3_600,
+        };
+        config.policy.max_executors = 3;
+        world.controller_with(config)
+    };
+    let pooled = capped(2);
+    let filled = pooled.refill_pool().await.unwrap();
+    assert_eq!((filled.started, filled.idle), (2, 2));
+    let oldest = world.compute.list_pool(&World::deployment()).await.unwrap()[0]
+        .instance_id
+        .clone();
+    // Two cold starts (the pool off for this controller) take two of the three slots.
+    let cold = capped(0);
+    for i in 1..=2 {
+        let id = start(&world, &cold, i).await;
+        assert!(id.as_str().starts_with("twin-task-"), "{id}");
+    }
+    assert_eq!(world.registry.slots().await.unwrap().in_use, 2);
+
+    let trimmed = pooled.refill_pool().await.unwrap();
+    assert_eq!((trimmed.recycled, trimmed.started, trimmed.idle), (1, 0, 1));
+    let left = world.compute.list_pool(&World::deployment()).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_ne!(left[0].instance_id, oldest, "the oldest member went first");
 }
