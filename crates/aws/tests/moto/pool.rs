@@ -910,3 +910,40 @@ async fn the_guard_refuses_tag_resource_and_list_tasks_shapes_ecs_forbids() {
     );
     assert_eq!(guard.requests(), vec![], "nothing was sent");
 }
+
+#[tokio::test]
+async fn with_ebs_workspaces_a_member_is_refused_and_claims_miss() {
+    let m = pool_moto().await;
+    let d = deployment();
+    let idle = m.compute.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+    let with_workspaces = m.compute.clone().with_workspaces(
+        sandbox_aws::ebs_workspaces::ec2_client(&sdk().await),
+        sandbox_aws::EbsConfig::new("arn:aws:iam::123456789012:role/ecs-infra", 20),
+    );
+    let err = with_workspaces
+        .start_pool_member(&d, NO_DEADLINE)
+        .await
+        .expect_err("refused");
+    assert!(!err.retryable, "{err}");
+    assert!(err.message.contains("workspace"), "{err}");
+    assert_eq!(
+        claimed(
+            with_workspaces
+                .claim_pool_member(&spec(&format!("env_{}", unique())), &d, 0, NO_DEADLINE)
+                .await
+                .unwrap()
+        ),
+        None,
+        "an idle member is there, but it cannot carry the workspace volume"
+    );
+    assert_eq!(
+        m.compute.list_pool(&d).await.unwrap().len(),
+        1,
+        "nothing started, nothing claimed"
+    );
+    assert_eq!(
+        m.item(idle.instance_id.as_str()).await.unwrap()["state"],
+        AttributeValue::S("idle".into())
+    );
+    m.stop_all(&d).await;
+}
