@@ -488,9 +488,11 @@ impl EcsCompute {
             return Err(PortError::permanent(
                 DEP,
                 op,
-                "the warm pool cannot serve EBS workspaces: a member starts without the \
-                 workspace volume and a claim cannot attach one (ECS takes \
-                 volumeConfigurations only at RunTask); turn the pool or workspaces off",
+                concat!(
+                    "the warm pool cannot serve EBS workspaces: a member starts without the ",
+                    "workspace volume and a claim cannot attach one (ECS takes ",
+                    "volumeConfigurations only at RunTask); turn the pool or workspaces off"
+                ),
             ));
         }
         let role = pool.config.task_role_id.as_str();

@@ -692,11 +692,13 @@ impl PoolTable {
             .condition_expression(
                 "#state = :idle AND #idle = :deployment AND #created > :bound AND #exp > :now",
             )
-            .update_expression(
-                "SET #state = :assigned, #env = :env, #session = :session, #url = :url, \
-                 #generation = :generation, #token = :token, #assigned = :now, \
-                 #claimed = :claimed, #exp = :expires REMOVE #idle",
-            )
+            // One string per line (no `\` line continuations: infra/tests'
+            // test_iam_per_function.py scans this file's calls past its string literals).
+            .update_expression(concat!(
+                "SET #state = :assigned, #env = :env, #session = :session, #url = :url, ",
+                "#generation = :generation, #token = :token, #assigned = :now, ",
+                "#claimed = :claimed, #exp = :expires REMOVE #idle",
+            ))
             .expression_attribute_names("#state", STATE_ATTR)
             .expression_attribute_names("#idle", IDLE_ATTR)
             .expression_attribute_names("#created", CREATED_ATTR)
