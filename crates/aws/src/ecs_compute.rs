@@ -36,6 +36,17 @@
 //!   `startedBy` only — "When you specify `startedBy` as the filter, it must be the only
 //!   filter that you use" (ECS API reference, ListTasks) — so `desiredStatus` is its
 //!   default, `RUNNING`; then one `DescribeTasks`. Two calls whatever the deployment's size.
+//!   With the warm pool ([`EcsCompute::with_pool`], [`crate::ecs_pool`]) also one `Query`
+//!   of the pool table's `by_environment` index (a claimed member keeps the pool's
+//!   `startedBy`), and the one `DescribeTasks` reads both sets.
+//! - **pool members** (issue 27) in describe, list and find: a task tagged `sandbox:pool`
+//!   without `sandbox:environment` (a worker died between the claim and its
+//!   `TagResource`) is resolved from its member item (key: its `sandbox:pool-role` tag,
+//!   `:`, its task id; one consistent `BatchGetItem` per 100, or the `by_environment`
+//!   items `find` already read): claimed → an instance of that environment, session and
+//!   generation; idle or recycled → no environment's instance (left out of list and find;
+//!   an error for describe, which only reads recorded, hence claimed, ids). Without the
+//!   pool such a task is skipped by list and an error for describe, as any untagged task.
 //! - **list** (the sweep): `ListTasks` with `cluster`, `family` (the task definition's)
 //!   and `desiredStatus` `RUNNING` — `family` combines with `desiredStatus` — : the live
 //!   tasks (tasks being stopped and stopped tasks are not listed; the records' tasks are

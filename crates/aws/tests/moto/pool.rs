@@ -356,6 +356,8 @@ async fn a_member_and_its_claim_send_exactly_the_documented_ecs_requests() {
         "enableECSManagedTags": true
     });
     assert_eq!(run, &expected, "the member's RunTask, exactly");
+    // A second later (the pool clock), so the first is the older of the two.
+    m.clock.advance(1);
     let second = m.compute.start_pool_member(&d, NO_DEADLINE).await.unwrap();
     let runs = m.guard.calls_of("RunTask");
     assert_ne!(
