@@ -36,6 +36,17 @@
 //!   `startedBy` only — "When you specify `startedBy` as the filter, it must be the only
 //!   filter that you use" (ECS API reference, ListTasks) — so `desiredStatus` is its
 //!   default, `RUNNING`; then one `DescribeTasks`. Two calls whatever the deployment's size.
+//!   With the warm pool ([`EcsCompute::with_pool`], [`crate::ecs_pool`]) also one `Query`
+//!   of the pool table's `by_environment` index (a claimed member keeps the pool's
+//!   `startedBy`), and the one `DescribeTasks` reads both sets.
+//! - **pool members** (issue 27) in describe, list and find: a task tagged `sandbox:pool`
+//!   without `sandbox:environment` (a worker died between the claim and its
+//!   `TagResource`) is resolved from its member item (key: its `sandbox:pool-role` tag,
+//!   `:`, its task id; one consistent `BatchGetItem` per 100, or the `by_environment`
+//!   items `find` already read): claimed → an instance of that environment, session and
+//!   generation; idle or recycled → no environment's instance (left out of list and find;
+//!   an error for describe, which only reads recorded, hence claimed, ids). Without the
+//!   pool such a task is skipped by list and an error for describe, as any untagged task.
 //! - **list** (the sweep): `ListTasks` with `cluster`, `family` (the task definition's)
 //!   and `desiredStatus` `RUNNING` — `family` combines with `desiredStatus` — : the live
 //!   tasks (tasks being stopped and stopped tasks are not listed; the records' tasks are
@@ -68,13 +79,15 @@ use aws_sdk_ecs::types::{
     AssignPublicIp, AwsVpcConfiguration, ContainerOverride, DesiredStatus, KeyValuePair,
     LaunchType, NetworkConfiguration, PropagateTags, Tag, Task, TaskField, TaskOverride,
 };
-use sandbox_controller::ports::{Clock, Compute, PortError, Started, SystemClock, check_deadline};
+use sandbox_controller::ports::{
+    Clock, Compute, PoolMember, PortError, Started, SystemClock, check_deadline,
+};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus, TASK_FAILED_TO_START};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{
     DeploymentId, EnvironmentId, Generation, InstanceId, SessionId, environment_started_by,
 };
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 const DEP: &str = "compute";
@@ -124,11 +137,17 @@ pub struct EcsConfig {
 /// The compute provider on ECS Fargate. Cheap to clone (clones share the client).
 #[derive(Clone, Debug)]
 pub struct EcsCompute {
-    client: Client,
+    pub(crate) client: Client,
     config: Arc<EcsConfig>,
     /// EBS workspaces (feature `ec2`), when configured.
     #[cfg(feature = "ec2")]
     ebs: Option<Arc<crate::ebs_workspaces::Ebs>>,
+    /// The warm pool (issue 27, [`crate::ecs_pool`]), when configured.
+    pub(crate) pool: Option<Arc<crate::ecs_pool::Pool>>,
+    /// The clock of the pool's bookkeeping (members' `created_at`, ages, expiry) and of
+    /// the pool methods' deadlines; the system clock unless a test sets another
+    /// ([`EcsCompute::with_pool_clock`]).
+    pub(crate) clock: crate::ecs_pool::PoolClock,
 }
 
 fn invalid(operation: &'static str, message: impl Into<String>) -> PortError {
@@ -136,7 +155,11 @@ fn invalid(operation: &'static str, message: impl Into<String>) -> PortError {
 }
 
 /// Checks a tag value against the AWS tagging rules.
-fn check_tag_value(operation: &'static str, key: &str, value: &str) -> Result<(), PortError> {
+pub(crate) fn check_tag_value(
+    operation: &'static str,
+    key: &str,
+    value: &str,
+) -> Result<(), PortError> {
     let len = value.chars().count();
     let ok_chars = value
         .chars()
@@ -152,11 +175,11 @@ fn check_tag_value(operation: &'static str, key: &str, value: &str) -> Result<()
     Ok(())
 }
 
-fn tag(key: &str, value: &str) -> Tag {
+pub(crate) fn tag(key: &str, value: &str) -> Tag {
     Tag::builder().key(key).value(value).build()
 }
 
-fn tag_value<'a>(task: &'a Task, key: &str) -> Option<&'a str> {
+pub(crate) fn tag_value<'a>(task: &'a Task, key: &str) -> Option<&'a str> {
     task.tags()
         .iter()
         .find(|t| t.key() == Some(key))
@@ -164,14 +187,14 @@ fn tag_value<'a>(task: &'a Task, key: &str) -> Option<&'a str> {
 }
 
 /// Truncates to at most `max` characters.
-fn truncate_chars(s: &str, max: usize) -> &str {
+pub(crate) fn truncate_chars(s: &str, max: usize) -> &str {
     match s.char_indices().nth(max) {
         Some((i, _)) => &s[..i],
         None => s,
     }
 }
 
-fn started_at(task: &Task) -> Option<u64> {
+pub(crate) fn started_at(task: &Task) -> Option<u64> {
     task.started_at()
         .or(task.created_at())
         .and_then(|t| u64::try_from(t.secs()).ok())
@@ -179,7 +202,7 @@ fn started_at(task: &Task) -> Option<u64> {
 
 /// The `stopCode` of a stopped task; `TaskFailedToStart` when it stopped without ever
 /// starting (no `startedAt`) and ECS gave no code.
-fn stop_code(task: &Task, status: ComputeStatus) -> Option<String> {
+pub(crate) fn stop_code(task: &Task, status: ComputeStatus) -> Option<String> {
     if status != ComputeStatus::Stopped {
         return None;
     }
@@ -215,6 +238,8 @@ impl EcsCompute {
             config: Arc::new(config),
             #[cfg(feature = "ec2")]
             ebs: None,
+            pool: None,
+            clock: crate::ecs_pool::PoolClock::default(),
         }
     }
 
@@ -251,7 +276,7 @@ impl EcsCompute {
 
     /// Whether `cluster_arn` is exactly the configured cluster (by ARN, or by name when a
     /// name is configured).
-    fn in_cluster(&self, cluster_arn: Option<&str>) -> bool {
+    pub(crate) fn in_cluster(&self, cluster_arn: Option<&str>) -> bool {
         let Some(arn) = cluster_arn else {
             return false;
         };
@@ -316,13 +341,39 @@ impl EcsCompute {
             if !failures.is_empty() {
                 return Err(PortError::transient(DEP, op, failures.join("; ")));
             }
+            let mut untagged = Vec::new();
             for task in &tasks {
-                out.push(instance_from_task(task).ok_or_else(|| {
+                match instance_from_task(task) {
+                    Some(i) => out.push(i),
+                    None if self.pool.is_some() && crate::ecs_pool::is_pool_task(task) => {
+                        untagged.push(task);
+                    }
+                    None => {
+                        return Err(invalid(
+                            op,
+                            format!(
+                                "task {} carries no {TAG_ENVIRONMENT} / {TAG_GENERATION} tags",
+                                task.task_arn().unwrap_or_default()
+                            ),
+                        ));
+                    }
+                }
+            }
+            if untagged.is_empty() {
+                continue;
+            }
+            // Pool members claimed but not tagged yet (a worker died between the claim
+            // and TagResource): read from their member items, one BatchGetItem.
+            let resolved = self
+                .resolve_pool_tasks(&untagged, &HashMap::new(), op)
+                .await?;
+            for task in untagged {
+                let arn = task.task_arn().unwrap_or_default();
+                out.push(resolved.get(arn).cloned().ok_or_else(|| {
                     invalid(
                         op,
                         format!(
-                            "task {} carries no {TAG_ENVIRONMENT} / {TAG_GENERATION} tags",
-                            task.task_arn().unwrap_or_default()
+                            "task {arn} is a warm pool member no environment claimed (idle, recycled or without its item)"
                         ),
                     )
                 })?);
@@ -409,6 +460,34 @@ impl EcsCompute {
         Ok(Started::Failed { reason })
     }
 
+    /// The awsvpc network configuration of every task (cold or pool member): the
+    /// configured subnets (at least one), security groups (none: the VPC's default) and
+    /// public-IP setting.
+    pub(crate) fn network(&self, op: &'static str) -> Result<NetworkConfiguration, PortError> {
+        if self.config.subnets.is_empty() {
+            return Err(invalid(
+                op,
+                "EcsConfig.subnets must name at least one subnet",
+            ));
+        }
+        let vpc = AwsVpcConfiguration::builder()
+            .set_subnets(Some(self.config.subnets.clone()))
+            .set_security_groups(
+                (!self.config.security_groups.is_empty())
+                    .then(|| self.config.security_groups.clone()),
+            )
+            .assign_public_ip(if self.config.assign_public_ip {
+                AssignPublicIp::Enabled
+            } else {
+                AssignPublicIp::Disabled
+            })
+            .build()
+            .map_err(|e| invalid(op, format!("network configuration: {e}")))?;
+        Ok(NetworkConfiguration::builder()
+            .awsvpc_configuration(vpc)
+            .build())
+    }
+
     /// The task definition's family: `family`, `family:revision` or
     /// `arn:aws:ecs:region:account:task-definition/family:revision`.
     fn family(&self) -> &str {
@@ -441,11 +520,15 @@ impl EcsCompute {
         Ok(arns)
     }
     /// The live tasks of `deployment` among `arns`: `DescribeTasks` per 100, kept when
-    /// tagged with the deployment and active.
+    /// tagged with the deployment and active. A pool member without environment tags is
+    /// resolved from its member item (`known`, by member key, else one `BatchGetItem` per
+    /// chunk): claimed, it is its environment's instance; idle or recycled, it is no
+    /// environment's and left out.
     async fn live_of(
         &self,
         deployment: &DeploymentId,
         arns: &[String],
+        known: &HashMap<String, crate::pool_table::MemberItem>,
     ) -> Result<Vec<ComputeInstance>, PortError> {
         let mut out = Vec::with_capacity(arns.len());
 
@@ -454,6 +537,7 @@ impl EcsCompute {
             if !failures.is_empty() {
                 return Err(PortError::transient(DEP, "list", failures.join("; ")));
             }
+            let mut untagged = Vec::new();
             for task in &tasks {
                 if tag_value(task, TAG_DEPLOYMENT) != Some(deployment.as_str()) {
                     continue;
@@ -461,11 +545,18 @@ impl EcsCompute {
                 match instance_from_task(task) {
                     Some(i) if i.status.is_active() => out.push(i),
                     Some(_) => {}
+                    None if self.pool.is_some() && crate::ecs_pool::is_pool_task(task) => {
+                        untagged.push(task);
+                    }
                     None => tracing::warn!(
                         task = task.task_arn().unwrap_or_default(),
                         "task of this deployment without environment/generation tags; skipped"
                     ),
                 }
+            }
+            if !untagged.is_empty() {
+                let resolved = self.resolve_pool_tasks(&untagged, known, "list").await?;
+                out.extend(resolved.into_values().filter(|i| i.status.is_active()));
             }
         }
         Ok(out)
@@ -488,26 +579,8 @@ impl Compute for EcsCompute {
         check_tag_value(op, TAG_DEPLOYMENT, deployment.as_str())?;
         check_tag_value(op, TAG_ENVIRONMENT, spec.environment_id.as_str())?;
         check_tag_value(op, TAG_SESSION, spec.session_id.as_str())?;
-        if self.config.subnets.is_empty() {
-            return Err(invalid(
-                op,
-                "EcsConfig.subnets must name at least one subnet",
-            ));
-        }
+        let network = self.network(op)?;
         let generation = spec.generation.0.to_string();
-        let vpc = AwsVpcConfiguration::builder()
-            .set_subnets(Some(self.config.subnets.clone()))
-            .set_security_groups(
-                (!self.config.security_groups.is_empty())
-                    .then(|| self.config.security_groups.clone()),
-            )
-            .assign_public_ip(if self.config.assign_public_ip {
-                AssignPublicIp::Enabled
-            } else {
-                AssignPublicIp::Disabled
-            })
-            .build()
-            .map_err(|e| invalid(op, format!("network configuration: {e}")))?;
         let overrides = TaskOverride::builder()
             .container_overrides(
                 ContainerOverride::builder()
@@ -549,11 +622,7 @@ impl Compute for EcsCompute {
             .count(1)
             .started_by(environment_started_by(deployment, &spec.environment_id))
             .client_token(&spec.idempotency_token)
-            .network_configuration(
-                NetworkConfiguration::builder()
-                    .awsvpc_configuration(vpc)
-                    .build(),
-            )
+            .network_configuration(network)
             .overrides(overrides)
             .tags(tag(TAG_DEPLOYMENT, deployment.as_str()))
             .tags(tag(TAG_ENVIRONMENT, spec.environment_id.as_str()))
@@ -629,9 +698,23 @@ impl Compute for EcsCompute {
         environment_id: &EnvironmentId,
     ) -> Result<Vec<ComputeInstance>, PortError> {
         let started_by = environment_started_by(deployment, environment_id);
-        let arns = self.list_arns(Some(&started_by)).await?;
+        let mut arns = self.list_arns(Some(&started_by)).await?;
+        // Claimed pool members keep the pool's startedBy: their member items name them.
+        let mut known = HashMap::new();
+        if let Some(pool) = &self.pool {
+            for member in pool
+                .table
+                .claimed_for(deployment, environment_id, self.clock.now())
+                .await?
+            {
+                if !arns.contains(&member.task_arn) {
+                    arns.push(member.task_arn.clone());
+                }
+                known.insert(member.pk.clone(), member);
+            }
+        }
         Ok(self
-            .live_of(deployment, &arns)
+            .live_of(deployment, &arns, &known)
             .await?
             .into_iter()
             .filter(|i| &i.environment_id == environment_id)
@@ -640,7 +723,7 @@ impl Compute for EcsCompute {
 
     async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
         let arns = self.list_arns(None).await?;
-        self.live_of(deployment, &arns).await
+        self.live_of(deployment, &arns, &HashMap::new()).await
     }
 
     async fn stop(&self, id: &InstanceId, reason: &str, not_after: u64) -> Result<(), PortError> {
@@ -654,6 +737,50 @@ impl Compute for EcsCompute {
             .await
             .map_err(|e| port_error(DEP, "stop", &e))?;
         Ok(())
+    }
+
+    /// Issue 27: see [`crate::ecs_pool`] (refused without [`EcsCompute::with_pool`]).
+    async fn start_pool_member(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<PoolMember, PortError> {
+        self.pool_start_member(deployment, not_after).await
+    }
+
+    /// Issue 27: see [`crate::ecs_pool`] (empty without the pool).
+    async fn list_pool(&self, deployment: &DeploymentId) -> Result<Vec<PoolMember>, PortError> {
+        self.pool_list(deployment).await
+    }
+
+    /// Issue 27: see [`crate::ecs_pool`] (a miss without the pool).
+    async fn claim_pool_member(
+        &self,
+        spec: &StartSpec,
+        deployment: &DeploymentId,
+        created_after: u64,
+        not_after: u64,
+    ) -> Result<Option<Started>, PortError> {
+        self.pool_claim(spec, deployment, created_after, not_after)
+            .await
+    }
+
+    /// Issue 27: see [`crate::ecs_pool`] (a stop without the pool, as the default).
+    async fn recycle_pool_member(
+        &self,
+        id: &InstanceId,
+        not_after: u64,
+    ) -> Result<bool, PortError> {
+        self.pool_recycle(id, not_after).await
+    }
+
+    /// Issue 27: see [`crate::ecs_pool`] (nothing without the pool).
+    async fn reconcile_pool(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<usize, PortError> {
+        self.pool_reconcile(deployment, not_after).await
     }
 }
 

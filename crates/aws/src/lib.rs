@@ -8,6 +8,8 @@
 //!   in the module docs; [`create_table`] creates it);
 //! - [`ecs_compute`] — [`EcsCompute`]: the [`Compute`](sandbox_controller::ports::Compute)
 //!   port on ECS Fargate tasks (a lost start is found again by its RunTask `clientToken`);
+//! - [`ecs_pool`] and [`pool_table`] — the warm pool (issue 27, docs/WARM_POOL.md) on ECS
+//!   and its own DynamoDB table: [`EcsCompute::with_pool`] with a [`PoolConfig`];
 //! - `ebs_workspaces` (feature `ec2`) — `EbsConfig`: workspaces on ECS-managed EBS
 //!   volumes, snapshotted after the task stopped (the `Workspaces` port of `EcsCompute`);
 //! - [`sqs_dead_letters`] — the dead-letter queues for the operator: find, peek, redrive;
@@ -42,6 +44,10 @@ pub mod dynamo_registry;
 pub mod ebs_workspaces;
 #[cfg(feature = "ecs")]
 pub mod ecs_compute;
+#[cfg(feature = "ecs")]
+pub mod ecs_pool;
+#[cfg(feature = "dynamodb")]
+pub mod pool_table;
 pub mod sdk_config;
 mod sdk_error;
 pub mod secrets;
@@ -57,6 +63,8 @@ pub use dynamo_registry::{DynamoRegistry, OpenIndexBackfill, create_table};
 pub use ebs_workspaces::EbsConfig;
 #[cfg(feature = "ecs")]
 pub use ecs_compute::{EcsCompute, EcsConfig};
+#[cfg(feature = "ecs")]
+pub use ecs_pool::{PoolConfig, pool_started_by};
 pub use sdk_config::load_sdk_config;
 pub use secrets::{SecretError, SecretString, read_secret};
 pub use sqs_queue::{SqsQueue, SqsQueueOptions, sqs_fifo_id};

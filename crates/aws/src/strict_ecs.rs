@@ -28,7 +28,16 @@
 //!    - `RunTask` with a managed EBS volume configuration ECS refuses
 //!      ([`check_volume_configurations`]);
 //!    - `StopTask` with a `reason` over 255 characters ("Up to 255 characters are allowed
-//!      in this message", StopTask, `reason`).
+//!      in this message", StopTask, `reason`);
+//!    - `ListTasks` with a `startedBy` value ECS could never have stored (over 36
+//!      characters or outside letters, digits, `-`, `/`, `_`: the RunTask/StartTask rule
+//!      above; a pool's `ListTasks` by its `startedBy` is checked like an environment's);
+//!    - `TagResource` (issue 27: a claimed pool member is tagged after `RunTask`) without a
+//!      `resourceArn` or without tags ("tags ... Required: Yes", TagResource), with more
+//!      than 50 tags, a key over 128 or a value over 256 characters, or a key with the
+//!      reserved `aws:` prefix ("Do not use aws:, AWS:, or any upper or lowercase
+//!      combination of such as a prefix for either keys or values as it is reserved for
+//!      Amazon Web Services use", TagResource, Tag).
 //! 2. **Records** every request that passed, as sent: the operation (from `X-Amz-Target`)
 //!    and the serialized JSON body ([`StrictEcs::requests`], [`StrictEcs::calls_of`]), so
 //!    tests assert the exact request shapes (one entry per execution: a paginator's pages
@@ -52,6 +61,7 @@ use aws_sdk_ecs::operation::describe_tasks::{DescribeTasksInput, DescribeTasksOu
 use aws_sdk_ecs::operation::list_tasks::{ListTasksInput, ListTasksOutput};
 use aws_sdk_ecs::operation::run_task::{RunTaskInput, RunTaskOutput};
 use aws_sdk_ecs::operation::stop_task::StopTaskInput;
+use aws_sdk_ecs::operation::tag_resource::TagResourceInput;
 use aws_sdk_ecs::types::Failure;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -79,7 +89,8 @@ pub const MAX_STOP_REASON_CHARS: usize = 255;
     "ECS would reject this {operation} request: {rule} (Amazon ECS API Reference, {operation})"
 )]
 pub struct ForbiddenRequest {
-    /// The ECS operation (`ListTasks`, `DescribeTasks`, `RunTask`, `StopTask`).
+    /// The ECS operation (`ListTasks`, `DescribeTasks`, `RunTask`, `StopTask`,
+    /// `TagResource`).
     pub operation: &'static str,
     /// Which documented rule the request breaks.
     pub rule: String,
@@ -103,9 +114,10 @@ fn chars(s: &str) -> usize {
 /// # Errors
 /// [`ForbiddenRequest`] naming the other filters.
 pub fn check_list_tasks(input: &ListTasksInput) -> Result<(), ForbiddenRequest> {
-    if input.started_by().is_none() {
+    let Some(by) = input.started_by() else {
         return Ok(());
-    }
+    };
+    check_started_by("ListTasks", by)?;
     let others: Vec<&str> = [
         ("containerInstance", input.container_instance().is_some()),
         ("family", input.family().is_some()),
@@ -162,24 +174,38 @@ pub fn check_run_task(input: &RunTaskInput) -> Result<(), ForbiddenRequest> {
         }
     }
     if let Some(by) = input.started_by() {
-        let n = chars(by);
-        let ok = by
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '/' | '_'));
-        if n > MAX_STARTED_BY_CHARS || !ok {
-            return Err(forbidden(
-                OP,
-                format!(
-                    "startedBy must be at most {MAX_STARTED_BY_CHARS} letters, numbers, -, / or _, got {n} characters"
-                ),
-            ));
-        }
+        check_started_by(OP, by)?;
     }
     check_volume_configurations(input)?;
-    let tags = input.tags();
+    check_tags(OP, input.tags())
+}
+
+/// A `startedBy` value: at most [`MAX_STARTED_BY_CHARS`] letters, digits, `-`, `/`, `_`.
+fn check_started_by(operation: &'static str, by: &str) -> Result<(), ForbiddenRequest> {
+    let n = chars(by);
+    let ok = by
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '/' | '_'));
+    if n > MAX_STARTED_BY_CHARS || !ok {
+        return Err(forbidden(
+            operation,
+            format!(
+                "startedBy must be at most {MAX_STARTED_BY_CHARS} letters, numbers, -, / or _, got {n} characters"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Tags of a request: at most [`MAX_TAGS`], keys ≤ [`MAX_TAG_KEY_CHARS`] and values ≤
+/// [`MAX_TAG_VALUE_CHARS`] characters.
+fn check_tags(
+    operation: &'static str,
+    tags: &[aws_sdk_ecs::types::Tag],
+) -> Result<(), ForbiddenRequest> {
     if tags.len() > MAX_TAGS {
         return Err(forbidden(
-            OP,
+            operation,
             format!("at most {MAX_TAGS} tags, got {}", tags.len()),
         ));
     }
@@ -187,7 +213,7 @@ pub fn check_run_task(input: &RunTaskInput) -> Result<(), ForbiddenRequest> {
         let key = t.key().unwrap_or_default();
         if chars(key) > MAX_TAG_KEY_CHARS {
             return Err(forbidden(
-                OP,
+                operation,
                 format!(
                     "tag keys are at most {MAX_TAG_KEY_CHARS} characters, got {}",
                     chars(key)
@@ -197,7 +223,7 @@ pub fn check_run_task(input: &RunTaskInput) -> Result<(), ForbiddenRequest> {
         let value = t.value().unwrap_or_default();
         if chars(value) > MAX_TAG_VALUE_CHARS {
             return Err(forbidden(
-                OP,
+                operation,
                 format!(
                     "tag values are at most {MAX_TAG_VALUE_CHARS} characters, got {} for {key}",
                     chars(value)
@@ -206,6 +232,33 @@ pub fn check_run_task(input: &RunTaskInput) -> Result<(), ForbiddenRequest> {
         }
     }
     Ok(())
+}
+
+/// `TagResource`: a `resourceArn`, at least one tag, the tag limits of [`check_tags`], and
+/// no key with the reserved `aws:` prefix (any case).
+///
+/// # Errors
+/// [`ForbiddenRequest`] naming the first broken rule.
+pub fn check_tag_resource(input: &TagResourceInput) -> Result<(), ForbiddenRequest> {
+    const OP: &str = "TagResource";
+    if input.resource_arn().is_none_or(str::is_empty) {
+        return Err(forbidden(OP, "resourceArn is required"));
+    }
+    let tags = input.tags();
+    if tags.is_empty() {
+        return Err(forbidden(OP, "tags is required (at least one tag)"));
+    }
+    if let Some(key) = tags
+        .iter()
+        .filter_map(|t| t.key())
+        .find(|k| k.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("aws:")))
+    {
+        return Err(forbidden(
+            OP,
+            format!("tag key {key} uses the reserved aws: prefix"),
+        ));
+    }
+    check_tags(OP, tags)
 }
 
 /// `RunTask` `volumeConfigurations` (ECS-managed EBS): at most one ("only one volume
@@ -419,8 +472,8 @@ impl StrictEcs {
 }
 
 /// Checks the typed ECS input of a call against the API reference ([`check_list_tasks`],
-/// [`check_describe_tasks`], [`check_run_task`], [`check_stop_task`]); other operations
-/// pass.
+/// [`check_describe_tasks`], [`check_run_task`], [`check_stop_task`],
+/// [`check_tag_resource`]); other operations pass.
 ///
 /// # Errors
 /// The [`ForbiddenRequest`] of the first broken rule.
@@ -436,6 +489,8 @@ pub fn check_request(
         check_run_task(i)
     } else if let Some(i) = input.downcast_ref::<StopTaskInput>() {
         check_stop_task(i)
+    } else if let Some(i) = input.downcast_ref::<TagResourceInput>() {
+        check_tag_resource(i)
     } else {
         Ok(())
     }

@@ -4,6 +4,7 @@
 //! `MOTO_ENDPOINT` every test fails with a message naming the runner.
 
 mod compute;
+mod pool;
 mod queue;
 mod registry;
 mod sdk_config;

@@ -1,0 +1,947 @@
+//! The warm pool on ECS (issue 27, docs/WARM_POOL.md "AWS"): the ECS side of the pool
+//! methods of [`Compute`](sandbox_controller::ports::Compute) on [`EcsCompute`], turned on
+//! with [`EcsCompute::with_pool`]. Every DynamoDB call is in [`crate::pool_table`]; every
+//! ECS call of the pool is here (`RunTask`, `TagResource`, `ListTasks`, `DescribeTasks`,
+//! `StopTask`). Without [`EcsCompute::with_pool`] the pool methods behave as the trait's
+//! defaults: [`Compute::start_pool_member`](sandbox_controller::ports::Compute::start_pool_member)
+//! refuses, the pool lists empty, claims miss, a recycle is a stop, nothing is reconciled.
+//!
+//! - **Start a member**: `RunTask` with the cluster, task definition, launch type and
+//!   network of a cold start, `startedBy` = [`pool_started_by`] (35 characters, per
+//!   deployment, distinct from every
+//!   [`environment_started_by`](sandbox_core::ids::environment_started_by)), a fresh
+//!   `clientToken` (so the SDK's own retries of one request start one task; ECS API
+//!   reference, RunTask `clientToken`), a container override on the configured (forwarder)
+//!   container with only [`ENV_POOL_TABLE_NAME`] and [`ENV_POOL_MAX_WAIT_SECS`] (the max
+//!   age plus [`POOL_WAIT_GRACE_SECS`], seconds) — no `REMOTE_URL`, no `ENVIRONMENT_ID` —, the tags
+//!   `sandbox:deployment`, [`TAG_POOL`] = [`POOL_MEMBER`], [`TAG_POOL_ROLE`] = the task
+//!   role's unique id, `propagateTags` `TASK_DEFINITION` and `enableECSManagedTags`; then
+//!   the member item's `PutItem` (`attribute_not_exists(pk)`). A worker killed between the
+//!   two leaves a pool task no item names: the next reconcile stops it once it is older
+//!   than [`ORPHAN_AGE_SECS`].
+//! - **Claim**: the token item (consistent `GetItem`: a replay returns the token's member
+//!   and re-tags it if its tags are missing); with
+//!   [`REPLAY_ONLY`] nothing else. Otherwise `Query` `by_idle` (`created_at > bound`, oldest
+//!   first, at most [`CLAIM_CANDIDATES`]), one `DescribeTasks` of those candidates (only
+//!   live ones — `lastStatus` active and `desiredStatus` not `STOPPED` — are tried), up to
+//!   [`CLAIM_ATTEMPTS`] `TransactWriteItems` (member idle → assigned + token put; the
+//!   `CancellationReasons` in request order say whether the member was taken — try the
+//!   next — or the token exists — replay it), then `TagResource` with exactly
+//!   `sandbox:environment`, `sandbox:session` and `sandbox:generation` (the keys the
+//!   worker's `TagClaimedMember` statement allows). The tag must succeed before the claim
+//!   returns `Ok`: a failure is an `Err` (outcome unknown: the member is claimed, the
+//!   caller keeps its lock unclean, and the next holder's replay-only claim re-tags it).
+//! - **Recycle**: `UpdateItem` idle → recycled (`#state = :idle`), then `StopTask` with
+//!   reason [`RECYCLE_REASON`]; `Ok(false)` when the condition failed (claimed since).
+//! - **Reconcile**: `ListTasks` with the cluster and `startedBy` = [`pool_started_by`]
+//!   only ("When you specify `startedBy` as the filter, it must be the only filter that
+//!   you use", ECS API reference, ListTasks; `desiredStatus` is then its default,
+//!   `RUNNING`), every page, `DescribeTasks` per 100, one `BatchGetItem` per 100 member
+//!   keys (`sandbox:pool-role` tag + `:` + task id): a live pool task no unexpired item
+//!   names and older than [`ORPHAN_AGE_SECS`] (by its `createdAt`, against the pool clock)
+//!   is stopped ([`ORPHAN_REASON`]); a recycled member still live is stopped
+//!   ([`RECYCLE_REASON`]). Then the idle items (`Query` `by_idle`, every page) whose task
+//!   was not listed are described: a task `STOPPED`, or unknown to ECS (`MISSING`) and
+//!   created more than [`ORPHAN_AGE_SECS`] ago, drops its item (`DeleteItem`, `#state =
+//!   :idle`). Anything uncertain (a task not visible yet, one being stopped) is left for
+//!   the next refill.
+//! - **describe, list, find** (in [`crate::ecs_compute`]): a task tagged [`TAG_POOL`]
+//!   without `sandbox:environment` is resolved from its member item: assigned → an
+//!   instance of that environment, session and generation; idle or recycled → not an
+//!   environment's instance.
+//!
+//! With EBS workspaces configured (feature `ec2`, `EcsCompute::with_workspaces`) the pool
+//! is refused: a member starts without the workspace volume and a claim cannot attach one
+//! (ECS takes `volumeConfigurations` only at `RunTask`/`StartTask`; ECS API reference,
+//! RunTask `volumeConfigurations`), so `start_pool_member` is a permanent error naming why
+//! and claims miss (a token's earlier claim is still replayed).
+//!
+//! Limits respected (ECS API reference): `startedBy` ≤ 36 letters, digits, `-`, `/`, `_`
+//! (RunTask); `clientToken` ≤ 64 characters in 33–126 (RunTask); tag values ≤ 256
+//! characters of letters, digits, spaces and `+ - = . _ : / @` (TagResource, Tag);
+//! `DescribeTasks` ≤ 100 tasks; `StopTask` `reason` ≤ 255 characters. Every time is Unix
+//! seconds.
+
+use crate::ecs_compute::{
+    DESCRIBE_CHUNK, EcsCompute, MAX_STOP_REASON_CHARS, TAG_DEPLOYMENT, TAG_ENVIRONMENT,
+    TAG_GENERATION, TAG_SESSION, check_tag_value, started_at, stop_code, tag, tag_value,
+    truncate_chars,
+};
+use crate::pool_table::{ClaimWrite, MemberItem, MemberState, PoolTable, TokenItem, member_pk};
+use crate::sdk_error::port_error;
+use aws_sdk_ecs::types::{
+    ContainerOverride, KeyValuePair, LaunchType, PropagateTags, Task, TaskField, TaskOverride,
+};
+use sandbox_controller::pool::{RECYCLE_REASON, REPLAY_ONLY};
+use sandbox_controller::ports::{
+    Clock, PoolMember, PortError, Started, SystemClock, check_deadline,
+};
+use sandbox_core::compute::{ComputeInstance, ComputeStatus};
+use sandbox_core::decision::StartSpec;
+use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, InstanceId, SessionId};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const DEP: &str = "compute";
+
+/// Tag of every pool task: [`TAG_POOL`] = [`POOL_MEMBER`] (the worker's `TagResource`
+/// grant is conditioned on it).
+pub const TAG_POOL: &str = "sandbox:pool";
+/// The value of [`TAG_POOL`].
+pub const POOL_MEMBER: &str = "member";
+/// Tag: the executor task role's unique id, the first half of the member's key.
+pub const TAG_POOL_ROLE: &str = "sandbox:pool-role";
+/// Forwarder environment variable of a member: the pool table's name.
+pub const ENV_POOL_TABLE_NAME: &str = "POOL_TABLE_NAME";
+/// Forwarder environment variable of a member: how long it waits for its assignment,
+/// seconds (then it exits and the task stops).
+pub const ENV_POOL_MAX_WAIT_SECS: &str = "POOL_MAX_WAIT_SECS";
+/// Seconds a member waits beyond its maximum age ([`ENV_POOL_MAX_WAIT_SECS`] = max age +
+/// this), so the refill recycles it first.
+pub const POOL_WAIT_GRACE_SECS: u64 = 300;
+/// Stop reason of a pool task no member item names.
+pub const ORPHAN_REASON: &str = "pool_orphan";
+/// Age, seconds, past which a pool task without its item is an orphan, and an idle item
+/// whose task ECS does not know is gone (ECS reads lag `RunTask`: "the result of an API
+/// command you run that affects your Amazon ECS resources might not be immediately
+/// visible", ECS API reference, RunTask).
+pub const ORPHAN_AGE_SECS: u64 = 120;
+/// Idle members a claim reads (`Query` `Limit`), oldest first.
+pub const CLAIM_CANDIDATES: i32 = 10;
+/// Claim transactions a claim tries at most.
+pub const CLAIM_ATTEMPTS: usize = 3;
+
+/// The warm pool's settings for [`EcsCompute::with_pool`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// The pool table (schema in [`crate::pool_table`]).
+    pub table_name: String,
+    /// The executor task role's unique id (`AROA…`; `Fn::GetAtt ExecutorTaskRole.RoleId`):
+    /// member keys are `<task role id>:<task id>`, the task's own `aws:userid`.
+    pub task_role_id: String,
+    /// A member's maximum age, seconds: its forwarder waits at most this +
+    /// [`POOL_WAIT_GRACE_SECS`], and its idle item expires this + 1 day after its start.
+    pub max_age_secs: u64,
+    /// How long a claimed member's item is kept after the claim, seconds (the registry's
+    /// history retention).
+    pub history_retention_secs: u64,
+}
+
+/// The pool's clock (the system clock unless a test sets another).
+#[derive(Clone)]
+pub(crate) struct PoolClock(Arc<dyn Clock>);
+
+impl Default for PoolClock {
+    fn default() -> Self {
+        Self(Arc::new(SystemClock))
+    }
+}
+
+impl std::fmt::Debug for PoolClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PoolClock")
+    }
+}
+
+impl PoolClock {
+    pub(crate) fn now(&self) -> u64 {
+        self.0.now()
+    }
+}
+
+/// The pool's table and settings.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    pub(crate) table: PoolTable,
+    pub(crate) config: PoolConfig,
+}
+
+/// The `startedBy` of `deployment`'s pool members: `sp-` and the first 16 bytes of
+/// SHA-256(`pool/<deployment>`) in hex, 35 characters of `[a-z0-9-]` (ECS `startedBy`:
+/// "Up to 36 letters (uppercase and lowercase), numbers, hyphens (-), forward slash (/),
+/// and underscores (_) are allowed", StartTask/RunTask). Distinct from every
+/// [`environment_started_by`](sandbox_core::ids::environment_started_by) (`se-…`), so the
+/// pool's `ListTasks` and an environment's never overlap.
+pub fn pool_started_by(deployment: &DeploymentId) -> String {
+    let digest = Sha256::digest(format!("pool/{}", deployment.as_str()));
+    let mut hex = String::with_capacity(32);
+    for byte in &digest[..16] {
+        hex.push_str(&format!("{byte:02x}"));
+    }
+    format!("sp-{hex}")
+}
+
+/// A fresh `RunTask` `clientToken` for a member: `pool-` and 32 hex digits (37 characters
+/// in 33–126), from the deployment, the time, the process and a counter.
+fn fresh_client_token(deployment: &DeploymentId) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let digest = Sha256::digest(format!(
+        "{}/{nanos}/{}/{}",
+        deployment.as_str(),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut hex = String::with_capacity(32);
+    for byte in &digest[..16] {
+        hex.push_str(&format!("{byte:02x}"));
+    }
+    format!("pool-{hex}")
+}
+
+/// Whether `task` was started as a pool member ([`TAG_POOL`] = [`POOL_MEMBER`]).
+pub(crate) fn is_pool_task(task: &Task) -> bool {
+    tag_value(task, TAG_POOL) == Some(POOL_MEMBER)
+}
+
+/// The task id of a task ARN (`arn:aws:ecs:region:account:task/cluster/id`).
+fn task_id(arn: &str) -> Option<&str> {
+    if !arn.contains(":task/") {
+        return None;
+    }
+    arn.rsplit('/').next().filter(|id| !id.is_empty())
+}
+
+/// The member key of a pool task: its [`TAG_POOL_ROLE`] tag, `:`, its task id.
+fn member_key_of(task: &Task) -> Option<String> {
+    Some(member_pk(
+        tag_value(task, TAG_POOL_ROLE)?,
+        task_id(task.task_arn()?)?,
+    ))
+}
+
+/// Live: `lastStatus` provisioning, pending or running, and not asked to stop.
+fn is_live(task: &Task) -> bool {
+    ComputeStatus::from_ecs_last_status(task.last_status().unwrap_or("")).is_active()
+        && task.desired_status() != Some("STOPPED")
+}
+
+fn created_at(task: &Task) -> Option<u64> {
+    task.created_at()
+        .or(task.started_at())
+        .and_then(|t| u64::try_from(t.secs()).ok())
+}
+
+/// A claimed member as its environment's instance.
+fn member_instance(
+    task: &Task,
+    environment_id: &EnvironmentId,
+    session_id: &SessionId,
+    generation: Generation,
+) -> ComputeInstance {
+    let status = ComputeStatus::from_ecs_last_status(task.last_status().unwrap_or(""));
+    ComputeInstance {
+        instance_id: InstanceId::new(task.task_arn().unwrap_or_default()),
+        environment_id: environment_id.clone(),
+        session_id: Some(session_id.clone()),
+        generation,
+        status,
+        started_at: started_at(task),
+        stop_code: stop_code(task, status),
+    }
+}
+
+impl EcsCompute {
+    /// Turns the warm pool on (issue 27): members are started, claimed, recycled and
+    /// reconciled as the module docs say, with their bookkeeping in the pool table
+    /// `config.table_name` through `ddb`, and `find`/`describe`/`list` resolve claimed
+    /// members. Makes no call.
+    #[must_use]
+    pub fn with_pool(mut self, ddb: aws_sdk_dynamodb::Client, config: PoolConfig) -> Self {
+        let table = PoolTable::new(
+            ddb,
+            &config.table_name,
+            config.max_age_secs,
+            config.history_retention_secs,
+        );
+        self.pool = Some(Arc::new(Pool { table, config }));
+        self
+    }
+
+    /// The clock of the pool's bookkeeping (members' `created_at`, the orphan age, item
+    /// expiry) and of the pool methods' deadlines; the system clock by default. For tests
+    /// (a member "older than 120 s" without sleeping). Makes no call.
+    #[must_use]
+    pub fn with_pool_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = PoolClock(clock);
+        self
+    }
+
+    /// The refill lease `refill#<deployment>` for `holder` from `now` for `lease_secs`
+    /// (Unix seconds / seconds): one conditional `UpdateItem`, taken when the lease is
+    /// absent, expired (`lease_until < now`) or already `holder`'s. `Ok(false)`: held by
+    /// another holder.
+    ///
+    /// # Errors
+    /// A permanent [`PortError`] without the pool ([`EcsCompute::with_pool`]); the
+    /// DynamoDB failure otherwise (outcome unknown: the lease may be taken, and expires).
+    pub async fn take_refill_lease(
+        &self,
+        deployment: &DeploymentId,
+        holder: &str,
+        now: u64,
+        lease_secs: u64,
+    ) -> Result<bool, PortError> {
+        let pool = self.pool_or_refuse("take_refill_lease")?;
+        pool.table
+            .take_lease(deployment, holder, now, lease_secs)
+            .await
+    }
+
+    fn pool_or_refuse(&self, op: &'static str) -> Result<&Pool, PortError> {
+        self.pool
+            .as_deref()
+            .ok_or_else(|| PortError::permanent(DEP, op, "this compute provider has no warm pool"))
+    }
+
+    /// Whether EBS workspaces are configured (the pool cannot serve them).
+    fn workspaces_on(&self) -> bool {
+        #[cfg(feature = "ec2")]
+        {
+            self.ebs().is_some()
+        }
+        #[cfg(not(feature = "ec2"))]
+        {
+            false
+        }
+    }
+
+    /// `DescribeTasks` of `arns` with tags, at most 100 a call: the tasks ECS knows by
+    /// ARN, kept only when the ARN was asked for exactly and the task runs in the
+    /// configured cluster (moto matches ids as substrings). `MISSING` tasks are left out;
+    /// any other failure is a transient error.
+    async fn describe_pool(
+        &self,
+        arns: &[String],
+        op: &'static str,
+    ) -> Result<HashMap<String, Task>, PortError> {
+        let mut found = HashMap::with_capacity(arns.len());
+        for chunk in arns.chunks(DESCRIBE_CHUNK) {
+            let out = self
+                .client
+                .describe_tasks()
+                .cluster(&self.config().cluster)
+                .set_tasks(Some(chunk.to_vec()))
+                .include(TaskField::Tags)
+                .send()
+                .await
+                .map_err(|e| port_error(DEP, op, &e))?;
+            let failures: Vec<String> = out
+                .failures()
+                .iter()
+                .filter(|f| f.reason() != Some("MISSING"))
+                .map(|f| {
+                    format!(
+                        "{}: {}",
+                        f.arn().unwrap_or("?"),
+                        f.reason().unwrap_or("unknown")
+                    )
+                })
+                .collect();
+            if !failures.is_empty() {
+                return Err(PortError::transient(DEP, op, failures.join("; ")));
+            }
+            for task in out.tasks() {
+                let Some(arn) = task.task_arn() else { continue };
+                if chunk.iter().any(|a| a == arn) && self.in_cluster(task.cluster_arn()) {
+                    found.insert(arn.to_owned(), task.clone());
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Every live pool task ARN of `deployment`: `ListTasks` with the cluster and
+    /// `startedBy` = [`pool_started_by`] alone (so `desiredStatus` is its default,
+    /// `RUNNING`), every page.
+    async fn list_pool_arns(&self, deployment: &DeploymentId) -> Result<Vec<String>, PortError> {
+        let mut arns: Vec<String> = Vec::new();
+        let mut pages = self
+            .client
+            .list_tasks()
+            .cluster(&self.config().cluster)
+            .started_by(pool_started_by(deployment))
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| port_error(DEP, "reconcile_pool", &e))?;
+            for arn in page.task_arns() {
+                if !arns.contains(arn) {
+                    arns.push(arn.clone());
+                }
+            }
+        }
+        Ok(arns)
+    }
+
+    /// `StopTask` of a pool task with `reason` (≤ 255 characters), unless `not_after`
+    /// passed.
+    async fn stop_pool_task(
+        &self,
+        arn: &str,
+        reason: &str,
+        not_after: u64,
+        op: &'static str,
+    ) -> Result<(), PortError> {
+        check_deadline(DEP, op, self.clock.now(), not_after)?;
+        self.client
+            .stop_task()
+            .cluster(&self.config().cluster)
+            .task(arn)
+            .reason(truncate_chars(reason, MAX_STOP_REASON_CHARS))
+            .send()
+            .await
+            .map_err(|e| port_error(DEP, op, &e))?;
+        Ok(())
+    }
+
+    /// `TagResource` of a claimed member with exactly `sandbox:environment`,
+    /// `sandbox:session` and `sandbox:generation`.
+    async fn tag_claimed(
+        &self,
+        arn: &str,
+        environment_id: &EnvironmentId,
+        session_id: &SessionId,
+        generation: Generation,
+    ) -> Result<(), PortError> {
+        let op = "claim_pool_member";
+        self.client
+            .tag_resource()
+            .resource_arn(arn)
+            .tags(tag(TAG_ENVIRONMENT, environment_id.as_str()))
+            .tags(tag(TAG_SESSION, session_id.as_str()))
+            .tags(tag(TAG_GENERATION, &generation.0.to_string()))
+            .send()
+            .await
+            .map_err(|e| port_error(DEP, op, &e))?;
+        tracing::info!(task = %arn, environment_id = %environment_id, generation = %generation,
+            "pool member tagged with its assignment");
+        Ok(())
+    }
+
+    /// Resolves pool tasks without environment tags from their member items: the items in
+    /// `known` (by member key), the others read with one consistent `BatchGetItem` per 100
+    /// keys. Returns, by task ARN, the instances of the members claimed (`assigned`, the
+    /// item naming this very task and deployment); idle, recycled and unknown members are
+    /// left out. Without the pool: nothing.
+    pub(crate) async fn resolve_pool_tasks(
+        &self,
+        tasks: &[&Task],
+        known: &HashMap<String, MemberItem>,
+        op: &'static str,
+    ) -> Result<HashMap<String, ComputeInstance>, PortError> {
+        let Some(pool) = self.pool.as_deref() else {
+            return Ok(HashMap::new());
+        };
+        let keyed: Vec<(&Task, String)> = tasks
+            .iter()
+            .filter_map(|t| Some((*t, member_key_of(t)?)))
+            .collect();
+        let missing: Vec<String> = keyed
+            .iter()
+            .filter(|(_, k)| !known.contains_key(k))
+            .map(|(_, k)| k.clone())
+            .collect();
+        let fetched = if missing.is_empty() {
+            HashMap::new()
+        } else {
+            pool.table.members(&missing, self.clock.now(), op).await?
+        };
+        let mut out = HashMap::new();
+        for (task, key) in keyed {
+            let Some(item) = known.get(&key).or_else(|| fetched.get(&key)) else {
+                continue;
+            };
+            let arn = task.task_arn().unwrap_or_default();
+            let Some(a) = item.assignment.as_ref() else {
+                continue;
+            };
+            if item.state != MemberState::Assigned
+                || item.task_arn != arn
+                || tag_value(task, TAG_DEPLOYMENT) != Some(item.deployment.as_str())
+            {
+                continue;
+            }
+            out.insert(
+                arn.to_owned(),
+                member_instance(task, &a.environment_id, &a.session_id, a.generation),
+            );
+        }
+        Ok(out)
+    }
+
+    /// [`Compute::start_pool_member`](sandbox_controller::ports::Compute::start_pool_member)
+    /// (see the module docs).
+    pub(crate) async fn pool_start_member(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<PoolMember, PortError> {
+        let op = "start_pool_member";
+        let pool = self.pool_or_refuse(op)?;
+        if self.workspaces_on() {
+            return Err(PortError::permanent(
+                DEP,
+                op,
+                concat!(
+                    "the warm pool cannot serve EBS workspaces: a member starts without the ",
+                    "workspace volume and a claim cannot attach one (ECS takes ",
+                    "volumeConfigurations only at RunTask); turn the pool or workspaces off"
+                ),
+            ));
+        }
+        let role = pool.config.task_role_id.as_str();
+        check_tag_value(op, TAG_DEPLOYMENT, deployment.as_str())?;
+        check_tag_value(op, TAG_POOL_ROLE, role)?;
+        if role.is_empty() {
+            return Err(PortError::permanent(
+                DEP,
+                op,
+                "PoolConfig.task_role_id is empty",
+            ));
+        }
+        let network = self.network(op)?;
+        let max_wait = pool
+            .config
+            .max_age_secs
+            .saturating_add(POOL_WAIT_GRACE_SECS)
+            .to_string();
+        let overrides = TaskOverride::builder()
+            .container_overrides(
+                ContainerOverride::builder()
+                    .name(&self.config().container_name)
+                    .environment(
+                        KeyValuePair::builder()
+                            .name(ENV_POOL_TABLE_NAME)
+                            .value(&pool.config.table_name)
+                            .build(),
+                    )
+                    .environment(
+                        KeyValuePair::builder()
+                            .name(ENV_POOL_MAX_WAIT_SECS)
+                            .value(max_wait)
+                            .build(),
+                    )
+                    .build(),
+            )
+            .build();
+        let now = self.clock.now();
+        check_deadline(DEP, op, now, not_after)?;
+        let out = self
+            .client
+            .run_task()
+            .cluster(&self.config().cluster)
+            .task_definition(&self.config().task_definition)
+            .launch_type(LaunchType::Fargate)
+            .count(1)
+            .started_by(pool_started_by(deployment))
+            .client_token(fresh_client_token(deployment))
+            .network_configuration(network)
+            .overrides(overrides)
+            .tags(tag(TAG_DEPLOYMENT, deployment.as_str()))
+            .tags(tag(TAG_POOL, POOL_MEMBER))
+            .tags(tag(TAG_POOL_ROLE, role))
+            .propagate_tags(PropagateTags::TaskDefinition)
+            .enable_ecs_managed_tags(true)
+            .send()
+            .await
+            .map_err(|e| port_error(DEP, op, &e))?;
+        let Some(arn) = out.tasks().iter().find_map(|t| t.task_arn()) else {
+            let reasons: Vec<String> = out
+                .failures()
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{}: {}{}",
+                        f.arn().unwrap_or("-"),
+                        f.reason().unwrap_or("unknown"),
+                        f.detail().map(|d| format!(" ({d})")).unwrap_or_default()
+                    )
+                })
+                .collect();
+            return Err(PortError::transient(
+                DEP,
+                op,
+                format!(
+                    "RunTask started no pool member: {}",
+                    if reasons.is_empty() {
+                        "no task and no failure".to_owned()
+                    } else {
+                        reasons.join("; ")
+                    }
+                ),
+            ));
+        };
+        let id = task_id(arn).ok_or_else(|| {
+            PortError::permanent(
+                DEP,
+                op,
+                format!("RunTask answered a task ARN without an id: {arn}"),
+            )
+        })?;
+        if let Err(e) = pool
+            .table
+            .put_member(&member_pk(role, id), deployment, arn, now)
+            .await
+        {
+            tracing::warn!(task = %arn, error = %e,
+                "pool member started but its item was not written: the next reconcile stops it");
+            return Err(e);
+        }
+        tracing::info!(task = %arn, "pool member started");
+        Ok(PoolMember {
+            instance_id: InstanceId::new(arn),
+            created_at: now,
+        })
+    }
+
+    /// [`Compute::list_pool`](sandbox_controller::ports::Compute::list_pool): `Query`
+    /// `by_idle` (every page, oldest first), then `DescribeTasks` per 100: the members whose
+    /// task is live, plus those ECS does not show yet and that were created at most
+    /// [`ORPHAN_AGE_SECS`] ago (ECS reads lag `RunTask`: counted, so the refill does not
+    /// start one more). Without the pool: none.
+    pub(crate) async fn pool_list(
+        &self,
+        deployment: &DeploymentId,
+    ) -> Result<Vec<PoolMember>, PortError> {
+        let op = "list_pool";
+        let Some(pool) = self.pool.as_deref() else {
+            return Ok(Vec::new());
+        };
+        let now = self.clock.now();
+        let idle = pool.table.idle_members(deployment, 0, now, None).await?;
+        if idle.is_empty() {
+            return Ok(Vec::new());
+        }
+        let arns: Vec<String> = idle.iter().map(|m| m.task_arn.clone()).collect();
+        let tasks = self.describe_pool(&arns, op).await?;
+        Ok(idle
+            .into_iter()
+            .filter(|m| match tasks.get(&m.task_arn) {
+                Some(task) => is_live(task),
+                None => m.created_at.saturating_add(ORPHAN_AGE_SECS) >= now,
+            })
+            .map(|m| PoolMember {
+                instance_id: InstanceId::new(m.task_arn),
+                created_at: m.created_at,
+            })
+            .collect())
+    }
+
+    /// A replay of `token`'s claim: its member as `spec`'s instance, re-tagged when its
+    /// environment tag is missing and it is live; `PROVISIONING` when ECS does not show it
+    /// (not visible yet, or long gone: the caller's describe decides).
+    async fn pool_replay(&self, token: &TokenItem, spec: &StartSpec) -> Result<Started, PortError> {
+        let op = "claim_pool_member";
+        if token.environment_id != spec.environment_id || token.generation != spec.generation {
+            return Err(PortError::permanent(
+                DEP,
+                op,
+                format!(
+                    "idempotency token {} claimed {} for {} generation {}, not for {} generation {}",
+                    spec.idempotency_token,
+                    token.task_arn,
+                    token.environment_id,
+                    token.generation,
+                    spec.environment_id,
+                    spec.generation
+                ),
+            ));
+        }
+        let tasks = self
+            .describe_pool(std::slice::from_ref(&token.task_arn), op)
+            .await?;
+        let instance = match tasks.get(&token.task_arn) {
+            Some(task) => {
+                if tag_value(task, TAG_ENVIRONMENT).is_none() && is_live(task) {
+                    self.tag_claimed(
+                        &token.task_arn,
+                        &token.environment_id,
+                        &token.session_id,
+                        token.generation,
+                    )
+                    .await?;
+                }
+                member_instance(
+                    task,
+                    &token.environment_id,
+                    &token.session_id,
+                    token.generation,
+                )
+            }
+            None => ComputeInstance {
+                instance_id: InstanceId::new(&token.task_arn),
+                environment_id: token.environment_id.clone(),
+                session_id: Some(token.session_id.clone()),
+                generation: token.generation,
+                status: ComputeStatus::Provisioning,
+                started_at: None,
+                stop_code: None,
+            },
+        };
+        tracing::info!(task = %token.task_arn, member = %token.member_pk,
+            environment_id = %spec.environment_id, "pool claim replayed by its idempotency token");
+        Ok(Started::Instance(instance))
+    }
+
+    /// [`Compute::claim_pool_member`](sandbox_controller::ports::Compute::claim_pool_member)
+    /// (see the module docs). Without the pool: a miss.
+    pub(crate) async fn pool_claim(
+        &self,
+        spec: &StartSpec,
+        deployment: &DeploymentId,
+        created_after: u64,
+        not_after: u64,
+    ) -> Result<Option<Started>, PortError> {
+        let op = "claim_pool_member";
+        let Some(pool) = self.pool.as_deref() else {
+            return Ok(None);
+        };
+        check_tag_value(op, TAG_ENVIRONMENT, spec.environment_id.as_str())?;
+        check_tag_value(op, TAG_SESSION, spec.session_id.as_str())?;
+        let now = self.clock.now();
+        check_deadline(DEP, op, now, not_after)?;
+        if let Some(token) = pool
+            .table
+            .token(deployment, &spec.idempotency_token, now)
+            .await?
+        {
+            return self.pool_replay(&token, spec).await.map(Some);
+        }
+        if created_after == REPLAY_ONLY || self.workspaces_on() {
+            return Ok(None);
+        }
+        let candidates = pool
+            .table
+            .idle_members(deployment, created_after, now, Some(CLAIM_CANDIDATES))
+            .await?;
+        if candidates.is_empty() {
+            return Ok(None);
+        }
+        let arns: Vec<String> = candidates.iter().map(|m| m.task_arn.clone()).collect();
+        let tasks = self.describe_pool(&arns, op).await?;
+        let live = candidates.iter().filter_map(|m| {
+            let task = tasks.get(&m.task_arn)?;
+            (is_live(task)
+                && is_pool_task(task)
+                && tag_value(task, TAG_DEPLOYMENT) == Some(deployment.as_str()))
+            .then_some((m, task))
+        });
+        for (member, task) in live.take(CLAIM_ATTEMPTS) {
+            check_deadline(DEP, op, self.clock.now(), not_after)?;
+            match pool
+                .table
+                .claim(member, deployment, created_after, spec, now)
+                .await?
+            {
+                ClaimWrite::Claimed => {
+                    tracing::info!(task = %member.task_arn, member = %member.pk,
+                        environment_id = %spec.environment_id, generation = %spec.generation,
+                        "pool member claimed");
+                    self.tag_claimed(
+                        &member.task_arn,
+                        &spec.environment_id,
+                        &spec.session_id,
+                        spec.generation,
+                    )
+                    .await?;
+                    return Ok(Some(Started::Instance(member_instance(
+                        task,
+                        &spec.environment_id,
+                        &spec.session_id,
+                        spec.generation,
+                    ))));
+                }
+                ClaimWrite::MemberTaken | ClaimWrite::Conflict => {
+                    tracing::debug!(member = %member.pk, "pool member taken meanwhile: trying the next");
+                }
+                ClaimWrite::TokenTaken => {
+                    let token = pool
+                        .table
+                        .token(deployment, &spec.idempotency_token, now)
+                        .await?
+                        .ok_or_else(|| {
+                            PortError::transient(
+                                DEP,
+                                op,
+                                "the claim's token item exists but reads as absent",
+                            )
+                        })?;
+                    return self.pool_replay(&token, spec).await.map(Some);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// [`Compute::recycle_pool_member`](sandbox_controller::ports::Compute::recycle_pool_member):
+    /// the member key from the configured task role id and the ARN's task id, the guarded
+    /// `UpdateItem`, then `StopTask` ([`RECYCLE_REASON`]). Without the pool: a stop, as the
+    /// trait's default.
+    pub(crate) async fn pool_recycle(
+        &self,
+        id: &InstanceId,
+        not_after: u64,
+    ) -> Result<bool, PortError> {
+        let op = "recycle_pool_member";
+        let Some(pool) = self.pool.as_deref() else {
+            self.stop_pool_task(id.as_str(), RECYCLE_REASON, not_after, op)
+                .await?;
+            return Ok(true);
+        };
+        let now = self.clock.now();
+        check_deadline(DEP, op, now, not_after)?;
+        let task = task_id(id.as_str())
+            .ok_or_else(|| PortError::permanent(DEP, op, format!("not a task ARN: {id}")))?;
+        if !pool
+            .table
+            .recycle(&member_pk(&pool.config.task_role_id, task), now)
+            .await?
+        {
+            return Ok(false);
+        }
+        self.stop_pool_task(id.as_str(), RECYCLE_REASON, not_after, op)
+            .await?;
+        Ok(true)
+    }
+
+    /// [`Compute::reconcile_pool`](sandbox_controller::ports::Compute::reconcile_pool) (see
+    /// the module docs). Without the pool: nothing.
+    pub(crate) async fn pool_reconcile(
+        &self,
+        deployment: &DeploymentId,
+        not_after: u64,
+    ) -> Result<usize, PortError> {
+        let op = "reconcile_pool";
+        let Some(pool) = self.pool.as_deref() else {
+            return Ok(0);
+        };
+        let now = self.clock.now();
+        check_deadline(DEP, op, now, not_after)?;
+        let arns = self.list_pool_arns(deployment).await?;
+        let tasks = self.describe_pool(&arns, op).await?;
+        let ours: Vec<(&String, &Task)> = tasks
+            .iter()
+            .filter(|(_, t)| tag_value(t, TAG_DEPLOYMENT) == Some(deployment.as_str()))
+            .collect();
+        let keys: Vec<String> = ours.iter().filter_map(|(_, t)| member_key_of(t)).collect();
+        let items = if keys.is_empty() {
+            HashMap::new()
+        } else {
+            pool.table.members(&keys, now, op).await?
+        };
+        let mut done = 0;
+        for (arn, task) in &ours {
+            if !is_live(task) {
+                continue;
+            }
+            let item = member_key_of(task)
+                .and_then(|k| items.get(&k))
+                .filter(|i| &i.task_arn == *arn);
+            match item {
+                None => {
+                    let Some(created) = created_at(task) else {
+                        continue;
+                    };
+                    if now.saturating_sub(created) > ORPHAN_AGE_SECS {
+                        tracing::warn!(task = %arn, age_secs = now.saturating_sub(created),
+                            "pool task without its member item: stopped");
+                        self.stop_pool_task(arn, ORPHAN_REASON, not_after, op)
+                            .await?;
+                        done += 1;
+                    }
+                }
+                Some(i) if i.state == MemberState::Recycled => {
+                    tracing::info!(task = %arn, "recycled pool member still live: stopped");
+                    self.stop_pool_task(arn, RECYCLE_REASON, not_after, op)
+                        .await?;
+                    done += 1;
+                }
+                Some(_) => {}
+            }
+        }
+        let idle = pool.table.idle_members(deployment, 0, now, None).await?;
+        let unlisted: Vec<&MemberItem> = idle
+            .iter()
+            .filter(|m| !tasks.get(&m.task_arn).is_some_and(is_live))
+            .collect();
+        if unlisted.is_empty() {
+            return Ok(done);
+        }
+        let unlisted_arns: Vec<String> = unlisted.iter().map(|m| m.task_arn.clone()).collect();
+        let described = self.describe_pool(&unlisted_arns, op).await?;
+        for member in unlisted {
+            let gone = match described.get(&member.task_arn) {
+                Some(task) => {
+                    ComputeStatus::from_ecs_last_status(task.last_status().unwrap_or(""))
+                        == ComputeStatus::Stopped
+                }
+                None => member.created_at.saturating_add(ORPHAN_AGE_SECS) < now,
+            };
+            if !gone {
+                continue;
+            }
+            check_deadline(DEP, op, self.clock.now(), not_after)?;
+            if pool.table.delete_idle(&member.pk).await? {
+                tracing::info!(task = %member.task_arn, member = %member.pk,
+                    "idle pool item whose task is gone: deleted");
+                done += 1;
+            }
+        }
+        Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_core::ids::environment_started_by;
+
+    #[test]
+    fn the_pool_started_by_fits_ecs_and_differs_from_every_environment_s() {
+        let d = DeploymentId::new("prod-eu").unwrap();
+        let pool = pool_started_by(&d);
+        assert_eq!(pool.len(), 35, "{pool}");
+        assert!(pool.starts_with("sp-"));
+        assert!(pool.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+        assert_eq!(pool, pool_started_by(&d), "deterministic");
+        assert_ne!(
+            pool,
+            pool_started_by(&DeploymentId::new("prod-us").unwrap())
+        );
+        assert_ne!(
+            pool,
+            environment_started_by(&d, &EnvironmentId::new("env_a"))
+        );
+    }
+
+    #[test]
+    fn client_tokens_are_fresh_and_within_the_run_task_limits() {
+        let d = DeploymentId::new("prod").unwrap();
+        let a = fresh_client_token(&d);
+        let b = fresh_client_token(&d);
+        assert_ne!(a, b);
+        assert!(
+            a.len() <= 64 && a.chars().all(|c| ('!'..='~').contains(&c)),
+            "{a}"
+        );
+    }
+
+    #[test]
+    fn task_ids_come_from_task_arns_only() {
+        assert_eq!(
+            task_id("arn:aws:ecs:us-east-1:123456789012:task/c/0123abcd"),
+            Some("0123abcd")
+        );
+        assert_eq!(
+            task_id("arn:aws:ecs:us-east-1:123456789012:cluster/c"),
+            None
+        );
+        assert_eq!(task_id("arn:aws:ecs:us-east-1:123456789012:task/c/"), None);
+    }
+}
