@@ -782,6 +782,22 @@ impl Compute for EcsCompute {
     ) -> Result<usize, PortError> {
         self.pool_reconcile(deployment, not_after).await
     }
+
+    /// Issue 27: [`EcsCompute::take_refill_lease`] (one conditional `UpdateItem` on
+    /// `refill#<deployment>`); without the pool nothing can be overfilled: `Ok(true)`.
+    async fn take_pool_refill_lease(
+        &self,
+        deployment: &DeploymentId,
+        holder: &str,
+        now: u64,
+        lease_secs: u64,
+    ) -> Result<bool, PortError> {
+        if self.pool.is_none() {
+            return Ok(true);
+        }
+        self.take_refill_lease(deployment, holder, now, lease_secs)
+            .await
+    }
 }
 
 #[cfg(test)]

@@ -126,7 +126,31 @@ pub struct EcsSettings {
     pub workspace: Option<WorkspaceVolumeSettings>,
     /// `EXECUTOR_MODE` (issue 26): which container of the task holds the executor key.
     pub executor_mode: ExecutorMode,
+    /// The warm pool's table (issue 27, docs/WARM_POOL.md): set when `POOL_SIZE` > 0.
+    pub pool: Option<PoolTableSettings>,
 }
+
+/// Where the warm pool keeps its members on AWS (issue 27, docs/WARM_POOL.md "The pool
+/// table"): `POOL_TABLE_NAME` and `POOL_TASK_ROLE_ID`, required when `POOL_SIZE` > 0.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolTableSettings {
+    /// `POOL_TABLE_NAME`.
+    pub table_name: String,
+    /// `POOL_TASK_ROLE_ID`: the executor task role's unique id (`AROA…`,
+    /// `Fn::GetAtt ExecutorTaskRole.RoleId`); a member item's key is `<this>:<task id>`,
+    /// the task's own `aws:userid`.
+    pub task_role_id: String,
+    /// `POOL_MAX_AGE_SECS`.
+    pub max_age_secs: u64,
+    /// How long a claimed member's item is kept (`HISTORY_RETENTION_DAYS`), seconds.
+    pub history_retention_secs: u64,
+}
+
+/// Default of `POOL_MAX_AGE_SECS`: the controller's default (an hour).
+pub const DEFAULT_POOL_MAX_AGE_SECS: u64 = 3_600;
+/// Least `POOL_MAX_AGE_SECS`: a member younger than a minute may not have reached
+/// `RUNNING` yet (Fargate: 30–60 s, aws-semantics.md).
+pub const MIN_POOL_MAX_AGE_SECS: u64 = 60;
 
 /// `EXECUTOR_MODE`: how the executor task is split (issue 26; the task definition in
 /// infra/sam/template.yaml and infra/cdk must match, `ExecutorMode` / `executorMode`).
@@ -355,13 +379,25 @@ impl EcsSettings {
         }
     }
 
-    /// The compute adapter on `sdk`: ECS, and EBS workspaces when configured.
+    /// The compute adapter on `sdk`: ECS, the warm pool's table when `POOL_SIZE` > 0, and
+    /// EBS workspaces when configured.
     ///
     /// # Errors
     /// [`SettingsError`] naming `ECS_INFRASTRUCTURE_ROLE_ARN` when workspaces are
     /// configured but this build lacks the `ec2` feature.
     pub fn compute(&self, sdk: &aws_config::SdkConfig) -> Result<crate::EcsCompute, SettingsError> {
-        let compute = crate::EcsCompute::new(aws_sdk_ecs::Client::new(sdk), self.ecs_config());
+        let mut compute = crate::EcsCompute::new(aws_sdk_ecs::Client::new(sdk), self.ecs_config());
+        if let Some(pool) = &self.pool {
+            compute = compute.with_pool(
+                aws_sdk_dynamodb::Client::new(sdk),
+                crate::PoolConfig {
+                    table_name: pool.table_name.clone(),
+                    task_role_id: pool.task_role_id.clone(),
+                    max_age_secs: pool.max_age_secs,
+                    history_retention_secs: pool.history_retention_secs,
+                },
+            );
+        }
         match &self.workspace {
             None => Ok(compute),
             #[cfg(feature = "ec2")]
@@ -656,6 +692,7 @@ impl ControllerSettings {
                     });
                 }
             },
+            pool: None,
         };
         let deployment = DeploymentId::new(vars.required("DEPLOYMENT_ID")?).map_err(|_| {
             SettingsError::Invalid {
@@ -712,6 +749,10 @@ impl ControllerSettings {
         };
         let history_retention_secs =
             history_retention_secs(history_days, &controller.policy.close_workspace);
+        let (pool_settings, pool) =
+            warm_pool(&vars, &ecs, &controller.policy, history_retention_secs)?;
+        controller.pool = pool_settings;
+        let ecs = EcsSettings { pool, ..ecs };
         controller.filter.agent_ids = vars.list("AGENT_IDS")?;
         controller.filter.workspace_directory = vars.optional("WORKSPACE_DIRECTORY");
         // Issue 25 (F3): the metadata ownership rule, beside `AGENT_IDS`.
@@ -751,6 +792,90 @@ impl ControllerSettings {
             history_retention_secs,
         })
     }
+}
+
+/// The warm pool (issue 27, docs/WARM_POOL.md): `POOL_SIZE` (default 0: off) and
+/// `POOL_MAX_AGE_SECS` (default 3600, at least 60); with `POOL_SIZE` > 0 also
+/// `POOL_TABLE_NAME` and `POOL_TASK_ROLE_ID`. Refused with `POOL_SIZE` > 0: the
+/// single-container executor (it holds the key from its start, so a pre-started member
+/// would hold it before any assignment), EBS workspaces (a member starts without the
+/// environment's volume and `RunTask` cannot attach one later), and a pool as large as the
+/// executor cap (`MAX_EXECUTORS`: idle members count toward it).
+fn warm_pool<F: Fn(&str) -> Option<String>>(
+    vars: &Vars<F>,
+    ecs: &EcsSettings,
+    policy: &Policy,
+    history_retention_secs: u64,
+) -> Result<
+    (
+        sandbox_controller::config::PoolSettings,
+        Option<PoolTableSettings>,
+    ),
+    SettingsError,
+> {
+    let size = match vars.optional("POOL_SIZE") {
+        None => 0,
+        Some(raw) => raw.parse::<u32>().map_err(|_| SettingsError::Invalid {
+            var: "POOL_SIZE",
+            reason: "a count of idle executors (0 = no warm pool)",
+        })?,
+    };
+    let max_age_secs = vars.secs("POOL_MAX_AGE_SECS", DEFAULT_POOL_MAX_AGE_SECS, true)?;
+    if max_age_secs < MIN_POOL_MAX_AGE_SECS {
+        return Err(SettingsError::Invalid {
+            var: "POOL_MAX_AGE_SECS",
+            reason: "whole seconds of at least 60",
+        });
+    }
+    let settings = sandbox_controller::config::PoolSettings { size, max_age_secs };
+    if size == 0 {
+        return Ok((settings, None));
+    }
+    if ecs.executor_mode == ExecutorMode::SingleContainer {
+        return Err(SettingsError::Invalid {
+            var: "POOL_SIZE",
+            reason: "0 with EXECUTOR_MODE=single (a pooled executor would hold the key before any assignment)",
+        });
+    }
+    if ecs.workspace.is_some() {
+        return Err(SettingsError::Invalid {
+            var: "POOL_SIZE",
+            reason: "0 with EBS workspaces (a member starts without the environment's volume)",
+        });
+    }
+    if policy.max_executors > 0 && size >= policy.max_executors {
+        return Err(SettingsError::Invalid {
+            var: "POOL_SIZE",
+            reason: "below MAX_EXECUTORS (idle members count toward the executor cap)",
+        });
+    }
+    // Required only with the pool on (read as optional, then refused by name, as the
+    // workspace volume's variables are).
+    let task_role_id = vars
+        .optional("POOL_TASK_ROLE_ID")
+        .ok_or(SettingsError::Missing {
+            var: "POOL_TASK_ROLE_ID",
+        })?;
+    if !(task_role_id.starts_with("AROA")
+        && task_role_id.len() <= 128
+        && task_role_id.chars().all(|c| c.is_ascii_alphanumeric()))
+    {
+        return Err(SettingsError::Invalid {
+            var: "POOL_TASK_ROLE_ID",
+            reason: "the task role's unique id (AROA…, Fn::GetAtt ExecutorTaskRole.RoleId), not its name or ARN",
+        });
+    }
+    let pool = PoolTableSettings {
+        table_name: vars
+            .optional("POOL_TABLE_NAME")
+            .ok_or(SettingsError::Missing {
+                var: "POOL_TABLE_NAME",
+            })?,
+        task_role_id,
+        max_age_secs,
+        history_retention_secs,
+    };
+    Ok((settings, Some(pool)))
 }
 
 /// The workspace volume settings (issue 14): all of `ECS_INFRASTRUCTURE_ROLE_ARN` and

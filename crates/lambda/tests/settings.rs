@@ -696,3 +696,132 @@ fn owner_metadata_and_provision_on_are_read_or_refused_by_name() {
         })
     ));
 }
+
+/// Issue 27 (docs/WARM_POOL.md): the warm pool is off unless `POOL_SIZE` > 0; then its
+/// table and the task role's unique id are required, by name.
+#[test]
+fn the_warm_pool_is_off_by_default_and_needs_its_table_and_task_role_id_when_on() {
+    let s = controller(&controller_env()).unwrap();
+    assert_eq!(s.controller.pool.size, 0);
+    assert_eq!(s.controller.pool.max_age_secs, 3_600);
+    assert_eq!(s.ecs.pool, None);
+
+    let mut env = controller_env();
+    env.insert("POOL_SIZE", "2".into());
+    let err = controller(&env).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SettingsError::Missing {
+                var: "POOL_TASK_ROLE_ID"
+            }
+        ),
+        "{err:?}"
+    );
+    env.insert("POOL_TASK_ROLE_ID", "AROA3XFRBF535PLBIFPI4".into());
+    let err = controller(&env).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SettingsError::Missing {
+                var: "POOL_TABLE_NAME"
+            }
+        ),
+        "{err:?}"
+    );
+    env.insert("POOL_TABLE_NAME", "sandbox-lifecycle-pool".into());
+    env.insert("POOL_MAX_AGE_SECS", "900".into());
+    let s = controller(&env).unwrap();
+    assert_eq!(
+        (s.controller.pool.size, s.controller.pool.max_age_secs),
+        (2, 900)
+    );
+    let pool = s.ecs.pool.expect("the pool's table");
+    assert_eq!(pool.table_name, "sandbox-lifecycle-pool");
+    assert_eq!(pool.task_role_id, "AROA3XFRBF535PLBIFPI4");
+    assert_eq!(pool.max_age_secs, 900);
+    assert_eq!(pool.history_retention_secs, s.history_retention_secs);
+}
+
+/// The variable an error names, the changes that provoke it, and what its reason says.
+type Case = (
+    &'static str,
+    Vec<(&'static str, &'static str)>,
+    &'static str,
+);
+
+/// A pool that would hand a pooled executor the key, could not carry a workspace, or would
+/// eat the executor cap fails at start-up naming `POOL_SIZE`; bad values name their
+/// variable and are never repeated.
+#[test]
+fn a_warm_pool_that_cannot_work_fails_at_start_up_naming_the_mistake() {
+    let pooled = || {
+        let mut env = controller_env();
+        env.insert("POOL_SIZE", "2".into());
+        env.insert("POOL_TABLE_NAME", "sandbox-lifecycle-pool".into());
+        env.insert("POOL_TASK_ROLE_ID", "AROA3XFRBF535PLBIFPI4".into());
+        env
+    };
+    assert!(controller(&pooled()).is_ok());
+    let cases: Vec<Case> = vec![
+        (
+            "POOL_SIZE",
+            vec![("EXECUTOR_MODE", "single")],
+            "EXECUTOR_MODE=single",
+        ),
+        (
+            "POOL_SIZE",
+            vec![
+                (
+                    "ECS_INFRASTRUCTURE_ROLE_ARN",
+                    "arn:aws:iam::123456789012:role/ecs-infrastructure",
+                ),
+                ("WORKSPACE_VOLUME_GIB", "20"),
+            ],
+            "EBS workspaces",
+        ),
+        ("POOL_SIZE", vec![("MAX_EXECUTORS", "2")], "MAX_EXECUTORS"),
+        ("POOL_SIZE", vec![("POOL_SIZE", "two")], "a count"),
+        (
+            "POOL_MAX_AGE_SECS",
+            vec![("POOL_MAX_AGE_SECS", "59")],
+            "at least 60",
+        ),
+        (
+            "POOL_MAX_AGE_SECS",
+            vec![("POOL_MAX_AGE_SECS", "1h")],
+            "at least 1",
+        ),
+        (
+            "POOL_TASK_ROLE_ID",
+            vec![(
+                "POOL_TASK_ROLE_ID",
+                "arn:aws:iam::123456789012:role/ExecutorTaskRole",
+            )],
+            "unique id",
+        ),
+    ];
+    for (var, changes, says) in cases {
+        let mut env = pooled();
+        for (k, v) in &changes {
+            env.insert(k, (*v).into());
+        }
+        let err = controller(&env).unwrap_err();
+        assert!(
+            matches!(err, SettingsError::Invalid { var: v, .. } if v == var),
+            "{changes:?}: {err:?}"
+        );
+        let message = err.to_string();
+        assert!(message.contains(says), "{changes:?}: {message}");
+        for (k, v) in &changes {
+            if *k == var {
+                assert!(!message.contains(v), "{message}");
+            }
+        }
+    }
+    // Off, the pool's own variables are not needed (the templates leave them out).
+    let mut env = controller_env();
+    env.insert("POOL_SIZE", "0".into());
+    env.insert("EXECUTOR_MODE", "single".into());
+    assert!(controller(&env).is_ok());
+}
