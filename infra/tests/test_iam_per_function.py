@@ -204,7 +204,9 @@ def strip_tests_and_comments(src: str) -> str:
     if m:
         src = src[: m.start()]
     src = re.sub(r'r#"(?:.|\n)*?"#', '""', src)
-    src = re.sub(r'"(?:\\.|[^"\\])*"', '""', src)
+    # `\\[\s\S]`: an escape may be a backslash-newline (a string continued on the next
+    # line); `.` would stop there and leave the rest of the file misread.
+    src = re.sub(r'"(?:\\[\s\S]|[^"\\])*"', '""', src)
     return re.sub(r"//[^\n]*", "", src)
 
 
