@@ -100,8 +100,6 @@ NOT_DEPLOYED = {
     ("dynamo_registry.rs", "scan"): "sandboxctl status / explain",
     # The pool table is created by the template too; these serve the moto tests.
     ("pool_table.rs", "create_table"): "tests (moto) only",
-    ("pool_table.rs", "describe_table"): "create_table's wait",
-    ("pool_table.rs", "update_time_to_live"): "create_table",
 }
 
 # Which operations each function reaches, with the code path. `workspaces`: only with

@@ -508,6 +508,24 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), PortError>
         .send()
         .await
         .map_err(|e| port_error(DEP, op, &e))?;
+    await_active_with_ttl(client, table, TTL_ATTR, op).await
+}
+
+/// Waits (up to 120 s, every 500 ms) until the new table `table` is `ACTIVE`, then turns
+/// DynamoDB TTL on for `ttl_attr`: the end of every `create_table` of this crate (tests
+/// and local tooling; the templates create the deployed tables).
+///
+/// # Errors
+/// A [`PortError`] of a call, or a transient one when the table is not `ACTIVE` in time.
+pub(crate) async fn await_active_with_ttl(
+    client: &Client,
+    table: &str,
+    ttl_attr: &str,
+    op: &'static str,
+) -> Result<(), PortError> {
+    let build = |e: aws_sdk_dynamodb::error::BuildError| {
+        PortError::permanent(DEP, op, format!("table definition: {e}"))
+    };
     let deadline = tokio::time::Instant::now() + CREATE_WAIT;
     loop {
         let out = client
@@ -533,7 +551,7 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), PortError>
         .table_name(table)
         .time_to_live_specification(
             TimeToLiveSpecification::builder()
-                .attribute_name(TTL_ATTR)
+                .attribute_name(ttl_attr)
                 .enabled(true)
                 .build()
                 .map_err(build)?,

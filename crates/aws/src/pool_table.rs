@@ -59,8 +59,8 @@ use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement,
-    KeyType, KeysAndAttributes, Projection, ProjectionType, Put, ScalarAttributeType, TableStatus,
-    TimeToLiveSpecification, TransactWriteItem, Update,
+    KeyType, KeysAndAttributes, Projection, ProjectionType, Put, ScalarAttributeType,
+    TransactWriteItem, Update,
 };
 use sandbox_controller::ports::PortError;
 use sandbox_core::decision::StartSpec;
@@ -96,7 +96,6 @@ pub const BATCH_GET_MAX: usize = 100;
 /// `BatchGetItem` calls for one chunk while DynamoDB leaves keys unprocessed.
 const BATCH_GET_ATTEMPTS: u32 = 5;
 /// How long [`create_table`] waits for the table to become `ACTIVE`.
-const CREATE_WAIT: Duration = Duration::from_secs(120);
 
 const STATE_ATTR: &str = "state";
 
@@ -373,40 +372,7 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), PortError>
         .send()
         .await
         .map_err(|e| port_error(DEP, op, &e))?;
-    let deadline = tokio::time::Instant::now() + CREATE_WAIT;
-    loop {
-        let out = client
-            .describe_table()
-            .table_name(table)
-            .send()
-            .await
-            .map_err(|e| port_error(DEP, op, &e))?;
-        if out.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
-            break;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(PortError::transient(
-                DEP,
-                op,
-                format!("table {table} not ACTIVE after {CREATE_WAIT:?}"),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    client
-        .update_time_to_live()
-        .table_name(table)
-        .time_to_live_specification(
-            TimeToLiveSpecification::builder()
-                .attribute_name(TTL_ATTR)
-                .enabled(true)
-                .build()
-                .map_err(&build)?,
-        )
-        .send()
-        .await
-        .map_err(|e| port_error(DEP, op, &e))?;
-    Ok(())
+    crate::dynamo_registry::await_active_with_ttl(client, table, TTL_ATTR, op).await
 }
 
 /// The pool table: its client, name and expiry settings. Cheap to clone.
