@@ -95,8 +95,6 @@ pub const TOKEN_TTL_SECS: u64 = 86_400;
 pub const BATCH_GET_MAX: usize = 100;
 /// `BatchGetItem` calls for one chunk while DynamoDB leaves keys unprocessed.
 const BATCH_GET_ATTEMPTS: u32 = 5;
-/// How long [`create_table`] waits for the table to become `ACTIVE`.
-
 const STATE_ATTR: &str = "state";
 
 type Item = HashMap<String, AttributeValue>;
