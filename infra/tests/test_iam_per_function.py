@@ -168,7 +168,8 @@ FUNCTIONS = {
                 "transact_write_items",
             )
         }
-        | {("ecs_pool.rs", op) for op in ("run_task", "tag_resource", "list_tasks", "describe_tasks", "stop_task")},
+        # The pool's reads and stops go through EcsCompute's (ecs_compute.rs, above).
+        | {("ecs_pool.rs", op) for op in ("run_task", "tag_resource")},
         "extra": EVENT_SOURCE,
     },
     "sweeper": {

@@ -121,6 +121,8 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::dynamo_item::{Item, corrupt, get_n, get_s, is_condition_failed, n, s};
+
 const DEP: &str = "registry";
 
 /// Partition key attribute.
@@ -171,8 +173,6 @@ const AUDIT_PREFIX: &str = "audit#";
 const RECEIPT_PREFIX: &str = "receipt#";
 /// How long [`create_table`] waits for the table to become `ACTIVE`.
 const CREATE_WAIT: Duration = Duration::from_secs(120);
-
-type Item = HashMap<String, AttributeValue>;
 
 /// The registry on DynamoDB. Cheap to clone (clones share the client and the sort-key
 /// sequence).
@@ -249,48 +249,12 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn s(v: impl Into<String>) -> AttributeValue {
-    AttributeValue::S(v.into())
-}
-
-fn n(v: u64) -> AttributeValue {
-    AttributeValue::N(v.to_string())
-}
-
-fn corrupt(operation: &'static str, message: impl Into<String>) -> PortError {
-    PortError::permanent(DEP, operation, message)
-}
-
-fn get_s<'a>(item: &'a Item, name: &str, operation: &'static str) -> Result<&'a str, PortError> {
-    match item.get(name) {
-        Some(AttributeValue::S(v)) => Ok(v),
-        _ => Err(corrupt(
-            operation,
-            format!("item attribute {name} is missing or not a string"),
-        )),
-    }
-}
-
-fn get_n(item: &Item, name: &str, operation: &'static str) -> Result<u64, PortError> {
-    match item.get(name) {
-        Some(AttributeValue::N(v)) => v.parse::<u64>().map_err(|_| {
-            corrupt(
-                operation,
-                format!("item attribute {name} is not an unsigned integer: {v:?}"),
-            )
-        }),
-        _ => Err(corrupt(
-            operation,
-            format!("item attribute {name} is missing or not a number"),
-        )),
-    }
-}
-
 fn decode_record(item: &Item, operation: &'static str) -> Result<Record, PortError> {
-    let json = get_s(item, "record", operation)?;
-    let version = get_n(item, "version", operation)?;
+    let json = get_s(item, "record", DEP, operation)?;
+    let version = get_n(item, "version", DEP, operation)?;
     let mut record: Record = serde_json::from_str(json).map_err(|e| {
         corrupt(
+            DEP,
             operation,
             format!("stored record could not be decoded: {e}"),
         )
@@ -411,13 +375,6 @@ impl FencedUpdate {
         }
         out
     }
-}
-
-fn is_condition_failed<E>(err: &SdkError<E>) -> bool
-where
-    E: aws_sdk_dynamodb::error::ProvideErrorMetadata,
-{
-    crate::sdk_error::code(err) == Some("ConditionalCheckFailedException")
 }
 
 /// Which items of a cancelled `TransactWriteItems` failed, from its `CancellationReasons`
@@ -677,8 +634,8 @@ impl DynamoRegistry {
             .await?
             .iter()
             .map(|item| {
-                serde_json::from_str(get_s(item, "entry", op)?)
-                    .map_err(|e| corrupt(op, format!("audit entry could not be decoded: {e}")))
+                serde_json::from_str(get_s(item, "entry", DEP, op)?)
+                    .map_err(|e| corrupt(DEP, op, format!("audit entry could not be decoded: {e}")))
             })
             .collect()
     }
@@ -770,7 +727,7 @@ impl DynamoRegistry {
         match out.item() {
             // A key locked before its first record write has the lock attributes only.
             Some(item) if item.contains_key("record") => {
-                let updated = get_n(item, "updated_at_ms", op).unwrap_or(0);
+                let updated = get_n(item, "updated_at_ms", DEP, op).unwrap_or(0);
                 Ok(Some((decode_record(item, op)?, updated)))
             }
             _ => Ok(None),
@@ -986,8 +943,8 @@ impl Registry for DynamoRegistry {
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| port_error(DEP, op, &e))?;
             for item in page.items() {
-                if get_s(item, SK, op)? == SK_RECORD {
-                    keys.push(get_s(item, PK, op)?.to_owned());
+                if get_s(item, SK, DEP, op)? == SK_RECORD {
+                    keys.push(get_s(item, PK, DEP, op)?.to_owned());
                 }
             }
         }
@@ -1151,7 +1108,7 @@ impl Registry for DynamoRegistry {
         match out.item() {
             None => Ok(false),
             // Expired but not yet deleted by TTL reads as absent.
-            Some(item) => Ok(get_n(item, TTL_ATTR, op)? > now),
+            Some(item) => Ok(get_n(item, TTL_ATTR, DEP, op)? > now),
         }
     }
 
@@ -1208,8 +1165,8 @@ impl Registry for DynamoRegistry {
             .await?
             .iter()
             .map(|item| {
-                serde_json::from_str(get_s(item, "receipt", op)?)
-                    .map_err(|e| corrupt(op, format!("receipt could not be decoded: {e}")))
+                serde_json::from_str(get_s(item, "receipt", DEP, op)?)
+                    .map_err(|e| corrupt(DEP, op, format!("receipt could not be decoded: {e}")))
             })
             .collect()
     }
@@ -1357,15 +1314,15 @@ impl Registry for DynamoRegistry {
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| port_error(DEP, op, &e))?;
             for item in page.items() {
-                let sk = get_s(item, SK, op)?;
+                let sk = get_s(item, SK, DEP, op)?;
                 if sk == SK_COUNTER {
                     if item.contains_key("in_use") {
-                        in_use = get_n(item, "in_use", op)?;
+                        in_use = get_n(item, "in_use", DEP, op)?;
                     }
                 } else if sk.starts_with(SK_SLOT_PREFIX) {
                     holders.push(SlotHolder {
-                        environment_id: EnvironmentId::new(get_s(item, "environment_id", op)?),
-                        acquired_at: get_n(item, "acquired_at", op)?,
+                        environment_id: EnvironmentId::new(get_s(item, "environment_id", DEP, op)?),
+                        acquired_at: get_n(item, "acquired_at", DEP, op)?,
                     });
                 }
             }
@@ -1426,9 +1383,15 @@ impl Registry for DynamoRegistry {
             .await
             .map_err(|e| port_error(DEP, op, &e))?;
         match out.item() {
-            Some(item) => serde_json::from_str(get_s(item, "terminal", op)?)
+            Some(item) => serde_json::from_str(get_s(item, "terminal", DEP, op)?)
                 .map(Some)
-                .map_err(|e| corrupt(op, format!("terminal record could not be decoded: {e}"))),
+                .map_err(|e| {
+                    corrupt(
+                        DEP,
+                        op,
+                        format!("terminal record could not be decoded: {e}"),
+                    )
+                }),
             None => Ok(None),
         }
     }

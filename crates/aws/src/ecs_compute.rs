@@ -79,9 +79,7 @@ use aws_sdk_ecs::types::{
     AssignPublicIp, AwsVpcConfiguration, ContainerOverride, DesiredStatus, KeyValuePair,
     LaunchType, NetworkConfiguration, PropagateTags, Tag, Task, TaskField, TaskOverride,
 };
-use sandbox_controller::ports::{
-    Clock, Compute, PoolMember, PortError, Started, SystemClock, check_deadline,
-};
+use sandbox_controller::ports::{Compute, PoolMember, PortError, Started, check_deadline};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus, TASK_FAILED_TO_START};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{
@@ -213,6 +211,26 @@ pub(crate) fn stop_code(task: &Task, status: ComputeStatus) -> Option<String> {
     }
 }
 
+/// Why a `RunTask` answer (HTTP 200) started no task: its `failures` as `"<arn>: <reason>
+/// (<detail>)"`, joined with `; ` (capacity, ENI limits, a bad task definition).
+pub(crate) fn run_task_failures(out: &aws_sdk_ecs::operation::run_task::RunTaskOutput) -> String {
+    if out.failures().is_empty() {
+        return "RunTask returned no task and no failure".to_owned();
+    }
+    out.failures()
+        .iter()
+        .map(|f| {
+            format!(
+                "{}: {}{}",
+                f.arn().unwrap_or("-"),
+                f.reason().unwrap_or("unknown"),
+                f.detail().map(|d| format!(" ({d})")).unwrap_or_default()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// The instance a described task is, from its tags; `None` when it lacks them.
 fn instance_from_task(task: &Task) -> Option<ComputeInstance> {
     let arn = task.task_arn()?;
@@ -288,44 +306,51 @@ impl EcsCompute {
         }
     }
 
-    /// `DescribeTasks` for `arns` (≤ 100) with tags; only tasks whose ARN was asked for
-    /// exactly and which run in the configured cluster. The second value: ARNs reported
-    /// with a failure other than `MISSING`, with the reason.
-    async fn describe_tasks(
+    /// The tasks of `arns` that ECS knows, with tags: one `DescribeTasks` per 100 ARNs (the
+    /// API's limit), keeping only tasks whose ARN was asked for exactly (moto matches task
+    /// ids as substrings) and which run in the configured cluster. `MISSING` ARNs are left
+    /// out; any other failure is a transient error naming the ARNs and reasons.
+    pub(crate) async fn described_tasks(
         &self,
         arns: &[String],
         op: &'static str,
-    ) -> Result<(Vec<Task>, Vec<String>), PortError> {
-        let out = self
-            .client
-            .describe_tasks()
-            .cluster(&self.config.cluster)
-            .set_tasks(Some(arns.to_vec()))
-            .include(TaskField::Tags)
-            .send()
-            .await
-            .map_err(|e| port_error(DEP, op, &e))?;
-        let wanted: HashSet<&str> = arns.iter().map(String::as_str).collect();
-        let tasks = out
-            .tasks()
-            .iter()
-            .filter(|t| t.task_arn().is_some_and(|a| wanted.contains(a)))
-            .filter(|t| self.in_cluster(t.cluster_arn()))
-            .cloned()
-            .collect();
-        let other_failures = out
-            .failures()
-            .iter()
-            .filter(|f| f.reason() != Some("MISSING"))
-            .map(|f| {
-                format!(
-                    "{}: {}",
-                    f.arn().unwrap_or("?"),
-                    f.reason().unwrap_or("unknown")
-                )
-            })
-            .collect();
-        Ok((tasks, other_failures))
+    ) -> Result<Vec<Task>, PortError> {
+        let mut tasks = Vec::with_capacity(arns.len());
+        for chunk in arns.chunks(DESCRIBE_CHUNK) {
+            let out = self
+                .client
+                .describe_tasks()
+                .cluster(&self.config.cluster)
+                .set_tasks(Some(chunk.to_vec()))
+                .include(TaskField::Tags)
+                .send()
+                .await
+                .map_err(|e| port_error(DEP, op, &e))?;
+            let failures: Vec<String> = out
+                .failures()
+                .iter()
+                .filter(|f| f.reason() != Some("MISSING"))
+                .map(|f| {
+                    format!(
+                        "{}: {}",
+                        f.arn().unwrap_or("?"),
+                        f.reason().unwrap_or("unknown")
+                    )
+                })
+                .collect();
+            if !failures.is_empty() {
+                return Err(PortError::transient(DEP, op, failures.join("; ")));
+            }
+            let wanted: HashSet<&str> = chunk.iter().map(String::as_str).collect();
+            tasks.extend(
+                out.tasks()
+                    .iter()
+                    .filter(|t| t.task_arn().is_some_and(|a| wanted.contains(a)))
+                    .filter(|t| self.in_cluster(t.cluster_arn()))
+                    .cloned(),
+            );
+        }
+        Ok(tasks)
     }
 
     /// The tasks of `arns` that ECS knows, one `DescribeTasks` per 100 ARNs; a failure
@@ -335,33 +360,27 @@ impl EcsCompute {
         arns: &[String],
         op: &'static str,
     ) -> Result<Vec<ComputeInstance>, PortError> {
-        let mut out = Vec::with_capacity(arns.len());
-        for chunk in arns.chunks(DESCRIBE_CHUNK) {
-            let (tasks, failures) = self.describe_tasks(chunk, op).await?;
-            if !failures.is_empty() {
-                return Err(PortError::transient(DEP, op, failures.join("; ")));
-            }
-            let mut untagged = Vec::new();
-            for task in &tasks {
-                match instance_from_task(task) {
-                    Some(i) => out.push(i),
-                    None if self.pool.is_some() && crate::ecs_pool::is_pool_task(task) => {
-                        untagged.push(task);
-                    }
-                    None => {
-                        return Err(invalid(
-                            op,
-                            format!(
-                                "task {} carries no {TAG_ENVIRONMENT} / {TAG_GENERATION} tags",
-                                task.task_arn().unwrap_or_default()
-                            ),
-                        ));
-                    }
+        let tasks = self.described_tasks(arns, op).await?;
+        let mut out = Vec::with_capacity(tasks.len());
+        let mut untagged = Vec::new();
+        for task in &tasks {
+            match instance_from_task(task) {
+                Some(i) => out.push(i),
+                None if self.pool.is_some() && crate::ecs_pool::is_pool_task(task) => {
+                    untagged.push(task);
+                }
+                None => {
+                    return Err(invalid(
+                        op,
+                        format!(
+                            "task {} carries no {TAG_ENVIRONMENT} / {TAG_GENERATION} tags",
+                            task.task_arn().unwrap_or_default()
+                        ),
+                    ));
                 }
             }
-            if untagged.is_empty() {
-                continue;
-            }
+        }
+        if !untagged.is_empty() {
             // Pool members claimed but not tagged yet (a worker died between the claim
             // and TagResource): read from their member items, one BatchGetItem.
             let resolved = self
@@ -496,9 +515,36 @@ impl EcsCompute {
         name.split(':').next().unwrap_or(name)
     }
 
-    /// Every live task ARN a `ListTasks` request finds, every page: by one environment's
-    /// `startedBy` alone, or by the task family with `desiredStatus` `RUNNING`.
-    async fn list_arns(&self, started_by: Option<&str>) -> Result<Vec<String>, PortError> {
+    /// `StopTask` of `arn` with `reason` truncated to 255 characters (the ECS limit),
+    /// unless `not_after` (Unix seconds) passed: the stop of every task, an environment's
+    /// or a pool member.
+    pub(crate) async fn stop_task(
+        &self,
+        arn: &str,
+        reason: &str,
+        not_after: u64,
+        op: &'static str,
+    ) -> Result<(), PortError> {
+        check_deadline(DEP, op, self.clock.now(), not_after)?;
+        self.client
+            .stop_task()
+            .cluster(&self.config.cluster)
+            .task(arn)
+            .reason(truncate_chars(reason, MAX_STOP_REASON_CHARS))
+            .send()
+            .await
+            .map_err(|e| port_error(DEP, op, &e))?;
+        Ok(())
+    }
+
+    /// Every live task ARN a `ListTasks` request finds, every page: by one `startedBy`
+    /// alone (an environment's, or the pool's), or by the task family with
+    /// `desiredStatus` `RUNNING`.
+    pub(crate) async fn list_arns(
+        &self,
+        started_by: Option<&str>,
+        op: &'static str,
+    ) -> Result<Vec<String>, PortError> {
         let mut arns = Vec::new();
         let mut seen = HashSet::new();
         let request = self.client.list_tasks().cluster(&self.config.cluster);
@@ -510,7 +556,7 @@ impl EcsCompute {
         };
         let mut pages = request.into_paginator().send();
         while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| port_error(DEP, "list", &e))?;
+            let page = page.map_err(|e| port_error(DEP, op, &e))?;
             for arn in page.task_arns() {
                 if seen.insert(arn.clone()) {
                     arns.push(arn.clone());
@@ -530,34 +576,28 @@ impl EcsCompute {
         arns: &[String],
         known: &HashMap<String, crate::pool_table::MemberItem>,
     ) -> Result<Vec<ComputeInstance>, PortError> {
-        let mut out = Vec::with_capacity(arns.len());
-
-        for chunk in arns.chunks(DESCRIBE_CHUNK) {
-            let (tasks, failures) = self.describe_tasks(chunk, "list").await?;
-            if !failures.is_empty() {
-                return Err(PortError::transient(DEP, "list", failures.join("; ")));
+        let tasks = self.described_tasks(arns, "list").await?;
+        let mut out = Vec::with_capacity(tasks.len());
+        let mut untagged = Vec::new();
+        for task in &tasks {
+            if tag_value(task, TAG_DEPLOYMENT) != Some(deployment.as_str()) {
+                continue;
             }
-            let mut untagged = Vec::new();
-            for task in &tasks {
-                if tag_value(task, TAG_DEPLOYMENT) != Some(deployment.as_str()) {
-                    continue;
+            match instance_from_task(task) {
+                Some(i) if i.status.is_active() => out.push(i),
+                Some(_) => {}
+                None if self.pool.is_some() && crate::ecs_pool::is_pool_task(task) => {
+                    untagged.push(task);
                 }
-                match instance_from_task(task) {
-                    Some(i) if i.status.is_active() => out.push(i),
-                    Some(_) => {}
-                    None if self.pool.is_some() && crate::ecs_pool::is_pool_task(task) => {
-                        untagged.push(task);
-                    }
-                    None => tracing::warn!(
-                        task = task.task_arn().unwrap_or_default(),
-                        "task of this deployment without environment/generation tags; skipped"
-                    ),
-                }
+                None => tracing::warn!(
+                    task = task.task_arn().unwrap_or_default(),
+                    "task of this deployment without environment/generation tags; skipped"
+                ),
             }
-            if !untagged.is_empty() {
-                let resolved = self.resolve_pool_tasks(&untagged, known, "list").await?;
-                out.extend(resolved.into_values().filter(|i| i.status.is_active()));
-            }
+        }
+        if !untagged.is_empty() {
+            let resolved = self.resolve_pool_tasks(&untagged, known, "list").await?;
+            out.extend(resolved.into_values().filter(|i| i.status.is_active()));
         }
         Ok(out)
     }
@@ -611,7 +651,7 @@ impl Compute for EcsCompute {
         };
         #[cfg(not(feature = "ec2"))]
         let volume: Option<aws_sdk_ecs::types::TaskVolumeConfiguration> = None;
-        check_deadline(DEP, op, SystemClock.now(), not_after)?;
+        check_deadline(DEP, op, self.clock.now(), not_after)?;
         let out = self
             .client
             .run_task()
@@ -637,25 +677,7 @@ impl Compute for EcsCompute {
             Err(e) => return self.run_task_error(spec, &e).await,
         };
         let Some(task) = out.tasks().iter().find(|t| t.task_arn().is_some()) else {
-            let reason = if out.failures().is_empty() {
-                "RunTask returned no task and no failure".to_owned()
-            } else {
-                out.failures()
-                    .iter()
-                    .map(|f| {
-                        let mut s = format!(
-                            "{}: {}",
-                            f.arn().unwrap_or("-"),
-                            f.reason().unwrap_or("unknown")
-                        );
-                        if let Some(detail) = f.detail() {
-                            s.push_str(&format!(" ({detail})"));
-                        }
-                        s
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            };
+            let reason = run_task_failures(&out);
             tracing::warn!(
                 environment_id = %spec.environment_id,
                 generation = %spec.generation,
@@ -698,7 +720,7 @@ impl Compute for EcsCompute {
         environment_id: &EnvironmentId,
     ) -> Result<Vec<ComputeInstance>, PortError> {
         let started_by = environment_started_by(deployment, environment_id);
-        let mut arns = self.list_arns(Some(&started_by)).await?;
+        let mut arns = self.list_arns(Some(&started_by), "find").await?;
         // Claimed pool members keep the pool's startedBy: their member items name them.
         let mut known = HashMap::new();
         if let Some(pool) = &self.pool {
@@ -722,21 +744,12 @@ impl Compute for EcsCompute {
     }
 
     async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {
-        let arns = self.list_arns(None).await?;
+        let arns = self.list_arns(None, "list").await?;
         self.live_of(deployment, &arns, &HashMap::new()).await
     }
 
     async fn stop(&self, id: &InstanceId, reason: &str, not_after: u64) -> Result<(), PortError> {
-        check_deadline(DEP, "stop", SystemClock.now(), not_after)?;
-        self.client
-            .stop_task()
-            .cluster(&self.config.cluster)
-            .task(id.as_str())
-            .reason(truncate_chars(reason, MAX_STOP_REASON_CHARS))
-            .send()
-            .await
-            .map_err(|e| port_error(DEP, "stop", &e))?;
-        Ok(())
+        self.stop_task(id.as_str(), reason, not_after, "stop").await
     }
 
     /// Issue 27: see [`crate::ecs_pool`] (refused without [`EcsCompute::with_pool`]).

@@ -63,14 +63,13 @@
 //! seconds.
 
 use crate::ecs_compute::{
-    DESCRIBE_CHUNK, EcsCompute, MAX_STOP_REASON_CHARS, TAG_DEPLOYMENT, TAG_ENVIRONMENT,
-    TAG_GENERATION, TAG_SESSION, check_tag_value, started_at, stop_code, tag, tag_value,
-    truncate_chars,
+    EcsCompute, TAG_DEPLOYMENT, TAG_ENVIRONMENT, TAG_GENERATION, TAG_SESSION, check_tag_value,
+    run_task_failures, started_at, stop_code, tag, tag_value,
 };
 use crate::pool_table::{ClaimWrite, MemberItem, MemberState, PoolTable, TokenItem, member_pk};
 use crate::sdk_error::port_error;
 use aws_sdk_ecs::types::{
-    ContainerOverride, KeyValuePair, LaunchType, PropagateTags, Task, TaskField, TaskOverride,
+    ContainerOverride, KeyValuePair, LaunchType, PropagateTags, Task, TaskOverride,
 };
 use sandbox_controller::pool::{RECYCLE_REASON, REPLAY_ONLY};
 use sandbox_controller::ports::{
@@ -78,8 +77,10 @@ use sandbox_controller::ports::{
 };
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::StartSpec;
-use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, InstanceId, SessionId};
-use sha2::{Digest, Sha256};
+pub use sandbox_core::ids::pool_started_by;
+use sandbox_core::ids::{
+    DeploymentId, EnvironmentId, Generation, InstanceId, SessionId, digest_hex32,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,21 +159,6 @@ pub(crate) struct Pool {
     pub(crate) config: PoolConfig,
 }
 
-/// The `startedBy` of `deployment`'s pool members: `sp-` and the first 16 bytes of
-/// SHA-256(`pool/<deployment>`) in hex, 35 characters of `[a-z0-9-]` (ECS `startedBy`:
-/// "Up to 36 letters (uppercase and lowercase), numbers, hyphens (-), forward slash (/),
-/// and underscores (_) are allowed", StartTask/RunTask). Distinct from every
-/// [`environment_started_by`](sandbox_core::ids::environment_started_by) (`se-…`), so the
-/// pool's `ListTasks` and an environment's never overlap.
-pub fn pool_started_by(deployment: &DeploymentId) -> String {
-    let digest = Sha256::digest(format!("pool/{}", deployment.as_str()));
-    let mut hex = String::with_capacity(32);
-    for byte in &digest[..16] {
-        hex.push_str(&format!("{byte:02x}"));
-    }
-    format!("sp-{hex}")
-}
-
 /// A fresh `RunTask` `clientToken` for a member: `pool-` and 32 hex digits (37 characters
 /// in 33–126), from the deployment, the time, the process and a counter.
 fn fresh_client_token(deployment: &DeploymentId) -> String {
@@ -181,16 +167,12 @@ fn fresh_client_token(deployment: &DeploymentId) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    let digest = Sha256::digest(format!(
+    let hex = digest_hex32(&format!(
         "{}/{nanos}/{}/{}",
         deployment.as_str(),
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
-    let mut hex = String::with_capacity(32);
-    for byte in &digest[..16] {
-        hex.push_str(&format!("{byte:02x}"));
-    }
     format!("pool-{hex}")
 }
 
@@ -311,93 +293,18 @@ impl EcsCompute {
         }
     }
 
-    /// `DescribeTasks` of `arns` with tags, at most 100 a call: the tasks ECS knows by
-    /// ARN, kept only when the ARN was asked for exactly and the task runs in the
-    /// configured cluster (moto matches ids as substrings). `MISSING` tasks are left out;
-    /// any other failure is a transient error.
+    /// The tasks of `arns` that ECS knows, by ARN ([`EcsCompute::described_tasks`]).
     async fn describe_pool(
         &self,
         arns: &[String],
         op: &'static str,
     ) -> Result<HashMap<String, Task>, PortError> {
-        let mut found = HashMap::with_capacity(arns.len());
-        for chunk in arns.chunks(DESCRIBE_CHUNK) {
-            let out = self
-                .client
-                .describe_tasks()
-                .cluster(&self.config().cluster)
-                .set_tasks(Some(chunk.to_vec()))
-                .include(TaskField::Tags)
-                .send()
-                .await
-                .map_err(|e| port_error(DEP, op, &e))?;
-            let failures: Vec<String> = out
-                .failures()
-                .iter()
-                .filter(|f| f.reason() != Some("MISSING"))
-                .map(|f| {
-                    format!(
-                        "{}: {}",
-                        f.arn().unwrap_or("?"),
-                        f.reason().unwrap_or("unknown")
-                    )
-                })
-                .collect();
-            if !failures.is_empty() {
-                return Err(PortError::transient(DEP, op, failures.join("; ")));
-            }
-            for task in out.tasks() {
-                let Some(arn) = task.task_arn() else { continue };
-                if chunk.iter().any(|a| a == arn) && self.in_cluster(task.cluster_arn()) {
-                    found.insert(arn.to_owned(), task.clone());
-                }
-            }
-        }
-        Ok(found)
-    }
-
-    /// Every live pool task ARN of `deployment`: `ListTasks` with the cluster and
-    /// `startedBy` = [`pool_started_by`] alone (so `desiredStatus` is its default,
-    /// `RUNNING`), every page.
-    async fn list_pool_arns(&self, deployment: &DeploymentId) -> Result<Vec<String>, PortError> {
-        let mut arns: Vec<String> = Vec::new();
-        let mut pages = self
-            .client
-            .list_tasks()
-            .cluster(&self.config().cluster)
-            .started_by(pool_started_by(deployment))
-            .into_paginator()
-            .send();
-        while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| port_error(DEP, "reconcile_pool", &e))?;
-            for arn in page.task_arns() {
-                if !arns.contains(arn) {
-                    arns.push(arn.clone());
-                }
-            }
-        }
-        Ok(arns)
-    }
-
-    /// `StopTask` of a pool task with `reason` (≤ 255 characters), unless `not_after`
-    /// passed.
-    async fn stop_pool_task(
-        &self,
-        arn: &str,
-        reason: &str,
-        not_after: u64,
-        op: &'static str,
-    ) -> Result<(), PortError> {
-        check_deadline(DEP, op, self.clock.now(), not_after)?;
-        self.client
-            .stop_task()
-            .cluster(&self.config().cluster)
-            .task(arn)
-            .reason(truncate_chars(reason, MAX_STOP_REASON_CHARS))
-            .send()
-            .await
-            .map_err(|e| port_error(DEP, op, &e))?;
-        Ok(())
+        Ok(self
+            .described_tasks(arns, op)
+            .await?
+            .into_iter()
+            .filter_map(|t| Some((t.task_arn()?.to_owned(), t)))
+            .collect())
     }
 
     /// `TagResource` of a claimed member with exactly `sandbox:environment`,
@@ -552,28 +459,12 @@ impl EcsCompute {
             .await
             .map_err(|e| port_error(DEP, op, &e))?;
         let Some(arn) = out.tasks().iter().find_map(|t| t.task_arn()) else {
-            let reasons: Vec<String> = out
-                .failures()
-                .iter()
-                .map(|f| {
-                    format!(
-                        "{}: {}{}",
-                        f.arn().unwrap_or("-"),
-                        f.reason().unwrap_or("unknown"),
-                        f.detail().map(|d| format!(" ({d})")).unwrap_or_default()
-                    )
-                })
-                .collect();
             return Err(PortError::transient(
                 DEP,
                 op,
                 format!(
                     "RunTask started no pool member: {}",
-                    if reasons.is_empty() {
-                        "no task and no failure".to_owned()
-                    } else {
-                        reasons.join("; ")
-                    }
+                    run_task_failures(&out)
                 ),
             ));
         };
@@ -790,7 +681,7 @@ impl EcsCompute {
     ) -> Result<bool, PortError> {
         let op = "recycle_pool_member";
         let Some(pool) = self.pool.as_deref() else {
-            self.stop_pool_task(id.as_str(), RECYCLE_REASON, not_after, op)
+            self.stop_task(id.as_str(), RECYCLE_REASON, not_after, op)
                 .await?;
             return Ok(true);
         };
@@ -805,7 +696,7 @@ impl EcsCompute {
         {
             return Ok(false);
         }
-        self.stop_pool_task(id.as_str(), RECYCLE_REASON, not_after, op)
+        self.stop_task(id.as_str(), RECYCLE_REASON, not_after, op)
             .await?;
         Ok(true)
     }
@@ -823,7 +714,9 @@ impl EcsCompute {
         };
         let now = self.clock.now();
         check_deadline(DEP, op, now, not_after)?;
-        let arns = self.list_pool_arns(deployment).await?;
+        let arns = self
+            .list_arns(Some(&pool_started_by(deployment)), op)
+            .await?;
         let tasks = self.describe_pool(&arns, op).await?;
         let ours: Vec<(&String, &Task)> = tasks
             .iter()
@@ -851,15 +744,13 @@ impl EcsCompute {
                     if now.saturating_sub(created) > ORPHAN_AGE_SECS {
                         tracing::warn!(task = %arn, age_secs = now.saturating_sub(created),
                             "pool task without its member item: stopped");
-                        self.stop_pool_task(arn, ORPHAN_REASON, not_after, op)
-                            .await?;
+                        self.stop_task(arn, ORPHAN_REASON, not_after, op).await?;
                         done += 1;
                     }
                 }
                 Some(i) if i.state == MemberState::Recycled => {
                     tracing::info!(task = %arn, "recycled pool member still live: stopped");
-                    self.stop_pool_task(arn, RECYCLE_REASON, not_after, op)
-                        .await?;
+                    self.stop_task(arn, RECYCLE_REASON, not_after, op).await?;
                     done += 1;
                 }
                 Some(_) => {}

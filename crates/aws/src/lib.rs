@@ -39,6 +39,8 @@
 #[cfg(feature = "bootstrap")]
 pub mod bootstrap;
 #[cfg(feature = "dynamodb")]
+mod dynamo_item;
+#[cfg(feature = "dynamodb")]
 pub mod dynamo_registry;
 #[cfg(feature = "ec2")]
 pub mod ebs_workspaces;

@@ -53,14 +53,14 @@
 //! - Every attribute name goes through an `#name` placeholder (several are reserved words:
 //!   `state`, ...; DynamoDB Developer Guide, "Reserved words").
 
-use crate::sdk_error::{code, port_error};
+use crate::sdk_error::port_error;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
+use aws_sdk_dynamodb::error::DisplayErrorContext;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement,
-    KeyType, KeysAndAttributes, Projection, ProjectionType, Put, ScalarAttributeType,
-    TransactWriteItem, Update,
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
+    KeysAndAttributes, Projection, ProjectionType, Put, ScalarAttributeType, TransactWriteItem,
+    Update,
 };
 use sandbox_controller::ports::PortError;
 use sandbox_core::decision::StartSpec;
@@ -68,6 +68,8 @@ use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, SessionId};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+
+use crate::dynamo_item::{Item, corrupt, get_n, get_s, is_condition_failed, n, s};
 
 const DEP: &str = "pool";
 
@@ -96,8 +98,6 @@ pub const BATCH_GET_MAX: usize = 100;
 /// `BatchGetItem` calls for one chunk while DynamoDB leaves keys unprocessed.
 const BATCH_GET_ATTEMPTS: u32 = 5;
 const STATE_ATTR: &str = "state";
-
-type Item = HashMap<String, AttributeValue>;
 
 /// A member's state (`state`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,47 +214,10 @@ pub fn claimed_environment(deployment: &DeploymentId, environment_id: &Environme
     format!("{}#{}", deployment.as_str(), environment_id.as_str())
 }
 
-fn s(v: impl Into<String>) -> AttributeValue {
-    AttributeValue::S(v.into())
-}
-
-fn n(v: u64) -> AttributeValue {
-    AttributeValue::N(v.to_string())
-}
-
-fn corrupt(operation: &'static str, message: impl Into<String>) -> PortError {
-    PortError::permanent(DEP, operation, message)
-}
-
 fn build_error(
     operation: &'static str,
 ) -> impl Fn(aws_sdk_dynamodb::error::BuildError) -> PortError {
     move |e| PortError::permanent(DEP, operation, format!("request not built: {e}"))
-}
-
-fn get_s<'a>(item: &'a Item, name: &str, operation: &'static str) -> Result<&'a str, PortError> {
-    match item.get(name) {
-        Some(AttributeValue::S(v)) => Ok(v),
-        _ => Err(corrupt(
-            operation,
-            format!("pool item attribute {name} is missing or not a string"),
-        )),
-    }
-}
-
-fn get_n(item: &Item, name: &str, operation: &'static str) -> Result<u64, PortError> {
-    match item.get(name) {
-        Some(AttributeValue::N(v)) => v.parse::<u64>().map_err(|_| {
-            corrupt(
-                operation,
-                format!("pool item attribute {name} is not an unsigned integer: {v:?}"),
-            )
-        }),
-        _ => Err(corrupt(
-            operation,
-            format!("pool item attribute {name} is missing or not a number"),
-        )),
-    }
 }
 
 /// Whether `item` is expired at `now` (`expires_at <= now`): it reads as absent. An item
@@ -263,35 +226,41 @@ fn expired(item: &Item, now: u64, operation: &'static str) -> Result<bool, PortE
     if !item.contains_key(TTL_ATTR) {
         return Ok(false);
     }
-    Ok(get_n(item, TTL_ATTR, operation)? <= now)
+    Ok(get_n(item, TTL_ATTR, DEP, operation)? <= now)
 }
 
 fn decode_member(item: &Item, operation: &'static str) -> Result<MemberItem, PortError> {
-    let state_text = get_s(item, STATE_ATTR, operation)?;
-    let state = MemberState::parse(state_text)
-        .ok_or_else(|| corrupt(operation, format!("unknown member state {state_text:?}")))?;
+    let state_text = get_s(item, STATE_ATTR, DEP, operation)?;
+    let state = MemberState::parse(state_text).ok_or_else(|| {
+        corrupt(
+            DEP,
+            operation,
+            format!("unknown member state {state_text:?}"),
+        )
+    })?;
     let assignment = if item.contains_key("environment_id") {
         Some(Assignment {
-            environment_id: EnvironmentId::new(get_s(item, "environment_id", operation)?),
-            session_id: SessionId::new(get_s(item, "session_id", operation)?),
-            generation: Generation(get_n(item, "generation", operation)?),
-            idempotency_token: get_s(item, "idempotency_token", operation)?.to_owned(),
-            assigned_at: get_n(item, "assigned_at", operation)?,
+            environment_id: EnvironmentId::new(get_s(item, "environment_id", DEP, operation)?),
+            session_id: SessionId::new(get_s(item, "session_id", DEP, operation)?),
+            generation: Generation(get_n(item, "generation", DEP, operation)?),
+            idempotency_token: get_s(item, "idempotency_token", DEP, operation)?.to_owned(),
+            assigned_at: get_n(item, "assigned_at", DEP, operation)?,
         })
     } else {
         None
     };
     if state == MemberState::Assigned && assignment.is_none() {
         return Err(corrupt(
+            DEP,
             operation,
             "an assigned member without its assignment",
         ));
     }
     Ok(MemberItem {
-        pk: get_s(item, PK, operation)?.to_owned(),
-        deployment: get_s(item, "deployment", operation)?.to_owned(),
-        task_arn: get_s(item, "task_arn", operation)?.to_owned(),
-        created_at: get_n(item, CREATED_ATTR, operation)?,
+        pk: get_s(item, PK, DEP, operation)?.to_owned(),
+        deployment: get_s(item, "deployment", DEP, operation)?.to_owned(),
+        task_arn: get_s(item, "task_arn", DEP, operation)?.to_owned(),
+        created_at: get_n(item, CREATED_ATTR, DEP, operation)?,
         state,
         assignment,
     })
@@ -299,19 +268,12 @@ fn decode_member(item: &Item, operation: &'static str) -> Result<MemberItem, Por
 
 fn decode_token(item: &Item, operation: &'static str) -> Result<TokenItem, PortError> {
     Ok(TokenItem {
-        task_arn: get_s(item, "task_arn", operation)?.to_owned(),
-        member_pk: get_s(item, "member_pk", operation)?.to_owned(),
-        environment_id: EnvironmentId::new(get_s(item, "environment_id", operation)?),
-        session_id: SessionId::new(get_s(item, "session_id", operation)?),
-        generation: Generation(get_n(item, "generation", operation)?),
+        task_arn: get_s(item, "task_arn", DEP, operation)?.to_owned(),
+        member_pk: get_s(item, "member_pk", DEP, operation)?.to_owned(),
+        environment_id: EnvironmentId::new(get_s(item, "environment_id", DEP, operation)?),
+        session_id: SessionId::new(get_s(item, "session_id", DEP, operation)?),
+        generation: Generation(get_n(item, "generation", DEP, operation)?),
     })
-}
-
-fn is_condition_failed<E>(err: &SdkError<E>) -> bool
-where
-    E: aws_sdk_dynamodb::error::ProvideErrorMetadata,
-{
-    code(err) == Some("ConditionalCheckFailedException")
 }
 
 /// Creates the pool table `table` with the schema in the module docs (for tests and local

@@ -124,12 +124,20 @@ pub const IDEMPOTENCY_TOKEN_MAX_LEN: usize = 64;
 /// retried start after a crash presents the same token and tags, which is how the next
 /// worker finds and adopts the compute instead of creating a second one (row 12).
 pub fn idempotency_token(environment_id: &EnvironmentId, generation: Generation) -> String {
-    let digest = Sha256::digest(format!("{}#{}", environment_id.effect_key(), generation.0));
+    let hex = digest_hex32(&format!("{}#{}", environment_id.effect_key(), generation.0));
+    format!("sl-{hex}-g{}", generation.0)
+}
+
+/// The first 128 bits of SHA-256(`text`) in lowercase hex (32 characters): the short,
+/// stable names of the ECS fields with tight limits (`startedBy` ≤ 36 characters,
+/// `clientToken` ≤ 64).
+pub fn digest_hex32(text: &str) -> String {
+    let digest = Sha256::digest(text);
     let mut hex = String::with_capacity(32);
     for byte in &digest[..16] {
         hex.push_str(&format!("{byte:02x}"));
     }
-    format!("sl-{hex}-g{}", generation.0)
+    hex
 }
 
 /// The ECS `startedBy` of the computes one deployment starts for one environment: `se-`
@@ -142,16 +150,23 @@ pub fn idempotency_token(environment_id: &EnvironmentId, generation: Generation)
 /// that takes over from a crashed one discovers a task that was started but never recorded
 /// (lifecycle-cases.md row 12) without listing the deployment.
 pub fn environment_started_by(deployment: &DeploymentId, environment_id: &EnvironmentId) -> String {
-    let digest = Sha256::digest(format!(
+    let hex = digest_hex32(&format!(
         "{}/{}",
         deployment.as_str(),
         environment_id.effect_key()
     ));
-    let mut hex = String::with_capacity(32);
-    for byte in &digest[..16] {
-        hex.push_str(&format!("{byte:02x}"));
-    }
     format!("se-{hex}")
+}
+
+/// The ECS `startedBy` of one deployment's warm pool members (issue 27,
+/// docs/WARM_POOL.md): `sp-` and the first 128 bits of `SHA-256("pool/{deployment}")` in
+/// hex (35 characters). Distinct from every [`environment_started_by`] (`se-…`), so the
+/// pool's `ListTasks` (the refill's reconcile) and an environment's never overlap.
+pub fn pool_started_by(deployment: &DeploymentId) -> String {
+    format!(
+        "sp-{}",
+        digest_hex32(&format!("pool/{}", deployment.as_str()))
+    )
 }
 
 /// Identifies one deployment of this controller; every compute it starts is tagged with
