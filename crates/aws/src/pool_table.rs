@@ -62,6 +62,7 @@ use aws_sdk_dynamodb::types::{
     KeysAndAttributes, Projection, ProjectionType, Put, ScalarAttributeType, TransactWriteItem,
     Update,
 };
+use backon::BackoffBuilder;
 use sandbox_controller::ports::PortError;
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, SessionId};
@@ -97,6 +98,18 @@ pub const TOKEN_TTL_SECS: u64 = 86_400;
 pub const BATCH_GET_MAX: usize = 100;
 /// `BatchGetItem` calls for one chunk while DynamoDB leaves keys unprocessed.
 const BATCH_GET_ATTEMPTS: u32 = 5;
+
+/// Pauses before asking again for `UnprocessedKeys`: exponential from 50 ms (factor 2, at
+/// most 800 ms) with jitter, [`BATCH_GET_ATTEMPTS`] − 1 of them ("we strongly recommend
+/// that you use an exponential backoff algorithm", DynamoDB API Reference, BatchGetItem).
+fn unprocessed_backoff() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_factor(2.0)
+        .with_max_delay(Duration::from_millis(800))
+        .with_max_times((BATCH_GET_ATTEMPTS - 1) as usize)
+        .with_jitter()
+}
 const STATE_ATTR: &str = "state";
 
 /// A member's state (`state`).
@@ -517,8 +530,8 @@ impl PoolTable {
     }
 
     /// The member items under `pks` (consistent `BatchGetItem`, at most
-    /// [`BATCH_GET_MAX`] keys a call, `UnprocessedKeys` asked again with exponential pauses
-    /// from 50 ms, [`BATCH_GET_ATTEMPTS`] calls a chunk at most), by key; absent and
+    /// [`BATCH_GET_MAX`] keys a call, `UnprocessedKeys` asked again after
+    /// [`unprocessed_backoff`]'s pauses, [`BATCH_GET_ATTEMPTS`] calls a chunk at most), by key; absent and
     /// expired ones left out. Duplicate keys are asked once (DynamoDB refuses duplicates
     /// in one request).
     pub(crate) async fn members(
@@ -540,9 +553,8 @@ impl PoolTable {
                 keys = keys.keys(HashMap::from([(PK.to_owned(), s(pk.as_str()))]));
             }
             let mut pending = Some(keys.build().map_err(build_error(op))?);
-            let mut attempt = 0;
+            let mut pauses = unprocessed_backoff().build();
             while let Some(request) = pending.take() {
-                attempt += 1;
                 let result = self
                     .ddb
                     .batch_get_item()
@@ -568,7 +580,7 @@ impl PoolTable {
                     .filter(|k| !k.keys().is_empty())
                     .cloned();
                 if let Some(left) = left {
-                    if attempt >= BATCH_GET_ATTEMPTS {
+                    let Some(pause) = pauses.next() else {
                         return Err(PortError::transient(
                             DEP,
                             op,
@@ -577,8 +589,8 @@ impl PoolTable {
                                 left.keys().len()
                             ),
                         ));
-                    }
-                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                    };
+                    tokio::time::sleep(pause).await;
                     pending = Some(left);
                 }
             }
