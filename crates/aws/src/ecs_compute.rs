@@ -142,9 +142,9 @@ pub struct EcsCompute {
     ebs: Option<Arc<crate::ebs_workspaces::Ebs>>,
     /// The warm pool (issue 27, [`crate::ecs_pool`]), when configured.
     pub(crate) pool: Option<Arc<crate::ecs_pool::Pool>>,
-    /// The clock of the pool's bookkeeping (members' `created_at`, ages, expiry) and of
-    /// the pool methods' deadlines; the system clock unless a test sets another
-    /// ([`EcsCompute::with_pool_clock`]).
+    /// The clock of every deadline check before a `RunTask` or `StopTask` and of the
+    /// pool's bookkeeping (members' `created_at`, ages, expiry); the system clock unless a
+    /// test sets another ([`EcsCompute::with_pool_clock`]).
     pub(crate) clock: crate::ecs_pool::PoolClock,
 }
 

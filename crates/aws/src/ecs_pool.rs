@@ -246,8 +246,9 @@ impl EcsCompute {
     }
 
     /// The clock of the pool's bookkeeping (members' `created_at`, the orphan age, item
-    /// expiry) and of the pool methods' deadlines; the system clock by default. For tests
-    /// (a member "older than 120 s" without sleeping). Makes no call.
+    /// expiry) and of every deadline check before a `RunTask` or `StopTask`; the system
+    /// clock by default. For tests (a member "older than 120 s" without sleeping). Makes no
+    /// call.
     #[must_use]
     pub fn with_pool_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = PoolClock(clock);
