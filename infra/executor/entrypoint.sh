@@ -5,8 +5,9 @@
 #   executor URL   codex exec-server --listen URL (ws://127.0.0.1:PORT): the executor the
 #                  agent's commands run in. It holds no credential: it refuses to start when
 #                  CODEX_API_KEY (or any other credential variable below) is set.
-#   forwarder URL  codex exec-server --remote "$REMOTE_URL" --environment-id
-#                  "$ENVIRONMENT_ID" forward --connect URL: the only key holder. It
+#   forwarder URL  codex exec-server forward --remote "$REMOTE_URL" --environment-id
+#                  "$ENVIRONMENT_ID" --connect URL: the only key holder (the options
+#                  belong to `forward`: codex 0.171.0 refuses them before it). It
 #                  registers with the Agents API (CODEX_API_KEY, from the task definition's
 #                  `secrets`) and copies the authenticated remote messages to the executor
 #                  over the task's shared loopback (awsvpc).
@@ -143,8 +144,8 @@ case "$role" in
     require ENVIRONMENT_ID "${ENVIRONMENT_ID:-}" "RunTask container override"
     require CODEX_API_KEY "${CODEX_API_KEY:-}" "task definition secrets"
     say "role forwarder: registering environment $ENVIRONMENT_ID, forwarding to $url"
-    set -- codex exec-server --remote "$REMOTE_URL" --environment-id "$ENVIRONMENT_ID" \
-      forward --connect "$url"
+    set -- codex exec-server forward --remote "$REMOTE_URL" \
+      --environment-id "$ENVIRONMENT_ID" --connect "$url"
     ;;
   single)
     require REMOTE_URL "${REMOTE_URL:-}" "RunTask container override"

@@ -400,11 +400,11 @@ def test_a_pool_forwarder_registers_with_its_assignment(member, stubs, tmp_path)
         wait_for(tmp_path / "ready")
         assert (tmp_path / "args").read_text().splitlines() == [
             "exec-server",
+            "forward",
             "--remote",
             ASSIGNED["remote_url"],
             "--environment-id",
             ASSIGNED["environment_id"],
-            "forward",
             "--connect",
             LISTEN,
         ]
@@ -414,6 +414,68 @@ def test_a_pool_forwarder_registers_with_its_assignment(member, stubs, tmp_path)
     node_env = (tmp_path / "node-env").read_text()
     assert "CODEX_API_KEY" not in node_env and "test-executor-key" not in node_env
     assert "POOL_TABLE_NAME=" + TABLE in node_env.splitlines()
+
+
+class _Registration(BaseHTTPRequestHandler):
+    """Records each request's method, path and bearer, answers 401 in the API's error shape."""
+
+    seen: list[tuple[str, str, str]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.seen.append(("POST", self.path, self.headers.get("Authorization", "")))
+        body = b'{"error":{"code":"invalid_api_key","message":"Incorrect API key provided."}}'
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_the_pool_forwarder_command_line_runs_with_the_pinned_binary(member, tmp_path):
+    """The pool path's command line, built by entrypoint.sh from the assignment, run by the
+    pinned codex (not a stub): it reaches registration with the assignment's environment id
+    and the key as bearer. (0.171.0 refuses `forward`'s options before `forward` with exit 2,
+    ../shared/reference/executor-protocol.md.)"""
+    from test_executor import CODEX
+
+    assert CODEX.exists(), "make infra-tools installs the pinned codex"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "codex").symlink_to(CODEX)
+    _Registration.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Registration)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        remote = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        member.put("assigned", remote_url=remote, environment_id="env_pool1")
+        env = {
+            **member.env,
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "HOME": str(tmp_path),
+            "CODEX_API_KEY": "test-executor-key",
+        }
+        proc = subprocess.Popen(
+            ["/bin/sh", str(ENTRYPOINT), "forwarder", LISTEN],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            want = ("POST", "/v1/cloud/environment/env_pool1/register", "Bearer test-executor-key")
+            deadline = time.monotonic() + 30
+            while want not in _Registration.seen:
+                assert proc.poll() is None, f"exited {proc.returncode}: {proc.stderr.read()}"
+                assert time.monotonic() < deadline, f"no registration; saw {_Registration.seen}"
+                time.sleep(0.05)
+        finally:
+            end_group(proc)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_pool_forwarder_without_an_assignment_exits_0_and_starts_nothing(member, stubs, tmp_path):

@@ -209,11 +209,11 @@ def test_entrypoint_forwarder_role_registers_and_connects_to_the_executor(stub_e
         wait_for(tmp_path / "ready")
         assert (tmp_path / "args").read_text().splitlines() == [
             "exec-server",
+            "forward",
             "--remote",
             INPUTS["REMOTE_URL"],
             "--environment-id",
             INPUTS["ENVIRONMENT_ID"],
-            "forward",
             "--connect",
             LISTEN,
         ]

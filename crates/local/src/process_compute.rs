@@ -172,8 +172,10 @@ impl ExecutorCommand {
         Self::listen("codex")
     }
 
-    /// Issue 26, the split mode's forwarder (the key holder): `codex exec-server --remote
-    /// $REMOTE_URL --environment-id $ENVIRONMENT_ID forward --connect $LISTEN_URL`.
+    /// The split mode's forwarder (the key holder): `codex exec-server forward --remote
+    /// $REMOTE_URL --environment-id $ENVIRONMENT_ID --connect $LISTEN_URL`. The options
+    /// belong to `forward`: codex 0.171.0 refuses them before it (exit 2;
+    /// ../shared/reference/executor-protocol.md, "Command lines").
     pub fn codex_forward() -> Self {
         Self::forward("codex")
     }
@@ -185,19 +187,20 @@ impl ExecutorCommand {
         Self::new(program, ["exec-server", "--listen", "$LISTEN_URL"])
     }
 
-    /// Issue 26: `program exec-server --remote $REMOTE_URL --environment-id
-    /// $ENVIRONMENT_ID forward --connect $LISTEN_URL`, the split mode's forwarder of any
-    /// program speaking `codex exec-server`'s arguments.
+    /// `program exec-server forward --remote $REMOTE_URL --environment-id
+    /// $ENVIRONMENT_ID --connect $LISTEN_URL`, the split mode's forwarder of any program
+    /// speaking `codex exec-server`'s arguments (options after `forward`, as codex 0.171.0
+    /// requires).
     pub fn forward(program: impl Into<String>) -> Self {
         Self::new(
             program,
             [
                 "exec-server",
+                "forward",
                 "--remote",
                 "$REMOTE_URL",
                 "--environment-id",
                 "$ENVIRONMENT_ID",
-                "forward",
                 "--connect",
                 "$LISTEN_URL",
             ],
@@ -237,6 +240,14 @@ impl ExecutorCommand {
             "LISTEN_URL" => Some(listen_url.to_owned()),
             _ => None,
         })
+    }
+
+    /// The argument vector this command gets for `spec`: every placeholder replaced
+    /// (`$REMOTE_URL`, `$ENVIRONMENT_ID`, `$SESSION_ID`, `$GENERATION`, `$WORKSPACE_DIR`,
+    /// and `$LISTEN_URL` unless `listen_url` is empty), the rest verbatim. Exactly what a
+    /// start hands the program (tests run it through the pinned codex).
+    pub fn arguments(&self, spec: &StartSpec, workspace: &Path, listen_url: &str) -> Vec<String> {
+        self.substituted(spec, workspace, listen_url)
     }
 
     fn substituted(&self, spec: &StartSpec, workspace: &Path, listen_url: &str) -> Vec<String> {
@@ -363,8 +374,8 @@ pub struct ProcessComputeConfig {
     /// Kill (SIGKILL, whole process group) every live child in the database when the last
     /// handle drops. Default: `false` (children outlive the controller and are adopted).
     pub kill_on_drop: bool,
-    /// Issue 26: the forwarder command of the split mode (see the module docs), e.g.
-    /// `codex exec-server --remote $REMOTE_URL --environment-id $ENVIRONMENT_ID forward
+    /// The forwarder command of the split mode (see the module docs), e.g.
+    /// `codex exec-server forward --remote $REMOTE_URL --environment-id $ENVIRONMENT_ID
     /// --connect $LISTEN_URL`. `None` (default): the single-process mode, where the
     /// executor itself holds the key.
     pub forwarder: Option<ExecutorCommand>,

@@ -100,8 +100,8 @@ impl Default for Options {
 }
 
 /// Issue 26: the split commands with the stand-in on both sides:
-/// `sim-executor exec-server --listen $LISTEN_URL` and `sim-executor exec-server --remote
-/// $REMOTE_URL --environment-id $ENVIRONMENT_ID forward --connect $LISTEN_URL`.
+/// `sim-executor exec-server --listen $LISTEN_URL` and `sim-executor exec-server forward
+/// --remote $REMOTE_URL --environment-id $ENVIRONMENT_ID --connect $LISTEN_URL`.
 pub fn stand_in_split() -> anyhow::Result<(ExecutorCommand, ExecutorCommand)> {
     let bin = workspace_binary("sim-executor")?.display().to_string();
     Ok((ExecutorCommand::listen(bin), stand_in_forwarder()?))
