@@ -42,11 +42,25 @@ help:
 	@echo "make deploy-sam / make deploy-cdk   deploy (make deploy-help lists the variables)"
 
 # The whole pipeline on 127.0.0.1: simulator, webhook endpoint, workers, sweeper, SQLite,
-# child-process executors (the simulator's stand-in); prints the timeline and a summary.
-# sandboxctl without its `aws` feature: the demo needs none of the AWS SDK.
-run:
+# child-process executors; prints the timeline and a summary. sandboxctl without its `aws`
+# feature: the demo needs none of the AWS SDK.
+#   make run                  the fast stand-in (`sim-executor`) as listener and forwarder
+#   make run EXECUTOR=codex   the pinned codex (infra/executor, installed first if missing)
+#                             as listener and forwarder, registering with the simulator
+EXECUTOR ?= stand-in
+ifeq ($(EXECUTOR),codex)
+RUN_PREREQS := infra-node-check $(INFRA)/executor/node_modules/.installed
+RUN_EXECUTOR = $(abspath $(INFRA)/executor/node_modules/.bin/codex)
+else ifeq ($(EXECUTOR),stand-in)
+RUN_PREREQS :=
+RUN_EXECUTOR = $(TARGET_DIR)/debug/sim-executor
+else
+$(error EXECUTOR must be stand-in (default) or codex, not '$(EXECUTOR)')
+endif
+
+run: $(RUN_PREREQS)
 	cargo build --locked -p sandboxctl -p agents-sim --bins
-	$(TARGET_DIR)/debug/sandboxctl demo --executor $(TARGET_DIR)/debug/sim-executor
+	$(TARGET_DIR)/debug/sandboxctl demo --executor $(RUN_EXECUTOR)
 
 # Every step runs below tests/leftovers/run.py (a child subreaper): the run fails, naming
 # them, when processes a test started (an executor, moto, a stub) outlive it, and ends them.
