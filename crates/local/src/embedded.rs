@@ -212,6 +212,16 @@ impl EmbeddedStack {
                 source,
             }
         })?;
+        // The worker verifies forced operator jobs with the data directory's operator key
+        // (crate::operator_key; README.md, "Security").
+        cfg.controller.operator_key = Some(
+            crate::operator_key::load_or_create(&cfg.data_dir).map_err(|source| {
+                EmbeddedError::Io {
+                    what: "read or create operator.key",
+                    source,
+                }
+            })?,
+        );
         // Queues and registry in two files, as SQS and DynamoDB are two services: their
         // write transactions never wait for each other's file lock (`make bench`).
         let db = cfg.data_dir.join("sandbox.db");

@@ -26,6 +26,7 @@
 
 mod db;
 pub mod embedded;
+pub mod operator_key;
 pub mod private;
 pub mod process_compute;
 pub mod settings_file;
