@@ -343,8 +343,10 @@ export class SandboxLifecycle extends Construct {
       ],
     });
     const ecsTasks = new iam.ServicePrincipal("ecs-tasks.amazonaws.com");
+    // Trust: ecs-tasks.amazonaws.com acting for this account only (aws:SourceAccount, IAM
+    // User Guide, "The confused deputy problem").
     const executionRole = new iam.Role(this, "ExecutorExecutionRole", {
-      assumedBy: ecsTasks,
+      assumedBy: ecsTasks.withConditions({ StringEquals: { "aws:SourceAccount": stack.account } }),
       inlinePolicies: {
         "executor-execution": new iam.PolicyDocument({
           statements: [
@@ -389,26 +391,44 @@ export class SandboxLifecycle extends Construct {
     // role"): only ecs-tasks.amazonaws.com acting for this account and an ECS resource of
     // this account and region. The role does not trust itself, so code in the task cannot
     // assume it again under another session name.
-    const taskRole = new iam.Role(this, "ExecutorTaskRole", {
-      assumedBy: new iam.ServicePrincipal("ecs-tasks.amazonaws.com").withConditions({
-        ArnLike: { "aws:SourceArn": `arn:${stack.partition}:ecs:${stack.region}:${stack.account}:*` },
-        StringEquals: { "aws:SourceAccount": stack.account },
-      }),
-      inlinePolicies: this.poolTable
-        ? {
+    // Only with the pool: without it the task definition names no task role, so code in the
+    // sandbox gets no AWS credential at all. With it, the one grant plus explicit denies of
+    // every other action and of GetItem on any other resource: an explicit deny in the
+    // role's own policy wins over any allow, a resource policy's included (IAM User Guide,
+    // "Policy evaluation logic").
+    const poolTable = this.poolTable;
+    const taskRole = poolTable
+      ? new iam.Role(this, "ExecutorTaskRole", {
+          assumedBy: new iam.ServicePrincipal("ecs-tasks.amazonaws.com").withConditions({
+            ArnLike: { "aws:SourceArn": `arn:${stack.partition}:ecs:${stack.region}:${stack.account}:*` },
+            StringEquals: { "aws:SourceAccount": stack.account },
+          }),
+          inlinePolicies: {
             "executor-task": new iam.PolicyDocument({
               statements: [
                 new iam.PolicyStatement({
                   sid: "OwnPoolItem",
                   actions: ["dynamodb:GetItem"],
-                  resources: [this.poolTable.tableArn],
+                  resources: [poolTable.tableArn],
                   conditions: { "ForAllValues:StringEquals": { "dynamodb:LeadingKeys": ["${aws:userid}"] } },
+                }),
+                new iam.PolicyStatement({
+                  sid: "DenyEveryOtherAction",
+                  effect: iam.Effect.DENY,
+                  notActions: ["dynamodb:GetItem"],
+                  resources: ["*"],
+                }),
+                new iam.PolicyStatement({
+                  sid: "DenyEveryOtherResource",
+                  effect: iam.Effect.DENY,
+                  actions: ["dynamodb:GetItem"],
+                  notResources: [poolTable.tableArn],
                 }),
               ],
             }),
-          }
-        : undefined,
-    });
+          },
+        })
+      : undefined;
     // The ECS infrastructure role (issue 14): ECS creates, attaches, tags and deletes the
     // executor's workspace volume with it (RunTask volumeConfigurations roleArn), so the
     // executor holds no AWS credential for its files (Amazon ECS Developer Guide, "Amazon
@@ -418,7 +438,9 @@ export class SandboxLifecycle extends Construct {
     // Only with workspaces on (issue 24): nothing passes it otherwise.
     const infrastructureRole = workspaces
       ? new iam.Role(this, "ExecutorInfrastructureRole", {
-          assumedBy: new iam.ServicePrincipal("ecs.amazonaws.com"),
+          assumedBy: new iam.ServicePrincipal("ecs.amazonaws.com").withConditions({
+            StringEquals: { "aws:SourceAccount": stack.account },
+          }),
           managedPolicies: [
             iam.ManagedPolicy.fromAwsManagedPolicyName("service-role/AmazonECSInfrastructureRolePolicyForVolumes"),
           ],
@@ -438,7 +460,7 @@ export class SandboxLifecycle extends Construct {
         cpuArchitecture: props.executorCpuArchitecture ?? "ARM64",
       },
       executionRoleArn: executionRole.roleArn,
-      taskRoleArn: taskRole.roleArn,
+      taskRoleArn: taskRole?.roleArn,
       // The workspace volume, configured per task at RunTask (crates/aws/src/ebs_workspaces.rs).
       volumes: workspaces ? [{ name: "workspace", configuredAtLaunch: true }] : undefined,
       // Issue 26 (split): the executor container has no secret and no environment and
@@ -573,7 +595,7 @@ export class SandboxLifecycle extends Construct {
       new iam.PolicyStatement({
         sid: "PassExecutorRoles",
         actions: ["iam:PassRole"],
-        resources: [executionRole.roleArn, taskRole.roleArn],
+        resources: [executionRole.roleArn, ...(taskRole ? [taskRole.roleArn] : [])],
         conditions: { StringEquals: { "iam:PassedToService": "ecs-tasks.amazonaws.com" } },
       }),
       // The warm pool (issue 27, docs/WARM_POOL.md "ECS calls"), only with it on: the pool
@@ -848,7 +870,7 @@ export class SandboxLifecycle extends Construct {
       // every member key, `<role id>:<task id>`) only with the pool on.
       POOL_SIZE: String(poolSize),
       POOL_MAX_AGE_SECS: String(props.poolMaxAgeSecs ?? 3600),
-      ...(this.poolTable ? { POOL_TABLE_NAME: this.poolTable.tableName, POOL_TASK_ROLE_ID: taskRole.roleId } : {}),
+      ...(this.poolTable && taskRole ? { POOL_TABLE_NAME: this.poolTable.tableName, POOL_TASK_ROLE_ID: taskRole.roleId } : {}),
     };
     // What only the worker reads: the Agents API and its key (the sweeper reads no session).
     const workerEnvironment: Record<string, string> = {
