@@ -1163,3 +1163,49 @@ def test_the_pool_is_refilled_by_a_schedule_that_invokes_the_worker(any_cfn, any
                    if res["Type"] == "AWS::Lambda::Permission" and rid in flat(res["Properties"].get("SourceArn", ""))]
     assert len(permissions) == 1
     assert permissions[0]["Properties"]["Principal"] == "events.amazonaws.com"
+
+
+# ----------------------------------------------------------------------------- who may send (README.md, "Security")
+def test_only_the_roles_that_send_may_send_to_the_queues(any_cfn):
+    """Each queue's policy denies sqs:SendMessage to every principal but the roles whose own
+    policies send to it (webhook: events; worker and sweeper: timers) and, when given,
+    QueueSenderArns / queueSenderArns: the set in the deny's ArnNotLike is computed from the
+    role statements, so a new sender without a queue-policy entry (or the reverse) fails."""
+    queues = {k for k in resources(any_cfn, "AWS::SQS::Queue") if "RedrivePolicy" in any_cfn["Resources"][k]["Properties"]}
+    assert len(queues) == 2, queues
+    policies = resources(any_cfn, "AWS::SQS::QueuePolicy")
+    assert len(policies) == 2
+    for queue in queues:
+        senders = {
+            role_id
+            for role_id in resources(any_cfn, "AWS::IAM::Role")
+            for s in role_statements(any_cfn, role_id)
+            if s["Effect"] == "Allow"
+            and "sqs:SendMessage" in as_list(s["Action"])
+            and queue in {ref_target(r) for r in as_list(s["Resource"])}
+        }
+        assert senders, queue
+        (policy,) = [p for p in policies.values() if [ref_target(q) for q in p["Properties"]["Queues"]] == [queue]]
+        document = resolve_conditions(policy["Properties"]["PolicyDocument"], {"HasQueueSenders": False})
+        (statement,) = as_list(document["Statement"])
+        assert statement["Effect"] == "Deny"
+        assert statement["Principal"] in ("*", {"AWS": "*"})
+        assert as_list(statement["Action"]) == ["sqs:SendMessage"]
+        assert [ref_target(r) for r in as_list(statement["Resource"])] == [queue]
+        (key,) = statement["Condition"]["ArnNotLike"]
+        assert key == "aws:PrincipalArn"
+        allowed = {ref_target(a) for a in as_list(statement["Condition"]["ArnNotLike"][key])}
+        assert allowed == senders, (queue, allowed, senders)
+
+
+def test_queue_sender_arns_join_the_function_roles_in_sam(sam_cfn):
+    """With QueueSenderArns given, SAM's deny lists the function roles and then the given
+    principals (one Fn::Split of the joined list); without, the roles alone."""
+    for policy in resources(sam_cfn, "AWS::SQS::QueuePolicy").values():
+        (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
+        arns = statement["Condition"]["ArnNotLike"]["aws:PrincipalArn"]
+        cond, given, absent = arns["Fn::If"]
+        assert cond == "HasQueueSenders"
+        joined = given["Fn::Split"][1]["Fn::Join"][1]
+        assert joined[:-1] == absent
+        assert joined[-1] == {"Fn::Join": [",", {"Ref": "QueueSenderArns"}]}

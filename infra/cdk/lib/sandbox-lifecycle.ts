@@ -190,6 +190,18 @@ export interface SandboxLifecycleProps {
   readonly webhookToleranceSecs?: number;
   /** `WEBHOOK_PREVIOUS_SECRET_ARN`: the previous signing secret during a rotation. @default none */
   readonly previousWebhookSecretArn?: string;
+  /**
+   * `OPERATOR_KEY_SECRET_ARN`: the operator key (at least 32 characters), readable by the
+   * worker and operators only; a forced close of a session no record names carries a proof
+   * made with it. @default none: every such job is refused
+   */
+  readonly operatorKeySecretArn?: string;
+  /**
+   * Principal ARNs (wildcards allowed) that may send to the events and timers queues
+   * besides the functions that do: operators and applications sending `timeout_reported`.
+   * Every other principal is denied `sqs:SendMessage`. @default none
+   */
+  readonly queueSenderArns?: string[];
   /** Records per worker invocation, 1-10. @default 10 */
   readonly workerBatchSize?: number;
   /** Maximum concurrent worker invocations per queue, 2-1000. @default 10 */
@@ -570,7 +582,7 @@ export class SandboxLifecycle extends Construct {
       new iam.PolicyStatement({
         sid: "ApiKey",
         actions: ["secretsmanager:GetSecretValue"],
-        resources: [props.openAIApiKeySecretArn],
+        resources: [props.openAIApiKeySecretArn, ...(props.operatorKeySecretArn ? [props.operatorKeySecretArn] : [])],
       }),
       ...sharedControllerStatements(),
       new iam.PolicyStatement({
@@ -799,6 +811,25 @@ export class SandboxLifecycle extends Construct {
         sweeper: new iam.PolicyDocument({ statements: [logStatement(sweeperLogs), ...sweeperStatements()] }),
       },
     });
+    // Only the principals that send may send (README.md, "Security"): the webhook function
+    // to the events queue, the worker's hand-offs and the sweeper's fan-out to the timers
+    // queue, plus queueSenderArns (operators; applications sending timeout_reported). An
+    // explicit deny: in the same account an identity policy alone would otherwise admit any
+    // principal granted sqs:SendMessage (IAM User Guide, "Policy evaluation logic").
+    const senders = props.queueSenderArns ?? [];
+    const onlyTheSendersSend = (queue: sqs.Queue, roles: iam.Role[]) =>
+      queue.addToResourcePolicy(
+        new iam.PolicyStatement({
+          sid: "OnlyTheSendersSend",
+          effect: iam.Effect.DENY,
+          principals: [new iam.AnyPrincipal()],
+          actions: ["sqs:SendMessage"],
+          resources: [queue.queueArn],
+          conditions: { ArnNotLike: { "aws:PrincipalArn": [...roles.map((r) => r.roleArn), ...senders] } },
+        }),
+      );
+    onlyTheSendersSend(this.eventsQueue, [webhookRole]);
+    onlyTheSendersSend(this.timersQueue, [workerRole, sweeperRole]);
 
     // ------------------------------------------------------------ functions
     const common = {
@@ -877,6 +908,7 @@ export class SandboxLifecycle extends Construct {
       ...controllerEnvironment,
       AGENTS_API_BASE_URL: props.agentsApiBaseUrl ?? "https://api.openai.com/v1",
       OPENAI_API_KEY_SECRET_ARN: props.openAIApiKeySecretArn,
+      OPERATOR_KEY_SECRET_ARN: props.operatorKeySecretArn ?? "",
     };
     this.workerFunction = new lambda.Function(this, "WorkerFunction", {
       ...common,
@@ -1194,6 +1226,10 @@ function validate(props: SandboxLifecycleProps): void {
   }
   if (props.remoteUrlAllowlist?.some((h) => h.trim() === "" || /[\s,@]/.test(h))) {
     problems.push("remoteUrlAllowlist entries must be hosts, *.domain or scheme://host (no spaces, commas or @)");
+  }
+  const operatorKey = props.operatorKeySecretArn;
+  if (operatorKey !== undefined && !Token.isUnresolved(operatorKey) && !SECRET_ARN.test(operatorKey)) {
+    problems.push("operatorKeySecretArn must be a full Secrets Manager ARN");
   }
   const previous = props.previousWebhookSecretArn;
   if (previous !== undefined && !Token.isUnresolved(previous) && !SECRET_ARN.test(previous)) {

@@ -378,8 +378,10 @@ describe("SandboxLifecycle", () => {
     ]);
     // The webhook's metrics carry the deployment dimension too.
     assert.equal(functionNamed(t, "webhook").Environment.Variables.DEPLOYMENT_ID, "prod-1");
-    // The sweeper gets the worker's variables except the Agents API and its key.
-    const { AGENTS_API_BASE_URL, OPENAI_API_KEY_SECRET_ARN, ...sweeperEnv } = env;
+    // The sweeper gets the worker's variables except the Agents API, its key and the
+    // operator key (the worker alone verifies forced operator jobs).
+    const { AGENTS_API_BASE_URL, OPENAI_API_KEY_SECRET_ARN, OPERATOR_KEY_SECRET_ARN, ...sweeperEnv } = env;
+    assert.equal(OPERATOR_KEY_SECRET_ARN, "");
     assert.ok(AGENTS_API_BASE_URL && OPENAI_API_KEY_SECRET_ARN);
     assert.deepEqual(functionNamed(t, "sweeper").Environment.Variables, sweeperEnv);
   });
