@@ -252,3 +252,32 @@ def test_pinned_codex_can_split_listen_and_forward():
     assert fwd.returncode == 0, fwd.stderr
     assert "--connect" in fwd.stdout
     assert "--ws-token" not in fwd.stdout and "--ws-auth" not in fwd.stdout
+
+
+# ------------------------------------------------------------ https-only remote URLs (README.md, "Security")
+@pytest.mark.parametrize("remote_url", ["http://127.0.0.1:8080/v1", "http://localhost:8080/v1", "http://[::1]:8080/v1", "ws://127.0.0.1:1/v1"])
+def test_entrypoint_forwarder_and_single_refuse_a_remote_url_that_is_not_https(stub_env, tmp_path, remote_url):
+    """The key is the forwarder's registration bearer: over loopback http it would cross the
+    loopback the agent's container shares in cleartext. Refused (65) before codex starts;
+    the test-only escape SANDBOX_TEST_ONLY_LOOPBACK_HTTP=1 admits http://127.0.0.1 alone."""
+    for role, args in (("forwarder", [LISTEN]), ("single", [])):
+        env = {**stub_env, "REMOTE_URL": remote_url}
+        result = subprocess.run(
+            ["/bin/sh", str(ENTRYPOINT), role, *args], env=env, capture_output=True, text=True, timeout=10
+        )
+        assert result.returncode == 65, (role, result.stderr)
+        assert "not https" in result.stderr
+        assert INPUTS["CODEX_API_KEY"] not in result.stderr
+    assert not (tmp_path / "args").exists(), "codex must not start"
+    escaped = {**stub_env, "REMOTE_URL": remote_url, "SANDBOX_TEST_ONLY_LOOPBACK_HTTP": "1"}
+    if remote_url.startswith("http://127.0.0.1:"):
+        proc = run_role(escaped, "forwarder", LISTEN)
+        try:
+            wait_for(tmp_path / "ready")
+        finally:
+            end_group(proc)
+    else:
+        result = subprocess.run(
+            ["/bin/sh", str(ENTRYPOINT), "forwarder", LISTEN], env=escaped, capture_output=True, text=True, timeout=10
+        )
+        assert result.returncode == 65, result.stderr

@@ -1209,3 +1209,10 @@ def test_queue_sender_arns_join_the_function_roles_in_sam(sam_cfn):
         joined = given["Fn::Split"][1]["Fn::Join"][1]
         assert joined[:-1] == absent
         assert joined[-1] == {"Fn::Join": [",", {"Ref": "QueueSenderArns"}]}
+
+
+def test_no_template_sets_a_test_only_variable(any_cfn, any_pool_cfn):
+    """SANDBOX_TEST_ONLY_LOOPBACK_HTTP (the entrypoint's and the waiter's escape for tests
+    that record a registration on http://127.0.0.1) appears in no deployed template."""
+    for cfn in (any_cfn, any_pool_cfn):
+        assert "SANDBOX_TEST_ONLY" not in json.dumps(cfn)
