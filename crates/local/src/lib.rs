@@ -32,6 +32,7 @@ pub mod process_compute;
 pub mod settings_file;
 pub mod sqlite_queue;
 pub mod sqlite_registry;
+pub mod supervise;
 pub mod workspace_archive;
 
 pub use process_compute::{
