@@ -157,7 +157,11 @@ case "$role" in
     require CODEX_API_KEY "${CODEX_API_KEY:-}" "task definition secrets"
     require_https_remote
     say "role forwarder: registering environment $ENVIRONMENT_ID, forwarding to $url"
-    set -- codex exec-server forward --remote "$REMOTE_URL" \
+    # The key reaches codex over a pipe (--registration-bearer-stdin), never in its
+    # environment or on its command line (/proc/<pid>/environ, cmdline).
+    bearer=$CODEX_API_KEY
+    unset CODEX_API_KEY
+    set -- codex exec-server forward --registration-bearer-stdin --remote "$REMOTE_URL" \
       --environment-id "$ENVIRONMENT_ID" --connect "$url"
     ;;
   single)
@@ -189,8 +193,13 @@ forward() {
 trap 'forward TERM' TERM
 trap 'forward INT' INT
 
-"$@" &
+if [ -n "${bearer:-}" ]; then
+  printf '%s\n' "$bearer" | "$@" &
+else
+  "$@" &
+fi
 child=$!
+bearer=
 if [ -n "$pending" ]; then
   kill -s "$pending" "$child" 2>/dev/null || true
 fi

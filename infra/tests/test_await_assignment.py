@@ -423,6 +423,7 @@ def test_a_pool_forwarder_registers_with_its_assignment(member, stubs, tmp_path)
         assert (tmp_path / "args").read_text().splitlines() == [
             "exec-server",
             "forward",
+            "--registration-bearer-stdin",
             "--remote",
             ASSIGNED["remote_url"],
             "--environment-id",
