@@ -115,6 +115,8 @@ deploy-help:
 	@echo "  AGENTS_API_BASE_URL, MAX_LIFETIME_SECS, LIFETIME_HARD_CAP_SECS, NO_WORK_SECS, MAX_REPLACEMENTS,"
 	@echo "  REPLACEMENT_WINDOW_SECS, REMOTE_URL_ALLOWLIST (comma-separated), WEBHOOK_TOLERANCE_SECS,"
 	@echo "  WEBHOOK_PREVIOUS_SECRET_ARN, MAX_EXECUTORS (concurrency cap, 0 = off),"
+	@echo "  OPERATOR_KEY_SECRET_ARN (operator key: forced close of an unrecorded session), QUEUE_SENDER_ARNS"
+	@echo "  (comma-separated principals, besides the functions, allowed to send to the queues: operators, applications),"
 	@echo "  POOL_SIZE (warm pool of idle executors, 0 = off; needs EXECUTOR_MODE split), POOL_MAX_AGE_SECS (>= 60, default 3600),"
 	@echo "  WORKER_BATCH_SIZE, WORKER_MAXIMUM_CONCURRENCY, EXECUTOR_CPU_ARCHITECTURE (ARM64/X86_64),"
 	@echo "  WEBHOOK_RESERVED_CONCURRENCY (default 10), WORKER_RESERVED_CONCURRENCY (default 20),"
@@ -163,6 +165,8 @@ SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=
 	$(call sam-param,RemoteUrlAllowlist,REMOTE_URL_ALLOWLIST) \
 	$(call sam-param,WebhookToleranceSecs,WEBHOOK_TOLERANCE_SECS) \
 	$(call sam-param,PreviousWebhookSecretArn,WEBHOOK_PREVIOUS_SECRET_ARN) \
+	$(call sam-param,OperatorKeySecretArn,OPERATOR_KEY_SECRET_ARN) \
+	$(call sam-param,QueueSenderArns,QUEUE_SENDER_ARNS) \
 	$(call sam-param,MaxExecutors,MAX_EXECUTORS) \
 	$(call sam-param,PoolSize,POOL_SIZE) $(call sam-param,PoolMaxAgeSecs,POOL_MAX_AGE_SECS) \
 	$(call sam-param,WorkerBatchSize,WORKER_BATCH_SIZE) \
@@ -215,6 +219,8 @@ CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' 
 	$(call cdk-context,remoteUrlAllowlist,REMOTE_URL_ALLOWLIST) \
 	$(call cdk-context,webhookToleranceSecs,WEBHOOK_TOLERANCE_SECS) \
 	$(call cdk-context,previousWebhookSecretArn,WEBHOOK_PREVIOUS_SECRET_ARN) \
+	$(call cdk-context,operatorKeySecretArn,OPERATOR_KEY_SECRET_ARN) \
+	$(call cdk-context,queueSenderArns,QUEUE_SENDER_ARNS) \
 	$(call cdk-context,maxExecutors,MAX_EXECUTORS) \
 	$(call cdk-context,poolSize,POOL_SIZE) $(call cdk-context,poolMaxAgeSecs,POOL_MAX_AGE_SECS) \
 	$(call cdk-context,workerBatchSize,WORKER_BATCH_SIZE) \

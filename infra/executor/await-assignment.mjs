@@ -14,8 +14,10 @@
 //   2. reads its own member item (key `<role id>:<task id>`) with a consistent GetItem once
 //      a second until `state` is `assigned`;
 //   3. checks the assignment (environment_id [A-Za-z0-9_-]{1,128}; remote_url https:// to
-//      any host, or http(s):// to localhost, 127.0.0.0/8 or [::1]; no userinfo, no
-//      whitespace) and prints it on stdout as two lines, `REMOTE_URL=<url>` and
+//      any host, never http: the forwarder sends the key as its registration bearer and a
+//      loopback http URL would carry it in cleartext over the loopback the agent shares;
+//      tests that record the registration on 127.0.0.1 set SANDBOX_TEST_ONLY_LOOPBACK_HTTP=1,
+//      which neither template sets; no userinfo, no whitespace) and prints it on stdout as two lines, `REMOTE_URL=<url>` and
 //      `ENVIRONMENT_ID=<id>`, which the entrypoint reads without evaluating them.
 // It exits 0 without printing anything when the item says `recycled`, when the item is gone
 // after it existed, or when POOL_MAX_WAIT_SECS passes: the forwarder is essential, so the
@@ -59,15 +61,8 @@ function fail(status, message) {
 process.on("SIGTERM", () => fail(143, "SIGTERM while waiting for an assignment; stopping"));
 process.on("SIGINT", () => fail(130, "SIGINT while waiting for an assignment; stopping"));
 
-function isLoopback(hostname) {
-  if (hostname === "localhost" || hostname === "[::1]") return true;
-  // The WHATWG parser has already normalized IPv4 forms (127.1, 0x7f.0.0.1) to dotted quads.
-  const quad = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})$/.exec(hostname);
-  return quad !== null && quad[1] === "127";
-}
-
 /** Why `url` is not a remote URL codex exec-server may be given, or null when it is one. */
-export function remoteUrlProblem(url) {
+export function remoteUrlProblem(url, allowLoopbackHttp = process.env.SANDBOX_TEST_ONLY_LOOPBACK_HTTP === "1") {
   if (typeof url !== "string" || !URL_CHARACTERS.test(url)) return "remote_url is empty or holds whitespace or non-ASCII characters";
   const scheme = /^([a-z]+):\/\/([^/?#]*)/i.exec(url);
   if (!scheme) return "remote_url is not an absolute http(s) URL";
@@ -81,8 +76,8 @@ export function remoteUrlProblem(url) {
   if (parsed.username !== "" || parsed.password !== "") return "remote_url carries userinfo";
   if (parsed.hostname === "") return "remote_url has no host";
   if (parsed.protocol === "https:") return null;
-  if (parsed.protocol === "http:" && isLoopback(parsed.hostname)) return null;
-  return "remote_url must be https://, or http(s):// to localhost, 127.0.0.0/8 or [::1]";
+  if (allowLoopbackHttp && parsed.protocol === "http:" && parsed.hostname === "127.0.0.1") return null;
+  return "remote_url must be https://";
 }
 
 /** Why `id` is not an environment id, or null. */

@@ -110,13 +110,25 @@ await_assignment() {
       exit 65
       ;;
   esac
+}
+
+# The remote URL must be https: the forwarder sends the key as its registration bearer,
+# and a loopback http URL would carry it in cleartext over the loopback the task's
+# containers share with the agent's code (awsvpc). The one exception is for tests that
+# run this script against a recording http server on 127.0.0.1:
+# SANDBOX_TEST_ONLY_LOOPBACK_HTTP=1, which neither template sets (infra/tests checks it)
+# and which the agent cannot set (it is the forwarder container's own environment).
+require_https_remote() {
   case "$REMOTE_URL" in
-    https://* | http://127.* | http://localhost:* | http://localhost/* | http://localhost | 'http://[::1]'*) ;;
-    *)
-      say "role forwarder: the assignment's remote URL is not https or loopback http"
-      exit 65
-      ;;
+    https://*) return 0 ;;
   esac
+  if [ "${SANDBOX_TEST_ONLY_LOOPBACK_HTTP:-}" = 1 ]; then
+    case "$REMOTE_URL" in
+      http://127.0.0.1:* | http://127.0.0.1/*) return 0 ;;
+    esac
+  fi
+  say "role $role: the remote URL is not https"
+  exit 65
 }
 
 role=${1:-single}
@@ -143,14 +155,20 @@ case "$role" in
     require REMOTE_URL "${REMOTE_URL:-}" "RunTask container override"
     require ENVIRONMENT_ID "${ENVIRONMENT_ID:-}" "RunTask container override"
     require CODEX_API_KEY "${CODEX_API_KEY:-}" "task definition secrets"
+    require_https_remote
     say "role forwarder: registering environment $ENVIRONMENT_ID, forwarding to $url"
-    set -- codex exec-server forward --remote "$REMOTE_URL" \
+    # The key reaches codex over a pipe (--registration-bearer-stdin), never in its
+    # environment or on its command line (/proc/<pid>/environ, cmdline).
+    bearer=$CODEX_API_KEY
+    unset CODEX_API_KEY
+    set -- codex exec-server forward --registration-bearer-stdin --remote "$REMOTE_URL" \
       --environment-id "$ENVIRONMENT_ID" --connect "$url"
     ;;
   single)
     require REMOTE_URL "${REMOTE_URL:-}" "RunTask container override"
     require ENVIRONMENT_ID "${ENVIRONMENT_ID:-}" "RunTask container override"
     require CODEX_API_KEY "${CODEX_API_KEY:-}" "task definition secrets"
+    require_https_remote
     say "role single: WARNING this container holds CODEX_API_KEY and agent code can read it (single-container fallback; use ExecutorMode split)"
     set -- codex exec-server --remote "$REMOTE_URL" --environment-id "$ENVIRONMENT_ID"
     ;;
@@ -175,8 +193,13 @@ forward() {
 trap 'forward TERM' TERM
 trap 'forward INT' INT
 
-"$@" &
+if [ -n "${bearer:-}" ]; then
+  printf '%s\n' "$bearer" | "$@" &
+else
+  "$@" &
+fi
 child=$!
+bearer=
 if [ -n "$pending" ]; then
   kill -s "$pending" "$child" 2>/dev/null || true
 fi

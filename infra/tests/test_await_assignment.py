@@ -322,15 +322,37 @@ def test_a_bad_environment_id_is_refused_and_nothing_is_printed(member, environm
     assert "environment_id" in err
 
 
-@pytest.mark.parametrize(
-    "remote_url",
-    ["http://127.0.0.1:8080/remote", "https://127.0.0.1:8443/remote", "http://127.9.8.7/remote", "http://localhost:9000/remote", "http://[::1]:9000/remote", "https://agents.example.com/remote"],
-)
-def test_https_anywhere_and_http_on_loopback_are_accepted(member, remote_url):
+@pytest.mark.parametrize("remote_url", ["https://127.0.0.1:8443/remote", "https://agents.example.com/remote"])
+def test_https_anywhere_is_accepted(member, remote_url):
     member.put("assigned", remote_url=remote_url, environment_id="env-2_B")
     status, out, err = finish(member.start_waiter())
     assert status == 0, err
     assert out == f"REMOTE_URL={remote_url}\nENVIRONMENT_ID=env-2_B\n"
+
+
+@pytest.mark.parametrize(
+    "remote_url",
+    ["http://127.0.0.1:8080/remote", "http://127.9.8.7/remote", "http://localhost:9000/remote", "http://[::1]:9000/remote"],
+)
+def test_loopback_http_is_refused_on_fargate(member, remote_url):
+    """The forwarder sends the key as its registration bearer: over loopback http it would
+    cross the loopback the agent's container shares in cleartext (README.md, "Security")."""
+    member.put("assigned", remote_url=remote_url, environment_id="env-2_B")
+    status, out, err = finish(member.start_waiter())
+    assert status == 65, err
+    assert out == ""
+    assert "https" in err
+
+
+def test_the_test_only_escape_admits_http_to_127_0_0_1_alone(member):
+    """SANDBOX_TEST_ONLY_LOOPBACK_HTTP=1 (set by the tests that record a registration on
+    127.0.0.1, never by a template) admits http://127.0.0.1 and nothing else."""
+    member.put("assigned", remote_url="http://127.0.0.1:8080/remote", environment_id="env-2_B")
+    status, out, _ = finish(member.start_waiter(SANDBOX_TEST_ONLY_LOOPBACK_HTTP="1"))
+    assert status == 0 and out.startswith("REMOTE_URL=http://127.0.0.1:8080/remote\n")
+    member.put("assigned", remote_url="http://localhost:8080/remote", environment_id="env-2_B")
+    status, _, _ = finish(member.start_waiter(SANDBOX_TEST_ONLY_LOOPBACK_HTTP="1"))
+    assert status == 65
 
 
 def test_a_member_nobody_claims_stops_after_the_maximum_wait(member):
@@ -401,6 +423,7 @@ def test_a_pool_forwarder_registers_with_its_assignment(member, stubs, tmp_path)
         assert (tmp_path / "args").read_text().splitlines() == [
             "exec-server",
             "forward",
+            "--registration-bearer-stdin",
             "--remote",
             ASSIGNED["remote_url"],
             "--environment-id",
@@ -456,6 +479,8 @@ def test_the_pool_forwarder_command_line_runs_with_the_pinned_binary(member, tmp
             "PATH": f"{bin_dir}:{os.environ['PATH']}",
             "HOME": str(tmp_path),
             "CODEX_API_KEY": "test-executor-key",
+            # The recording server is http on 127.0.0.1 (production requires https).
+            "SANDBOX_TEST_ONLY_LOOPBACK_HTTP": "1",
         }
         proc = subprocess.Popen(
             ["/bin/sh", str(ENTRYPOINT), "forwarder", LISTEN],

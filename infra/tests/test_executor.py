@@ -30,6 +30,10 @@ SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 # the signal and exits 42 (so the test can tell the entrypoint passed the child's status on).
 STUB_CODEX = """#!/bin/sh
 printf '%s\\n' "$@" > "$STUB_DIR/args"
+printf '%s' "${CODEX_API_KEY:-}" > "$STUB_DIR/env_key"
+case " $* " in
+  *" --registration-bearer-stdin "*) IFS= read -r bearer; printf '%s' "$bearer" > "$STUB_DIR/stdin" ;;
+esac
 trap 'echo TERM > "$STUB_DIR/signal"; exit 42' TERM
 echo ready > "$STUB_DIR/ready"
 while :; do sleep 0.05; done
@@ -210,6 +214,7 @@ def test_entrypoint_forwarder_role_registers_and_connects_to_the_executor(stub_e
         assert (tmp_path / "args").read_text().splitlines() == [
             "exec-server",
             "forward",
+            "--registration-bearer-stdin",
             "--remote",
             INPUTS["REMOTE_URL"],
             "--environment-id",
@@ -252,3 +257,51 @@ def test_pinned_codex_can_split_listen_and_forward():
     assert fwd.returncode == 0, fwd.stderr
     assert "--connect" in fwd.stdout
     assert "--ws-token" not in fwd.stdout and "--ws-auth" not in fwd.stdout
+
+
+# ------------------------------------------------------------ https-only remote URLs (README.md, "Security")
+@pytest.mark.parametrize("remote_url", ["http://127.0.0.1:8080/v1", "http://localhost:8080/v1", "http://[::1]:8080/v1", "ws://127.0.0.1:1/v1"])
+def test_entrypoint_forwarder_and_single_refuse_a_remote_url_that_is_not_https(stub_env, tmp_path, remote_url):
+    """The key is the forwarder's registration bearer: over loopback http it would cross the
+    loopback the agent's container shares in cleartext. Refused (65) before codex starts;
+    the test-only escape SANDBOX_TEST_ONLY_LOOPBACK_HTTP=1 admits http://127.0.0.1 alone."""
+    for role, args in (("forwarder", [LISTEN]), ("single", [])):
+        env = {**stub_env, "REMOTE_URL": remote_url}
+        result = subprocess.run(
+            ["/bin/sh", str(ENTRYPOINT), role, *args], env=env, capture_output=True, text=True, timeout=10
+        )
+        assert result.returncode == 65, (role, result.stderr)
+        assert "not https" in result.stderr
+        assert INPUTS["CODEX_API_KEY"] not in result.stderr
+    assert not (tmp_path / "args").exists(), "codex must not start"
+    escaped = {**stub_env, "REMOTE_URL": remote_url, "SANDBOX_TEST_ONLY_LOOPBACK_HTTP": "1"}
+    if remote_url.startswith("http://127.0.0.1:"):
+        proc = run_role(escaped, "forwarder", LISTEN)
+        try:
+            wait_for(tmp_path / "ready")
+        finally:
+            end_group(proc)
+    else:
+        result = subprocess.run(
+            ["/bin/sh", str(ENTRYPOINT), "forwarder", LISTEN], env=escaped, capture_output=True, text=True, timeout=10
+        )
+        assert result.returncode == 65, result.stderr
+
+
+def test_no_key_in_the_forwarder_environment_or_command_line(stub_env, tmp_path):
+    """Fargate's forwarder gets the key on stdin (`--registration-bearer-stdin`): codex's
+    environment has no CODEX_API_KEY and its command line does not carry the key, and the
+    one line on its stdin is the key. (The real codex registers with it as the bearer:
+    tests/e2e `every_codex_command_line_runs_with_the_pinned_binary` and
+    `test_the_pool_forwarder_command_line_runs_with_the_pinned_binary` record it.)"""
+    proc = run_role(stub_env, "forwarder", LISTEN)
+    try:
+        wait_for(tmp_path / "ready")
+        wait_for(tmp_path / "stdin")
+        args = (tmp_path / "args").read_text()
+        assert "--registration-bearer-stdin" in args.splitlines()
+        assert INPUTS["CODEX_API_KEY"] not in args
+        assert (tmp_path / "env_key").read_text() == ""
+        assert (tmp_path / "stdin").read_text() == INPUTS["CODEX_API_KEY"]
+    finally:
+        end_group(proc)

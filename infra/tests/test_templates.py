@@ -93,7 +93,9 @@ def roles_by_purpose(cfn: dict) -> dict[str, str]:
         out[props["Description"]] = ref_target(props["Role"])
     (task_def,) = resources(cfn, "AWS::ECS::TaskDefinition").values()
     out["executor execution role"] = ref_target(task_def["Properties"]["ExecutionRoleArn"])
-    out["executor task role"] = ref_target(task_def["Properties"]["TaskRoleArn"])
+    # Only with the warm pool on: without it the task definition names no task role.
+    if "TaskRoleArn" in task_def["Properties"]:
+        out["executor task role"] = ref_target(task_def["Properties"]["TaskRoleArn"])
     assert len(set(out.values())) == len(out), f"roles are shared between purposes: {out}"
     return out
 
@@ -194,6 +196,9 @@ def test_sam_and_cdk_configure_functions_alike(sam_cfn, cdk_cfn):
 def test_scoped_actions_never_have_a_star_resource(any_cfn, any_pool_cfn):
     for cfn, role_id in [(c, r) for c in (any_cfn, any_pool_cfn) for r in roles_by_purpose(c).values()]:
         for statement in role_statements(cfn, role_id):
+            # An explicit deny (the pool task role's "everything else") narrows; it grants nothing.
+            if statement["Effect"] == "Deny":
+                continue
             star = "*" in as_list(statement.get("Resource", []))
             actions = set(as_list(statement["Action"]))
             if star:
@@ -304,7 +309,7 @@ def test_worker_role_is_scoped_to_the_executor(any_workspaces_cfn):
         key=lambda s: flat(s["Condition"]),
     )
     passed = {ref_target(r) for r in as_list(pass_task["Resource"])}
-    assert passed == {roles["executor execution role"], roles["executor task role"]}
+    assert passed == {roles["executor execution role"]}, "no task role is passed without the pool"
     assert pass_task["Condition"] == {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}
     # The ECS infrastructure role (EBS workspace volumes), to ECS only.
     (infra_role,) = [ref_target(r) for r in as_list(pass_infra["Resource"])]
@@ -446,9 +451,31 @@ def test_each_secret_is_readable_only_where_needed(any_cfn):
             assert not a.startswith("secretsmanager:") or a == "secretsmanager:GetSecretValue"
 
 
-def test_executor_task_role_has_no_permissions(any_cfn):
-    role_id = roles_by_purpose(any_cfn)["executor task role"]
-    assert role_statements(any_cfn, role_id) == []
+def test_the_sandbox_has_no_task_role_without_the_pool(any_cfn):
+    """Without the warm pool the task definition names no task role and none is declared:
+    code in the sandbox gets no AWS credential at all (the container credentials endpoint
+    has nothing to hand out), so no same-account resource policy admitting `Principal: "*"`
+    under an account or VPC-endpoint condition can admit it."""
+    (task_def,) = resources(any_cfn, "AWS::ECS::TaskDefinition").values()
+    assert "TaskRoleArn" not in task_def["Properties"]
+    assert "executor task role" not in roles_by_purpose(any_cfn)
+    trusted_by_tasks = [
+        k
+        for k, r in resources(any_cfn, "AWS::IAM::Role").items()
+        if "ecs-tasks.amazonaws.com" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])
+    ]
+    assert trusted_by_tasks == [roles_by_purpose(any_cfn)["executor execution role"]], trusted_by_tasks
+
+
+def test_the_execution_and_infrastructure_roles_trust_only_this_account(any_workspaces_cfn):
+    """The confused-deputy guard (IAM User Guide, "The confused deputy problem") on the
+    roles ECS itself assumes: aws:SourceAccount = this account."""
+    cfn = any_workspaces_cfn
+    ids = [roles_by_purpose(cfn)["executor execution role"], infrastructure_role(cfn)]
+    for role_id in ids:
+        (statement,) = cfn["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+        account = render(statement["Condition"]["StringEquals"]["aws:SourceAccount"])
+        assert account in ("${AWS::AccountId}", "123456789012"), (role_id, account)
 
 
 def test_webhook_can_only_enqueue_and_read_its_secret(any_cfn):
@@ -632,11 +659,10 @@ def test_the_executor_container_holds_no_credential(any_cfn):
     assert "VolumesFrom" not in executor
     for key in ("PidMode", "IpcMode"):
         assert key not in props, f"the task must not set {key}"
-    # Roles: the task role (what code in the containers can use) has no policy at all; the
-    # key secret is readable by the execution role only.
+    # Roles: no task role (nothing in the containers holds an AWS credential); the key
+    # secret is readable by the execution role only.
     roles = roles_by_purpose(any_cfn)
-    assert role_statements(any_cfn, roles["executor task role"]) == []
-    assert "ManagedPolicyArns" not in any_cfn["Resources"][roles["executor task role"]]["Properties"]
+    assert "executor task role" not in roles
     (read_key,) = statements_with(any_cfn, roles["executor execution role"], "secretsmanager:GetSecretValue")
     assert as_list(read_key["Resource"]) == [forwarder["Secrets"][0]["ValueFrom"]]
     for binary in ("worker", "sweeper"):
@@ -869,14 +895,19 @@ def test_the_task_role_reads_only_its_own_pool_item(any_cfn, any_pool_cfn):
     exactly one statement: dynamodb:GetItem on the pool table (not an index, not the
     registry), only for the leading key `${aws:userid}` (= `<role id>:<task id>`, the
     task's own member item), written literally as the IAM policy variable."""
-    off = roles_by_purpose(any_cfn)["executor task role"]
-    assert role_statements(any_cfn, off) == []
-    assert "Policies" not in any_cfn["Resources"][off]["Properties"]
+    assert "executor task role" not in roles_by_purpose(any_cfn)
     assert len(resources(any_cfn, "AWS::DynamoDB::Table")) == 1, "only the registry without the pool"
 
     cfn = any_pool_cfn
     role_id = roles_by_purpose(cfn)["executor task role"]
-    (statement,) = role_statements(cfn, role_id)
+    statement, deny_actions, deny_resources = role_statements(cfn, role_id)
+    # The one grant, then explicit denies of everything else (an explicit deny wins over a
+    # resource policy's allow: IAM User Guide, "Policy evaluation logic").
+    assert deny_actions["Effect"] == "Deny" and as_list(deny_actions["NotAction"]) == ["dynamodb:GetItem"]
+    assert as_list(deny_actions["Resource"]) == ["*"] and "Condition" not in deny_actions
+    assert deny_resources["Effect"] == "Deny" and as_list(deny_resources["Action"]) == ["dynamodb:GetItem"]
+    assert as_list(deny_resources["NotResource"]) == [{"Fn::GetAtt": [pool_table(cfn), "Arn"]}]
+    assert "Condition" not in deny_resources
     assert set(statement) <= {"Sid", "Effect", "Action", "Resource", "Condition"}, statement
     assert statement["Effect"] == "Allow"
     assert as_list(statement["Action"]) == ["dynamodb:GetItem"]
@@ -896,7 +927,7 @@ def test_the_task_role_trusts_only_ecs_tasks_of_this_account(any_cfn, any_pool_c
     """The confused-deputy guard (ECS Developer Guide, "Amazon ECS task IAM role"):
     ecs-tasks.amazonaws.com only, aws:SourceAccount = this account, aws:SourceArn like
     arn:PARTITION:ecs:REGION:ACCOUNT:*. Nothing else may assume it (not the role itself)."""
-    for cfn in (any_cfn, any_pool_cfn):
+    for cfn in (any_pool_cfn,):
         role_id = roles_by_purpose(cfn)["executor task role"]
         document = cfn["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"]
         (statement,) = document["Statement"]
@@ -953,7 +984,8 @@ def test_pool_settings_reach_the_worker_and_the_sweeper_only(sam_cfn, cdk_cfn, s
     for cfn, on in ((sam_cfn, False), (cdk_cfn, False), (sam_pool_cfn, True), (cdk_pool_cfn, True)):
         webhook = function_by_binary(cfn, "webhook")["Environment"]["Variables"]
         assert not POOL_VARIABLES & set(webhook)
-        task_role = roles_by_purpose(cfn)["executor task role"]
+        task_role = roles_by_purpose(cfn).get("executor task role")
+        assert (task_role is not None) == on
         for binary in ("worker", "sweeper"):
             variables = function_by_binary(cfn, binary)["Environment"]["Variables"]
             present = POOL_VARIABLES & set(variables)
@@ -1018,7 +1050,7 @@ def test_pool_statements_are_scoped_to_the_pool_table(any_pool_cfn):
 
     # The registry statements never name the pool table, and nothing else does.
     for purpose, role_id in roles_by_purpose(cfn).items():
-        if role_id not in (worker, sweeper, roles_by_purpose(cfn)["executor task role"]):
+        if role_id not in (worker, sweeper, roles_by_purpose(cfn).get("executor task role")):
             assert not pool_statements(role_id), purpose
     for role_id in (worker, sweeper):
         for s in role_statements(cfn, role_id):
@@ -1131,3 +1163,56 @@ def test_the_pool_is_refilled_by_a_schedule_that_invokes_the_worker(any_cfn, any
                    if res["Type"] == "AWS::Lambda::Permission" and rid in flat(res["Properties"].get("SourceArn", ""))]
     assert len(permissions) == 1
     assert permissions[0]["Properties"]["Principal"] == "events.amazonaws.com"
+
+
+# ----------------------------------------------------------------------------- who may send (README.md, "Security")
+def test_only_the_roles_that_send_may_send_to_the_queues(any_cfn):
+    """Each queue's policy denies sqs:SendMessage to every principal but the roles whose own
+    policies send to it (webhook: events; worker and sweeper: timers) and, when given,
+    QueueSenderArns / queueSenderArns: the set in the deny's ArnNotLike is computed from the
+    role statements, so a new sender without a queue-policy entry (or the reverse) fails."""
+    queues = {k for k in resources(any_cfn, "AWS::SQS::Queue") if "RedrivePolicy" in any_cfn["Resources"][k]["Properties"]}
+    assert len(queues) == 2, queues
+    policies = resources(any_cfn, "AWS::SQS::QueuePolicy")
+    assert len(policies) == 2
+    for queue in queues:
+        senders = {
+            role_id
+            for role_id in resources(any_cfn, "AWS::IAM::Role")
+            for s in role_statements(any_cfn, role_id)
+            if s["Effect"] == "Allow"
+            and "sqs:SendMessage" in as_list(s["Action"])
+            and queue in {ref_target(r) for r in as_list(s["Resource"])}
+        }
+        assert senders, queue
+        (policy,) = [p for p in policies.values() if [ref_target(q) for q in p["Properties"]["Queues"]] == [queue]]
+        document = resolve_conditions(policy["Properties"]["PolicyDocument"], {"HasQueueSenders": False})
+        (statement,) = as_list(document["Statement"])
+        assert statement["Effect"] == "Deny"
+        assert statement["Principal"] in ("*", {"AWS": "*"})
+        assert as_list(statement["Action"]) == ["sqs:SendMessage"]
+        assert [ref_target(r) for r in as_list(statement["Resource"])] == [queue]
+        (key,) = statement["Condition"]["ArnNotLike"]
+        assert key == "aws:PrincipalArn"
+        allowed = {ref_target(a) for a in as_list(statement["Condition"]["ArnNotLike"][key])}
+        assert allowed == senders, (queue, allowed, senders)
+
+
+def test_queue_sender_arns_join_the_function_roles_in_sam(sam_cfn):
+    """With QueueSenderArns given, SAM's deny lists the function roles and then the given
+    principals (one Fn::Split of the joined list); without, the roles alone."""
+    for policy in resources(sam_cfn, "AWS::SQS::QueuePolicy").values():
+        (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
+        arns = statement["Condition"]["ArnNotLike"]["aws:PrincipalArn"]
+        cond, given, absent = arns["Fn::If"]
+        assert cond == "HasQueueSenders"
+        joined = given["Fn::Split"][1]["Fn::Join"][1]
+        assert joined[:-1] == absent
+        assert joined[-1] == {"Fn::Join": [",", {"Ref": "QueueSenderArns"}]}
+
+
+def test_no_template_sets_a_test_only_variable(any_cfn, any_pool_cfn):
+    """SANDBOX_TEST_ONLY_LOOPBACK_HTTP (the entrypoint's and the waiter's escape for tests
+    that record a registration on http://127.0.0.1) appears in no deployed template."""
+    for cfn in (any_cfn, any_pool_cfn):
+        assert "SANDBOX_TEST_ONLY" not in json.dumps(cfn)

@@ -34,6 +34,7 @@
 //! | `WORKSPACE_VOLUME_THROUGHPUT` | worker, sweeper | no | provisioned throughput, MiB/s, `gp3` only: 125–1,000 (default 125), at most IOPS / 4 |
 //! | `AGENTS_API_BASE_URL` | worker | no | Agents API root (default `https://api.openai.com/v1`) |
 //! | `OPENAI_API_KEY_SECRET_ARN` | worker | yes (worker) | Secrets Manager ARN (or name) of the OpenAI API key; the sweeper reads no session and is given none (issue 24) |
+//! | `OPERATOR_KEY_SECRET_ARN` | worker | no | Secrets Manager ARN (or name) of the operator key (at least 32 bytes): verifies the proof a forced `close`, `resolve` or `timeout_reported` job for a session no record names carries; unset, every such job is refused (README.md, "Security") |
 //! | `WEBHOOK_SECRET_ARN` | webhook | yes | Secrets Manager ARN (or name) of the webhook signing secret (`whsec_...`) |
 //! | `WEBHOOK_PREVIOUS_SECRET_ARN` | webhook | no | ARN (or name) of the previous signing secret during a rotation: deliveries signed with either verify |
 //! | `WEBHOOK_TOLERANCE_SECS` | webhook | no | accepted `webhook-timestamp` skew, both directions, seconds (default 300; 1 to 900, refused at start-up above) |
@@ -432,6 +433,11 @@ pub struct ControllerSettings {
     /// `sandboxctl close`/`explain`), absent for the sweeper, which reads none
     /// ([`ControllerSettings::api_key_secret`] names the variable when it is missing).
     pub api_key_secret: Option<SecretRef>,
+    /// `OPERATOR_KEY_SECRET_ARN`: the operator key's secret
+    /// (`sandbox_core::operator_proof`): the worker verifies forced operator jobs with it,
+    /// `sandboxctl --backend aws` signs them. Unset: every `close`, `resolve` or
+    /// `timeout_reported` job for a session no record names is refused.
+    pub operator_key_secret: Option<SecretRef>,
     /// Controller settings: `DEPLOYMENT_ID`, `AGENT_IDS`, `WORKSPACE_DIRECTORY`,
     /// `SHUTDOWN_GRACE_SECS`, `CONNECT_DEADLINE_SECS`, and a worker id unique to this
     /// execution environment (`AWS_LAMBDA_LOG_STREAM_NAME`), so lock owners of concurrent
@@ -785,6 +791,10 @@ impl ControllerSettings {
             agents_api_base_url,
             api_key_secret: match vars.optional("OPENAI_API_KEY_SECRET_ARN") {
                 Some(_) => Some(vars.secret_ref("OPENAI_API_KEY_SECRET_ARN")?),
+                None => None,
+            },
+            operator_key_secret: match vars.optional("OPERATOR_KEY_SECRET_ARN") {
+                Some(_) => Some(vars.secret_ref("OPERATOR_KEY_SECRET_ARN")?),
                 None => None,
             },
             controller,

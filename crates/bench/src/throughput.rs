@@ -139,6 +139,7 @@ pub async fn measure(opts: &Options) -> anyhow::Result<Throughput> {
         let job = Job {
             handoffs: 0,
             swept: None,
+            operator_proof: None,
             trigger: Trigger::ConnectionRequested,
             session_id: sessions[i].clone(),
             environment_id: None,

@@ -28,6 +28,7 @@ use sandbox_controller::ControllerConfig;
 use sandbox_controller::job::Job;
 use sandbox_controller::ports::{AuditEntry, Compute, PortError, Queue, Registry};
 use sandbox_core::ids::{DeploymentId, EffectKey};
+use sandbox_core::operator_proof::OperatorKey;
 use sandbox_local::SqliteRegistry;
 use sandbox_local::embedded::{EVENTS_QUEUE, TIMERS_QUEUE};
 use sandbox_local::process_compute::{
@@ -157,6 +158,10 @@ pub trait Ops {
     ) -> impl Future<Output = Result<(usize, Vec<String>), PortError>>;
     /// The Agents API client (for `sweep --dry-run`, which reads the sessions).
     fn sessions(&self) -> impl Future<Output = anyhow::Result<AgentsClient>>;
+    /// The operator key that signs a forced job for a session no record names
+    /// (`sandbox_core::operator_proof`): `<data-dir>/operator.key` (created when missing)
+    /// or the secret `OPERATOR_KEY_SECRET_ARN` names.
+    fn operator_key(&self) -> impl Future<Output = anyhow::Result<OperatorKey>>;
     /// `sandboxctl migrate` ([`crate::migrate_cmd`]): puts the open records written before
     /// the sweep's open-records index into it (`dry_run`: counts only).
     fn migrate(
@@ -306,6 +311,14 @@ impl Ops for LocalOps {
             api.base_url = base;
         }
         AgentsClient::new(api).context("the Agents API client")
+    }
+    async fn operator_key(&self) -> anyhow::Result<OperatorKey> {
+        sandbox_local::operator_key::load_or_create(&self.data_dir).with_context(|| {
+            format!(
+                "the operator key {}",
+                sandbox_local::operator_key::path(&self.data_dir).display()
+            )
+        })
     }
     /// Nothing to migrate: SQLite's partial index of the open records covers every row,
     /// whenever it was written.
@@ -490,6 +503,22 @@ impl Ops for AwsOps {
             ..ClientConfig::new(key.expose().trim().to_owned())
         };
         AgentsClient::new(api).context("the Agents API client")
+    }
+    async fn operator_key(&self) -> anyhow::Result<OperatorKey> {
+        let Some(secret) = &self.settings.operator_key_secret else {
+            bail!(
+                "OPERATOR_KEY_SECRET_ARN is not set: a forced job for a session no record names needs the operator key (the stack's OperatorKeySecret)"
+            );
+        };
+        let text = sandbox_aws::read_secret(&self.secrets, &secret.arn)
+            .await
+            .with_context(|| {
+                format!(
+                    "{} ({}): the secret could not be read",
+                    secret.var, secret.arn
+                )
+            })?;
+        OperatorKey::from_text(text.expose()).map_err(|e| anyhow::anyhow!("{}: {e}", secret.var))
     }
     async fn migrate(&self, dry_run: bool) -> Result<crate::migrate_cmd::Migration, PortError> {
         let b = self.registry.backfill_open_index(dry_run).await?;

@@ -154,6 +154,7 @@ impl Demo {
         // Issue 26, the credential-free split: the listening executor holds no key; the
         // forwarder child alone does (no single-mode fallback warning).
         cfg.forwarder = Some(ExecutorCommand::forward(executor.display().to_string()));
+        cfg.supervisor = Some(crate::supervisor_command()?);
         cfg.sweep_interval = SWEEP_EVERY;
         cfg.stop_grace = Duration::from_secs(5);
         let stack = EmbeddedStack::start_on(cfg, listener).await?;

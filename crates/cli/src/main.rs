@@ -58,6 +58,16 @@ struct Cli {
     command: Command,
 }
 
+/// `sandboxctl supervise -- PROGRAM ARGS...`.
+#[derive(Debug, clap::Args)]
+struct SuperviseArgs {
+    /// The executor program.
+    program: String,
+    /// Its arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Print the `webhook-signature` value for the raw body read from stdin.
@@ -70,6 +80,10 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Run the whole pipeline against the simulator with a scripted scenario.
     Demo(demo::DemoArgs),
+    /// Run PROGRAM as a child subreaper's child and end every descendant it leaves when
+    /// it exits (what `serve` runs each executor under; sandbox_local::supervise).
+    #[command(hide = true)]
+    Supervise(SuperviseArgs),
     /// Every environment, orphan and dead letter of a deployment (exit 1 on a problem).
     Status(status_view::StatusArgs),
     /// One environment's decisions and receipts in time order, by session, environment or
@@ -118,6 +132,18 @@ macro_rules! with_ops {
 /// Exit code for unusable input, arguments or configuration (as clap's usage errors).
 const EXIT_USAGE: u8 = 2;
 
+/// `<this executable> supervise --`: the supervisor prefix of every local executor.
+///
+/// # Errors
+/// The path of the running executable cannot be read.
+pub(crate) fn supervisor_command() -> anyhow::Result<sandbox_local::ExecutorCommand> {
+    let exe = std::env::current_exe().context("the path of sandboxctl (for supervise)")?;
+    Ok(sandbox_local::ExecutorCommand::new(
+        exe.display().to_string(),
+        ["supervise", "--"],
+    ))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -133,6 +159,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve(args) => return block_on(true, serve::run(*args)),
         Command::Demo(args) => return block_on(false, demo::run(args)),
+        Command::Supervise(args) => {
+            let code = sandbox_local::supervise::run(&args.program, &args.args)
+                .with_context(|| format!("supervise {}", args.program))?;
+            return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
+        }
         Command::Status(args) => {
             return operate(async move {
                 with_ops!(&args.backend, |ops| status_view::run(
@@ -230,6 +261,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Decode(args) => decode_object::run(&args, stdin, &mut stdout).context("decode")?,
         Command::Serve(_)
+        | Command::Supervise(_)
         | Command::Demo(_)
         | Command::Status(_)
         | Command::Explain(_)

@@ -7,7 +7,9 @@
 //!   work for the session (`cleanup_required`), waits out a start in flight, deletes the
 //!   session and stops the compute, each with its receipt (lifecycle row 25). `--wait`
 //!   polls the registry until the record is closed (exit 0) or `--timeout-secs` passes
-//!   (exit 1, printing what is still unconfirmed).
+//!   (exit 1, printing what is still unconfirmed). A forced close of a session no record
+//!   names carries the operator's proof (`sandbox_core::operator_proof`), signed with the
+//!   operator key; the worker refuses such a close without it.
 //! - `sweep`: the sweeper function's fan-out — one read of the registry and the provider,
 //!   one `sweep` job per environment with that evidence, on the timers queue (needs no
 //!   Agents API key); `sweep --dry-run`: the decisions a sweep would take now, nothing enqueued
@@ -157,6 +159,7 @@ fn job(trigger: Trigger, session: SessionId, env: Option<EnvironmentId>, now: u6
         webhook_id: None,
         enqueued_at: now,
         swept: None,
+        operator_proof: None,
     }
 }
 
@@ -240,10 +243,17 @@ pub async fn close<O: Ops>(
         )
         .await?;
     }
+    let mut close_job = job(Trigger::Close, session.clone(), env.clone(), now);
+    if record.is_none() {
+        // A forced close of a session no record names: the worker acts on it only with the
+        // operator's proof (sandbox_core::operator_proof; README.md, "Security").
+        let key = ops.operator_key().await?;
+        close_job.operator_proof = Some(key.sign(&session, now, &Trigger::Close));
+    }
     enqueue(
         ops,
         QueueKind::Events,
-        job(Trigger::Close, session.clone(), env.clone(), now),
+        close_job,
         format!("close:{session}:{now}"),
     )
     .await?;

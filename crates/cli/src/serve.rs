@@ -304,6 +304,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
     cfg.listen = args.listen;
     cfg.forwarder = forwarder;
+    // Every executor runs under this binary's supervisor: a stop ends all its descendants,
+    // also those that left its process group (sandbox_local::supervise).
+    cfg.supervisor = Some(crate::supervisor_command()?);
     cfg.previous_webhook_secrets = previous_webhook_secrets;
     cfg.webhook_tolerance_secs = args.webhook_tolerance_secs;
     cfg.workers = args.workers;

@@ -159,6 +159,7 @@ async fn redrive_refuses_jobs_of_sessions_no_record_names() {
         webhook_id: None,
         enqueued_at: 1,
         swept: None,
+        operator_proof: None,
     };
     use sandbox_controller::ports::Queue as _;
     events

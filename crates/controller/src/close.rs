@@ -53,13 +53,15 @@ where
             let job = Job {
                 handoffs: 0,
                 swept: None,
+                operator_proof: None,
                 trigger: Trigger::Close,
                 session_id: session.clone(),
                 environment_id: None,
                 webhook_id: None,
                 enqueued_at: self.clock.now(),
             };
-            let p = self.process(&job).await?;
+            // The caller holds this controller: it is the operator, not a queue message.
+            let p = self.process_trusted(&job).await?;
             pending = p.error.clone().or(p.note.map(str::to_owned));
             let done = p.disposition == Disposition::Done
                 && matches!(p.outcome(), Some(Outcome::Cleanup | Outcome::Ignore))

@@ -3,6 +3,7 @@
 
 use sandbox_core::ids::DeploymentId;
 use sandbox_core::observed::{OwnershipFilter, Policy};
+use sandbox_core::operator_proof::OperatorKey;
 use std::time::Duration;
 
 /// Settings of the worker, sweeper and close paths.
@@ -57,6 +58,10 @@ pub struct ControllerConfig {
     pub executor_key_location: String,
     /// The warm pool (issue 27, [`crate::pool`]). Default: off.
     pub pool: PoolSettings,
+    /// The operator key ([`sandbox_core::operator_proof`]): verifies the proof a forced
+    /// `close`, `resolve` or `timeout_reported` job for an unrecorded session carries
+    /// ([`crate::operator_gate`]). `None` (the default): every such job is refused.
+    pub operator_key: Option<OperatorKey>,
 }
 
 /// The warm pool's settings (issue 27).
@@ -102,6 +107,7 @@ impl ControllerConfig {
             executor_key_location:
                 "the deployment's executor key (CODEX_API_KEY of every executor)".into(),
             pool: PoolSettings::default(),
+            operator_key: None,
         }
     }
 }

@@ -147,6 +147,7 @@ fn message(run: &str, label: &str, group: &str) -> Outgoing {
     let job = Job {
         handoffs: 0,
         swept: None,
+        operator_proof: None,
         trigger: Trigger::Sweep,
         session_id: SessionId::new(format!("sess_ct_{run}_{group}")),
         environment_id: Some(EnvironmentId::new(format!("env_ct_{run}_{group}"))),

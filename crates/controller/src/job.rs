@@ -35,6 +35,13 @@ pub struct Job {
     /// current ([`SweptEvidence::is_current`]). `None` (absent from the JSON) otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub swept: Option<SweptEvidence>,
+    /// An operator's proof that this job was forced
+    /// ([`sandbox_core::operator_proof`]): base64 of the HMAC-SHA256 tag over the job's
+    /// kind, session, `enqueued_at` and trigger, with the operator key. Needed only by a
+    /// `close`, `resolve` or `timeout_reported` job for a session no record names (the
+    /// worker refuses such a job without it). `None` (absent from the JSON) otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_proof: Option<String>,
 }
 
 /// One environment's share of a sweep's inventory (docs/ARCHITECTURE.md principle 7: one inventory

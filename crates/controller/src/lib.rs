@@ -33,6 +33,7 @@ pub mod dry_run;
 pub mod job;
 pub mod metrics;
 pub mod no_sessions;
+pub mod operator_gate;
 pub mod pool;
 pub mod ports;
 pub mod sweep;

@@ -397,6 +397,7 @@ mod tests {
             enqueued_at: NOW - 5,
             handoffs: 0,
             swept: None,
+            operator_proof: None,
         }
     }
 

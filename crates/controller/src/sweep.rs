@@ -202,6 +202,7 @@ where
                 record_version: record.map(|r| r.version),
                 instances: by_env.get(env).cloned().unwrap_or_default(),
             }),
+            operator_proof: None,
         };
         let mut plan = SweepPlan::default();
         let mut recorded: HashSet<&EnvironmentId> = HashSet::new();

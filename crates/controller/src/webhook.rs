@@ -211,6 +211,7 @@ impl<Q: Queue> Intake<Q> {
         let job = Job {
             handoffs: 0,
             swept: None,
+            operator_proof: None,
             trigger,
             session_id,
             environment_id,

@@ -107,7 +107,7 @@ pub struct Processed {
 }
 
 impl Processed {
-    fn skipped(note: &'static str, disposition: Disposition) -> Self {
+    pub(crate) fn skipped(note: &'static str, disposition: Disposition) -> Self {
         Self {
             decision: None,
             applied: vec![],
@@ -184,6 +184,19 @@ where
     /// A [`PortError`] from the registry or queues that leaves the job unprocessed; the
     /// caller retries the message (nothing is lost).
     pub async fn process(&self, job: &Job) -> Result<Processed, PortError> {
+        if let Some(refused) = self.refuse_unproven_operator_job(job).await? {
+            return Ok(refused);
+        }
+        self.process_trusted(job).await
+    }
+
+    /// [`Controller::process`] without the operator gate
+    /// ([`crate::operator_gate`]): for the in-process operator's own jobs
+    /// ([`Controller::close`]), never for a queue's.
+    ///
+    /// # Errors
+    /// As [`Controller::process`].
+    pub(crate) async fn process_trusted(&self, job: &Job) -> Result<Processed, PortError> {
         let now = self.clock.now();
         if let Some(id) = &job.webhook_id
             && self.registry.seen_delivery(id, now).await?
@@ -1712,6 +1725,7 @@ where
         let recheck = Job {
             handoffs: 0,
             swept: None,
+            operator_proof: None,
             trigger,
             session_id: session.clone(),
             environment_id: Some(env.clone()),

@@ -15,7 +15,7 @@
 //!
 //! Module layers, each importing only those before it: the API models, [`ids`],
 //! [`compute`], [`workspace`], [`remote_url`] and [`webhook`]; [`evidence`]; [`record`];
-//! [`observed`]; [`reason`] and [`outcome`]; [`decision`] (checked by
+//! [`observed`] and [`operator_proof`]; [`reason`] and [`outcome`]; [`decision`] (checked by
 //! `tests/house_rules.rs`).
 //!
 //! Source of the rules: `shared/reference/agents-api.md` (API facts) and
@@ -31,6 +31,7 @@ pub mod event;
 pub mod evidence;
 pub mod ids;
 pub mod observed;
+pub mod operator_proof;
 pub mod outcome;
 pub mod reason;
 pub mod record;

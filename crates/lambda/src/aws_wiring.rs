@@ -107,7 +107,17 @@ mod controller_stack {
             api_key,
             ..ClientConfig::new(String::new())
         })?;
-        Ok(assemble(&sdk, settings, sessions)?)
+        // Forced operator jobs for unrecorded sessions verify with this key (README.md,
+        // "Security"); without it every such job is refused.
+        let operator_key = match &settings.operator_key_secret {
+            Some(source) => {
+                Some(crate::secrets_at_init::read_operator_key(&secrets, source).await?)
+            }
+            None => None,
+        };
+        let mut settings = settings.clone();
+        settings.controller.operator_key = operator_key;
+        Ok(assemble(&sdk, &settings, sessions)?)
     }
 
     /// The sweeper's controller: both queues, the registry table, ECS; no secret is read

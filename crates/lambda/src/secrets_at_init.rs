@@ -198,3 +198,16 @@ pub async fn read_api_key(
     let secret = read(client, source).await?;
     api_key_from(secret.expose(), source)
 }
+
+/// Reads the operator key (`OPERATOR_KEY_SECRET_ARN`, `sandbox_core::operator_proof`).
+///
+/// # Errors
+/// [`SecretInitError`]: unreadable, or shorter than 32 bytes (unusable).
+pub async fn read_operator_key(
+    client: &aws_sdk_secretsmanager::Client,
+    source: &SecretRef,
+) -> Result<sandbox_core::operator_proof::OperatorKey, SecretInitError> {
+    let secret = read(client, source).await?;
+    sandbox_core::operator_proof::OperatorKey::from_text(secret.expose())
+        .map_err(|e| SecretInitError::unusable(source, e.to_string()))
+}

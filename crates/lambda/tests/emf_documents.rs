@@ -156,6 +156,7 @@ async fn every_function_flushes_valid_emf_documents_without_ids_as_dimensions() 
         webhook_id: Some("msg_emf".into()),
         enqueued_at: FIXTURE_NOW - 4,
         swept: None,
+        operator_proof: None,
     };
     let mut record = SqsMessage::default();
     record.message_id = Some("m1".into());

@@ -57,6 +57,7 @@ fn connection_job(webhook_id: &str) -> String {
     serde_json::to_string(&Job {
         handoffs: 0,
         swept: None,
+        operator_proof: None,
         trigger: Trigger::ConnectionRequested,
         session_id: SessionId::new(SESSION),
         environment_id: None,
@@ -70,6 +71,7 @@ fn sweep_job(session: &str, environment: &str) -> String {
     serde_json::to_string(&Job {
         handoffs: 0,
         swept: None,
+        operator_proof: None,
         trigger: Trigger::Sweep,
         session_id: SessionId::new(session),
         environment_id: Some(EnvironmentId::new(environment)),

@@ -155,6 +155,7 @@ fn job(n: usize, handoffs: u32) -> Job {
     Job {
         handoffs,
         swept: None,
+        operator_proof: None,
         trigger: Trigger::Sweep,
         session_id: SessionId::new(format!("sess_gone_{n}")),
         environment_id: Some(EnvironmentId::new(format!("env_gone_{n}"))),

@@ -65,6 +65,9 @@ pub struct EmbeddedConfig {
     /// Issue 26: the forwarder of the split mode (the only child holding the key; the
     /// executor then listens and holds none); `None` (default): single-process mode.
     pub forwarder: Option<ExecutorCommand>,
+    /// The executor's supervisor ([`crate::supervise`], e.g. `sandboxctl supervise --`):
+    /// a stop then ends every descendant of the executor. `None` (default): none.
+    pub supervisor: Option<ExecutorCommand>,
 }
 
 /// History rows one sweep tick prunes at most (per table).
@@ -90,6 +93,7 @@ impl std::fmt::Debug for EmbeddedConfig {
             .field("webhook_tolerance_secs", &self.webhook_tolerance_secs)
             .field("history_retention_secs", &self.history_retention_secs)
             .field("forwarder", &self.forwarder)
+            .field("supervisor", &self.supervisor)
             .finish()
     }
 }
@@ -126,6 +130,7 @@ impl EmbeddedConfig {
             webhook_tolerance_secs: sandbox_core::webhook::DEFAULT_TOLERANCE_SECS,
             history_retention_secs: crate::sqlite_registry::DEFAULT_HISTORY_RETENTION_SECS,
             forwarder: None,
+            supervisor: None,
         }
     }
 }
@@ -212,6 +217,16 @@ impl EmbeddedStack {
                 source,
             }
         })?;
+        // The worker verifies forced operator jobs with the data directory's operator key
+        // (crate::operator_key; README.md, "Security").
+        cfg.controller.operator_key = Some(
+            crate::operator_key::load_or_create(&cfg.data_dir).map_err(|source| {
+                EmbeddedError::Io {
+                    what: "read or create operator.key",
+                    source,
+                }
+            })?,
+        );
         // Queues and registry in two files, as SQS and DynamoDB are two services: their
         // write transactions never wait for each other's file lock (`make bench`).
         let db = cfg.data_dir.join("sandbox.db");
@@ -236,6 +251,7 @@ impl EmbeddedStack {
         );
         compute_cfg.stop_grace = cfg.stop_grace;
         compute_cfg.forwarder = cfg.forwarder.clone();
+        compute_cfg.supervisor = cfg.supervisor.clone();
         if compute_cfg.forwarder.is_none() {
             tracing::warn!(
                 "executor mode single: the executor child holds the executor key in its environment (issue 26 fallback; configure a forwarder to split)"

@@ -26,11 +26,13 @@
 
 mod db;
 pub mod embedded;
+pub mod operator_key;
 pub mod private;
 pub mod process_compute;
 pub mod settings_file;
 pub mod sqlite_queue;
 pub mod sqlite_registry;
+pub mod supervise;
 pub mod workspace_archive;
 
 pub use process_compute::{

@@ -379,6 +379,13 @@ pub struct ProcessComputeConfig {
     /// --connect $LISTEN_URL`. `None` (default): the single-process mode, where the
     /// executor itself holds the key.
     pub forwarder: Option<ExecutorCommand>,
+    /// The supervisor the executor runs under ([`crate::supervise`]), e.g.
+    /// `sandboxctl supervise --`: the executor's program and arguments are appended to it,
+    /// and the recorded pid is the supervisor's. It is a child subreaper, so a stop ends
+    /// every descendant of the executor, also one that left its process group. `None`
+    /// (default): the executor is spawned directly (its `setsid` descendants can outlive
+    /// a stop).
+    pub supervisor: Option<ExecutorCommand>,
 }
 
 impl ProcessComputeConfig {
@@ -415,6 +422,7 @@ impl ProcessComputeConfig {
             stopped_retention: Duration::from_secs(3600),
             kill_on_drop: false,
             forwarder: None,
+            supervisor: None,
         }
     }
 }
@@ -673,9 +681,35 @@ fn signal_group(pid: i32, start_ticks: Option<u64>, signal: Signal) {
         return;
     }
     if pid > 0 {
+        // A SIGKILLed supervisor cannot end the descendants that left the group: this does
+        // (crate::supervise; without a supervisor it reaches those whose parent lives).
+        if signal == Signal::SIGKILL {
+            crate::supervise::kill_descendants(pid);
+        }
         // ESRCH (already gone) is the expected race; nothing else can go wrong for a
         // group we created.
         let _ = killpg(Pid::from_raw(pid), signal);
+    }
+}
+
+/// `tokio::process::Command` for the executor `program` with `args`, under the configured
+/// supervisor when there is one ([`ProcessComputeConfig::supervisor`]).
+pub(crate) fn executor_process(
+    supervisor: Option<&ExecutorCommand>,
+    program: &str,
+    args: Vec<String>,
+) -> tokio::process::Command {
+    match supervisor {
+        Some(sup) => {
+            let mut cmd = tokio::process::Command::new(&sup.program);
+            cmd.args(&sup.args).arg(program).args(args);
+            cmd
+        }
+        None => {
+            let mut cmd = tokio::process::Command::new(program);
+            cmd.args(args);
+            cmd
+        }
     }
 }
 
@@ -1190,8 +1224,11 @@ impl ProcessCompute {
         workspace: &Path,
     ) -> tokio::process::Command {
         let config = &self.inner.config;
-        let mut cmd = tokio::process::Command::new(&config.command.program);
-        cmd.args(config.command.substituted(spec, workspace, ""));
+        let mut cmd = executor_process(
+            config.supervisor.as_ref(),
+            &config.command.program,
+            config.command.substituted(spec, workspace, ""),
+        );
         self.base_env(&mut cmd, workspace);
         cmd.env("REMOTE_URL", &spec.remote_url)
             .env("ENVIRONMENT_ID", spec.environment_id.as_str())
@@ -1211,8 +1248,11 @@ impl ProcessCompute {
         listen_url: &str,
     ) -> (tokio::process::Command, ForwarderCommand) {
         let config = &self.inner.config;
-        let mut executor = tokio::process::Command::new(&config.command.program);
-        executor.args(config.command.substituted(spec, workspace, listen_url));
+        let mut executor = executor_process(
+            config.supervisor.as_ref(),
+            &config.command.program,
+            config.command.substituted(spec, workspace, listen_url),
+        );
         self.base_env(&mut executor, workspace);
         executor.process_group(0);
         let mut fwd = tokio::process::Command::new(&forwarder.program);

@@ -60,6 +60,7 @@ async fn local_data_dir_is_private() {
         webhook_id: None,
         enqueued_at: 1,
         swept: None,
+        operator_proof: None,
     };
     events
         .send(Outgoing {

@@ -14,6 +14,7 @@ fn msg(label: &str, group: &str) -> Outgoing {
         job: Job {
             handoffs: 0,
             swept: None,
+            operator_proof: None,
             trigger: Trigger::Idle,
             session_id: SessionId::new(format!("sess_{group}")),
             environment_id: None,

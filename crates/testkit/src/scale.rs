@@ -98,6 +98,7 @@ fn job(world: &World, trigger: Trigger, session: &SessionId, env: &EnvironmentId
     Job {
         handoffs: 0,
         swept: None,
+        operator_proof: None,
         trigger,
         session_id: session.clone(),
         environment_id: Some(env.clone()),

@@ -569,6 +569,7 @@ impl Sim {
         let job = sandbox_controller::Job {
             handoffs: 0,
             swept: None,
+            operator_proof: None,
             trigger: trigger.clone(),
             session_id: session,
             environment_id: env,

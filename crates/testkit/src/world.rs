@@ -140,6 +140,7 @@ impl World {
         let job = Job {
             handoffs: 0,
             swept: None,
+            operator_proof: None,
             trigger,
             session_id: session.clone(),
             environment_id: env.cloned(),

@@ -40,6 +40,7 @@ fn job(world: &World, trigger: Trigger, s: &SessionId, e: &EnvironmentId) -> Job
     Job {
         handoffs: 0,
         swept: None,
+        operator_proof: None,
         trigger,
         session_id: s.clone(),
         environment_id: Some(e.clone()),

@@ -73,6 +73,7 @@ impl Env {
         let job = Job {
             handoffs: 0,
             swept: None,
+            operator_proof: None,
             trigger,
             session_id: self.session.clone(),
             environment_id: Some(self.env.clone()),

@@ -189,6 +189,7 @@ async fn no_configured_secret_appears_in_any_log_or_debug_output() {
     let job = Job {
         handoffs: 0,
         swept: None,
+        operator_proof: None,
         trigger: Trigger::Sweep,
         session_id: session.clone(),
         environment_id: Some(env.clone()),

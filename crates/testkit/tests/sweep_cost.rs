@@ -52,6 +52,7 @@ async fn a_no_effect_sweep_writes_nothing() {
     let job = Job {
         handoffs: 0,
         swept: None,
+        operator_proof: None,
         trigger: Trigger::ConnectionRequested,
         session_id: session.clone(),
         environment_id: Some(env.clone()),
@@ -85,6 +86,7 @@ async fn sweep_fan_out_fits_the_schedule() {
         let job = Job {
             handoffs: 0,
             swept: None,
+            operator_proof: None,
             trigger: Trigger::ConnectionRequested,
             session_id: session,
             environment_id: Some(env),

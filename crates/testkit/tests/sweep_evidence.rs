@@ -35,6 +35,7 @@ async fn a_sweep_job_that_read_a_new_task_as_missing_starts_no_second_task_later
     let job = |trigger| Job {
         handoffs: 0,
         swept: None,
+        operator_proof: None,
         trigger,
         session_id: session.clone(),
         environment_id: Some(env.clone()),

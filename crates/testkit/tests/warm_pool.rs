@@ -37,6 +37,7 @@ fn connection_requested(world: &World, s: SessionId, e: &EnvironmentId) -> Job {
     Job {
         handoffs: 0,
         swept: None,
+        operator_proof: None,
         trigger: Trigger::ConnectionRequested,
         session_id: s,
         environment_id: Some(e.clone()),

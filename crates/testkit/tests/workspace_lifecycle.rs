@@ -18,6 +18,7 @@ fn job(world: &World, session: &SessionId, env: &EnvironmentId, trigger: Trigger
     Job {
         handoffs: 0,
         swept: None,
+        operator_proof: None,
         trigger,
         session_id: session.clone(),
         environment_id: Some(env.clone()),

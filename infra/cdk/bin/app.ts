@@ -11,6 +11,7 @@
  * workspaceVolumeGiB, workspaceVolumeType, workspaceVolumeIops, workspaceVolumeThroughput, agentsApiBaseUrl,
  * maxLifetimeSecs, lifetimeHardCapSecs, noWorkSecs, maxReplacements, replacementWindowSecs, maxExecutors,
  * remoteUrlAllowlist (comma-separated), webhookToleranceSecs, previousWebhookSecretArn,
+ * operatorKeySecretArn, queueSenderArns (comma-separated),
  * poolSize, poolMaxAgeSecs, workerBatchSize, workerMaximumConcurrency, webhookReservedConcurrency, workerReservedConcurrency,
  * logRetentionDays, alarmTopicArn, lambdaDir.
  *
@@ -142,6 +143,8 @@ new SandboxLifecycle(stack, "Sandbox", {
   remoteUrlAllowlist: list("remoteUrlAllowlist"),
   webhookToleranceSecs: integer("webhookToleranceSecs"),
   previousWebhookSecretArn: context("previousWebhookSecretArn"),
+  operatorKeySecretArn: context("operatorKeySecretArn"),
+  queueSenderArns: list("queueSenderArns"),
   workerBatchSize: integer("workerBatchSize"),
   workerMaximumConcurrency: integer("workerMaximumConcurrency"),
   webhookReservedConcurrency: integer("webhookReservedConcurrency"),

@@ -190,6 +190,18 @@ export interface SandboxLifecycleProps {
   readonly webhookToleranceSecs?: number;
   /** `WEBHOOK_PREVIOUS_SECRET_ARN`: the previous signing secret during a rotation. @default none */
   readonly previousWebhookSecretArn?: string;
+  /**
+   * `OPERATOR_KEY_SECRET_ARN`: the operator key (at least 32 characters), readable by the
+   * worker and operators only; a forced close of a session no record names carries a proof
+   * made with it. @default none: every such job is refused
+   */
+  readonly operatorKeySecretArn?: string;
+  /**
+   * Principal ARNs (wildcards allowed) that may send to the events and timers queues
+   * besides the functions that do: operators and applications sending `timeout_reported`.
+   * Every other principal is denied `sqs:SendMessage`. @default none
+   */
+  readonly queueSenderArns?: string[];
   /** Records per worker invocation, 1-10. @default 10 */
   readonly workerBatchSize?: number;
   /** Maximum concurrent worker invocations per queue, 2-1000. @default 10 */
@@ -343,8 +355,10 @@ export class SandboxLifecycle extends Construct {
       ],
     });
     const ecsTasks = new iam.ServicePrincipal("ecs-tasks.amazonaws.com");
+    // Trust: ecs-tasks.amazonaws.com acting for this account only (aws:SourceAccount, IAM
+    // User Guide, "The confused deputy problem").
     const executionRole = new iam.Role(this, "ExecutorExecutionRole", {
-      assumedBy: ecsTasks,
+      assumedBy: ecsTasks.withConditions({ StringEquals: { "aws:SourceAccount": stack.account } }),
       inlinePolicies: {
         "executor-execution": new iam.PolicyDocument({
           statements: [
@@ -389,26 +403,44 @@ export class SandboxLifecycle extends Construct {
     // role"): only ecs-tasks.amazonaws.com acting for this account and an ECS resource of
     // this account and region. The role does not trust itself, so code in the task cannot
     // assume it again under another session name.
-    const taskRole = new iam.Role(this, "ExecutorTaskRole", {
-      assumedBy: new iam.ServicePrincipal("ecs-tasks.amazonaws.com").withConditions({
-        ArnLike: { "aws:SourceArn": `arn:${stack.partition}:ecs:${stack.region}:${stack.account}:*` },
-        StringEquals: { "aws:SourceAccount": stack.account },
-      }),
-      inlinePolicies: this.poolTable
-        ? {
+    // Only with the pool: without it the task definition names no task role, so code in the
+    // sandbox gets no AWS credential at all. With it, the one grant plus explicit denies of
+    // every other action and of GetItem on any other resource: an explicit deny in the
+    // role's own policy wins over any allow, a resource policy's included (IAM User Guide,
+    // "Policy evaluation logic").
+    const poolTable = this.poolTable;
+    const taskRole = poolTable
+      ? new iam.Role(this, "ExecutorTaskRole", {
+          assumedBy: new iam.ServicePrincipal("ecs-tasks.amazonaws.com").withConditions({
+            ArnLike: { "aws:SourceArn": `arn:${stack.partition}:ecs:${stack.region}:${stack.account}:*` },
+            StringEquals: { "aws:SourceAccount": stack.account },
+          }),
+          inlinePolicies: {
             "executor-task": new iam.PolicyDocument({
               statements: [
                 new iam.PolicyStatement({
                   sid: "OwnPoolItem",
                   actions: ["dynamodb:GetItem"],
-                  resources: [this.poolTable.tableArn],
+                  resources: [poolTable.tableArn],
                   conditions: { "ForAllValues:StringEquals": { "dynamodb:LeadingKeys": ["${aws:userid}"] } },
+                }),
+                new iam.PolicyStatement({
+                  sid: "DenyEveryOtherAction",
+                  effect: iam.Effect.DENY,
+                  notActions: ["dynamodb:GetItem"],
+                  resources: ["*"],
+                }),
+                new iam.PolicyStatement({
+                  sid: "DenyEveryOtherResource",
+                  effect: iam.Effect.DENY,
+                  actions: ["dynamodb:GetItem"],
+                  notResources: [poolTable.tableArn],
                 }),
               ],
             }),
-          }
-        : undefined,
-    });
+          },
+        })
+      : undefined;
     // The ECS infrastructure role (issue 14): ECS creates, attaches, tags and deletes the
     // executor's workspace volume with it (RunTask volumeConfigurations roleArn), so the
     // executor holds no AWS credential for its files (Amazon ECS Developer Guide, "Amazon
@@ -418,7 +450,9 @@ export class SandboxLifecycle extends Construct {
     // Only with workspaces on (issue 24): nothing passes it otherwise.
     const infrastructureRole = workspaces
       ? new iam.Role(this, "ExecutorInfrastructureRole", {
-          assumedBy: new iam.ServicePrincipal("ecs.amazonaws.com"),
+          assumedBy: new iam.ServicePrincipal("ecs.amazonaws.com").withConditions({
+            StringEquals: { "aws:SourceAccount": stack.account },
+          }),
           managedPolicies: [
             iam.ManagedPolicy.fromAwsManagedPolicyName("service-role/AmazonECSInfrastructureRolePolicyForVolumes"),
           ],
@@ -438,7 +472,7 @@ export class SandboxLifecycle extends Construct {
         cpuArchitecture: props.executorCpuArchitecture ?? "ARM64",
       },
       executionRoleArn: executionRole.roleArn,
-      taskRoleArn: taskRole.roleArn,
+      taskRoleArn: taskRole?.roleArn,
       // The workspace volume, configured per task at RunTask (crates/aws/src/ebs_workspaces.rs).
       volumes: workspaces ? [{ name: "workspace", configuredAtLaunch: true }] : undefined,
       // Issue 26 (split): the executor container has no secret and no environment and
@@ -548,7 +582,7 @@ export class SandboxLifecycle extends Construct {
       new iam.PolicyStatement({
         sid: "ApiKey",
         actions: ["secretsmanager:GetSecretValue"],
-        resources: [props.openAIApiKeySecretArn],
+        resources: [props.openAIApiKeySecretArn, ...(props.operatorKeySecretArn ? [props.operatorKeySecretArn] : [])],
       }),
       ...sharedControllerStatements(),
       new iam.PolicyStatement({
@@ -573,7 +607,7 @@ export class SandboxLifecycle extends Construct {
       new iam.PolicyStatement({
         sid: "PassExecutorRoles",
         actions: ["iam:PassRole"],
-        resources: [executionRole.roleArn, taskRole.roleArn],
+        resources: [executionRole.roleArn, ...(taskRole ? [taskRole.roleArn] : [])],
         conditions: { StringEquals: { "iam:PassedToService": "ecs-tasks.amazonaws.com" } },
       }),
       // The warm pool (issue 27, docs/WARM_POOL.md "ECS calls"), only with it on: the pool
@@ -777,6 +811,25 @@ export class SandboxLifecycle extends Construct {
         sweeper: new iam.PolicyDocument({ statements: [logStatement(sweeperLogs), ...sweeperStatements()] }),
       },
     });
+    // Only the principals that send may send (README.md, "Security"): the webhook function
+    // to the events queue, the worker's hand-offs and the sweeper's fan-out to the timers
+    // queue, plus queueSenderArns (operators; applications sending timeout_reported). An
+    // explicit deny: in the same account an identity policy alone would otherwise admit any
+    // principal granted sqs:SendMessage (IAM User Guide, "Policy evaluation logic").
+    const senders = props.queueSenderArns ?? [];
+    const onlyTheSendersSend = (queue: sqs.Queue, roles: iam.Role[]) =>
+      queue.addToResourcePolicy(
+        new iam.PolicyStatement({
+          sid: "OnlyTheSendersSend",
+          effect: iam.Effect.DENY,
+          principals: [new iam.AnyPrincipal()],
+          actions: ["sqs:SendMessage"],
+          resources: [queue.queueArn],
+          conditions: { ArnNotLike: { "aws:PrincipalArn": [...roles.map((r) => r.roleArn), ...senders] } },
+        }),
+      );
+    onlyTheSendersSend(this.eventsQueue, [webhookRole]);
+    onlyTheSendersSend(this.timersQueue, [workerRole, sweeperRole]);
 
     // ------------------------------------------------------------ functions
     const common = {
@@ -848,13 +901,14 @@ export class SandboxLifecycle extends Construct {
       // every member key, `<role id>:<task id>`) only with the pool on.
       POOL_SIZE: String(poolSize),
       POOL_MAX_AGE_SECS: String(props.poolMaxAgeSecs ?? 3600),
-      ...(this.poolTable ? { POOL_TABLE_NAME: this.poolTable.tableName, POOL_TASK_ROLE_ID: taskRole.roleId } : {}),
+      ...(this.poolTable && taskRole ? { POOL_TABLE_NAME: this.poolTable.tableName, POOL_TASK_ROLE_ID: taskRole.roleId } : {}),
     };
     // What only the worker reads: the Agents API and its key (the sweeper reads no session).
     const workerEnvironment: Record<string, string> = {
       ...controllerEnvironment,
       AGENTS_API_BASE_URL: props.agentsApiBaseUrl ?? "https://api.openai.com/v1",
       OPENAI_API_KEY_SECRET_ARN: props.openAIApiKeySecretArn,
+      OPERATOR_KEY_SECRET_ARN: props.operatorKeySecretArn ?? "",
     };
     this.workerFunction = new lambda.Function(this, "WorkerFunction", {
       ...common,
@@ -1172,6 +1226,10 @@ function validate(props: SandboxLifecycleProps): void {
   }
   if (props.remoteUrlAllowlist?.some((h) => h.trim() === "" || /[\s,@]/.test(h))) {
     problems.push("remoteUrlAllowlist entries must be hosts, *.domain or scheme://host (no spaces, commas or @)");
+  }
+  const operatorKey = props.operatorKeySecretArn;
+  if (operatorKey !== undefined && !Token.isUnresolved(operatorKey) && !SECRET_ARN.test(operatorKey)) {
+    problems.push("operatorKeySecretArn must be a full Secrets Manager ARN");
   }
   const previous = props.previousWebhookSecretArn;
   if (previous !== undefined && !Token.isUnresolved(previous) && !SECRET_ARN.test(previous)) {

@@ -254,7 +254,7 @@ describe("SandboxLifecycle", () => {
     const [taskDef] = Object.values(template.findResources("AWS::ECS::TaskDefinition"));
     assert.deepEqual(
       new Set(asList(pass.Resource as unknown[]).map((r: any) => r["Fn::GetAtt"][0])),
-      new Set([taskDef.Properties.ExecutionRoleArn["Fn::GetAtt"][0], taskDef.Properties.TaskRoleArn["Fn::GetAtt"][0]]),
+      new Set([taskDef.Properties.ExecutionRoleArn["Fn::GetAtt"][0]]),
     );
     for (const action of ["ecs:StopTask", "ecs:DescribeTasks", "ecs:ListTasks"]) {
       const s = statements.find((st) => asList(st.Action).includes(action))!;
@@ -262,10 +262,9 @@ describe("SandboxLifecycle", () => {
     }
   });
 
-  it("gives the executor task role no permission at all", () => {
+  it("gives the executor no task role without the pool (no AWS credential in the sandbox)", () => {
     const [taskDef] = Object.values(template.findResources("AWS::ECS::TaskDefinition"));
-    const taskRole = taskDef.Properties.TaskRoleArn["Fn::GetAtt"][0];
-    assert.deepEqual(roleStatements(template).get(taskRole), []);
+    assert.ok(!("TaskRoleArn" in taskDef.Properties));
   });
 
   it("keeps the warm pool off by default and refuses it with the single-container executor (issue 27)", () => {
@@ -301,6 +300,13 @@ describe("SandboxLifecycle", () => {
         Resource: { "Fn::GetAtt": [poolId, "Arn"] },
         Condition: { "ForAllValues:StringEquals": { "dynamodb:LeadingKeys": ["${aws:userid}"] } },
       },
+      { Sid: "DenyEveryOtherAction", Effect: "Deny", NotAction: "dynamodb:GetItem", Resource: "*" },
+      {
+        Sid: "DenyEveryOtherResource",
+        Effect: "Deny",
+        Action: "dynamodb:GetItem",
+        NotResource: { "Fn::GetAtt": [poolId, "Arn"] },
+      },
     ]);
     for (const binary of ["worker", "sweeper"]) {
       const env = functionNamed(t, binary).Environment.Variables;
@@ -318,8 +324,9 @@ describe("SandboxLifecycle", () => {
   });
 
   it("trusts the task role to ECS tasks of this account only (confused-deputy guard)", () => {
-    const [taskDef] = Object.values(template.findResources("AWS::ECS::TaskDefinition"));
-    const taskRole = template.findResources("AWS::IAM::Role")[taskDef.Properties.TaskRoleArn["Fn::GetAtt"][0]];
+    const pooled = synth({ poolSize: 1 });
+    const [taskDef] = Object.values(pooled.findResources("AWS::ECS::TaskDefinition"));
+    const taskRole = pooled.findResources("AWS::IAM::Role")[taskDef.Properties.TaskRoleArn["Fn::GetAtt"][0]];
     const [statement] = taskRole.Properties.AssumeRolePolicyDocument.Statement;
     assert.deepEqual(statement.Principal, { Service: "ecs-tasks.amazonaws.com" });
     assert.deepEqual(statement.Condition.StringEquals, { "aws:SourceAccount": "123456789012" });
@@ -371,8 +378,10 @@ describe("SandboxLifecycle", () => {
     ]);
     // The webhook's metrics carry the deployment dimension too.
     assert.equal(functionNamed(t, "webhook").Environment.Variables.DEPLOYMENT_ID, "prod-1");
-    // The sweeper gets the worker's variables except the Agents API and its key.
-    const { AGENTS_API_BASE_URL, OPENAI_API_KEY_SECRET_ARN, ...sweeperEnv } = env;
+    // The sweeper gets the worker's variables except the Agents API, its key and the
+    // operator key (the worker alone verifies forced operator jobs).
+    const { AGENTS_API_BASE_URL, OPENAI_API_KEY_SECRET_ARN, OPERATOR_KEY_SECRET_ARN, ...sweeperEnv } = env;
+    assert.equal(OPERATOR_KEY_SECRET_ARN, "");
     assert.ok(AGENTS_API_BASE_URL && OPENAI_API_KEY_SECRET_ARN);
     assert.deepEqual(functionNamed(t, "sweeper").Environment.Variables, sweeperEnv);
   });

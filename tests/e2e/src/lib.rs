@@ -381,7 +381,10 @@ pub fn os_executors(env: Option<&str>) -> Vec<u32> {
             continue;
         };
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if !String::from_utf8_lossy(&cmdline).contains("sim-executor") {
+        // The program itself (argv[0]), not a process naming it as an argument: the
+        // executor's supervisor (`sandboxctl supervise -- .../sim-executor ...`).
+        let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        if !String::from_utf8_lossy(argv0).contains("sim-executor") {
             continue;
         }
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();

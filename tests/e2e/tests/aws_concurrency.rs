@@ -181,6 +181,7 @@ async fn send_each_twice(h: &AwsHarness, envs: &[(SessionId, EnvironmentId)]) {
             let job = Job {
                 handoffs: 0,
                 swept: None,
+                operator_proof: None,
                 trigger: Trigger::ConnectionRequested,
                 session_id: s.clone(),
                 environment_id: Some(env.clone()),

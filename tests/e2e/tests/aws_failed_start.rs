@@ -85,6 +85,7 @@ async fn aws_failed_start_is_recorded_backs_off_doubles_and_gives_up_without_loo
     let job = Job {
         handoffs: 0,
         swept: None,
+        operator_proof: None,
         trigger: Trigger::ConnectionRequested,
         session_id: session.id.clone(),
         environment_id: Some(env.clone()),

@@ -88,6 +88,7 @@ impl Lagging {
         Job {
             handoffs: 0,
             swept: None,
+            operator_proof: None,
             trigger,
             session_id: self.session.clone(),
             environment_id: Some(self.env.clone()),

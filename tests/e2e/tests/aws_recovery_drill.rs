@@ -150,6 +150,7 @@ async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_rec
                 webhook_id: Some("msg_drill".into()),
                 enqueued_at: SystemClock.now(),
                 swept: None,
+                operator_proof: None,
             },
         })
         .await
@@ -363,6 +364,7 @@ async fn aws_drill_sweeps_and_resolves_after_restart() {
                 webhook_id: Some("msg_drill_2".into()),
                 enqueued_at: SystemClock.now(),
                 swept: None,
+                operator_proof: None,
             },
         })
         .await
@@ -578,6 +580,7 @@ async fn aws_dead_letters_listed_and_redriven_and_start_failures_reset_through_t
         webhook_id: None,
         enqueued_at: 1,
         swept: None,
+        operator_proof: None,
     };
     sqs.send_message()
         .queue_url(&r.queues.events_dlq_url)

@@ -52,6 +52,7 @@ async fn aws_worker_snapshots_the_stopped_generation_and_restores_it_into_the_ne
     let job = || Job {
         handoffs: 0,
         swept: None,
+        operator_proof: None,
         trigger: Trigger::ConnectionRequested,
         session_id: session.id.clone(),
         environment_id: Some(env.clone()),

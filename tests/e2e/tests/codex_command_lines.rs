@@ -209,6 +209,9 @@ fn entrypoint(
         ),
     );
     cmd.env("HOME", home);
+    // The recorded registration is http on 127.0.0.1; the entrypoint requires https unless
+    // this test-only variable (never set by a template) says otherwise.
+    cmd.env("SANDBOX_TEST_ONLY_LOOPBACK_HTTP", "1");
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -233,6 +233,7 @@ async fn dead_letters_are_listed_then_redriven_with_their_hand_offs_reset() {
         webhook_id: None,
         enqueued_at: 1,
         swept: None,
+        operator_proof: None,
     };
     events
         .send(Outgoing {

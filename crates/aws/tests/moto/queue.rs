@@ -82,6 +82,7 @@ fn msg(label: &str, dedup: &str, group: &str) -> Outgoing {
         job: Job {
             handoffs: 0,
             swept: None,
+            operator_proof: None,
             trigger: Trigger::Idle,
             session_id: SessionId::new(format!("sess_{group}")),
             environment_id: None,

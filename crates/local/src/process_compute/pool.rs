@@ -119,8 +119,9 @@ impl ProcessCompute {
                 format!("{} could not be created: {e}", member_dir.display()),
             )
         })?;
-        let mut cmd = tokio::process::Command::new(&config.command.program);
-        cmd.args(
+        let mut cmd = super::executor_process(
+            config.supervisor.as_ref(),
+            &config.command.program,
             config
                 .command
                 .substituted_unassigned(&member_dir, &listen_url),
