@@ -80,7 +80,9 @@ use aws_sdk_ecs::types::{
     LaunchType, NetworkConfiguration, PropagateTags, Tag, Task, TaskField, TaskOverride,
 };
 use sandbox_controller::ports::{Compute, PoolMember, PortError, Started, check_deadline};
-use sandbox_core::compute::{ComputeInstance, ComputeStatus, TASK_FAILED_TO_START};
+use sandbox_core::compute::{
+    ComputeInstance, ComputeStatus, ExitDetail, TASK_FAILED_TO_START, redact_line,
+};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{
     DeploymentId, EnvironmentId, Generation, InstanceId, SessionId, environment_started_by,
@@ -211,6 +213,45 @@ pub(crate) fn stop_code(task: &Task, status: ComputeStatus) -> Option<String> {
     }
 }
 
+/// What a stopped task died of: ECS `stoppedReason`, the exit code of the essential
+/// container that ended it (the first with a non-zero `exitCode`, else the first with
+/// one: both containers of the split task are essential, so either exiting stops the
+/// task), and one line per container that reported an exit or a `reason` (`<name>: exit
+/// code <n> (<reason>)`), redacted ([`sandbox_core::compute::redact_line`]). `None` while
+/// the task is not `STOPPED`. ECS API reference, `Task.stoppedReason`,
+/// `Container.exitCode`, `Container.reason`.
+pub(crate) fn exit_detail(task: &Task, status: ComputeStatus) -> Option<ExitDetail> {
+    if status != ComputeStatus::Stopped {
+        return None;
+    }
+    let containers = task.containers();
+    let exit_code = containers
+        .iter()
+        .filter_map(|c| c.exit_code())
+        .find(|c| *c != 0)
+        .or_else(|| containers.iter().find_map(|c| c.exit_code()));
+    let output = containers
+        .iter()
+        .filter(|c| c.exit_code().is_some() || c.reason().is_some())
+        .map(|c| {
+            let mut line = c.name().unwrap_or("container").to_owned();
+            if let Some(code) = c.exit_code() {
+                line.push_str(&format!(": exit code {code}"));
+            }
+            if let Some(r) = c.reason() {
+                line.push_str(&format!(" ({r})"));
+            }
+            redact_line(&line)
+        })
+        .take(sandbox_core::compute::EXIT_OUTPUT_MAX_LINES)
+        .collect();
+    Some(ExitDetail {
+        reason: task.stopped_reason().map(redact_line),
+        exit_code,
+        output,
+    })
+}
+
 /// Why a `RunTask` answer (HTTP 200) started no task: its `failures` as `"<arn>: <reason>
 /// (<detail>)"`, joined with `; ` (capacity, ENI limits, a bad task definition).
 pub(crate) fn run_task_failures(out: &aws_sdk_ecs::operation::run_task::RunTaskOutput) -> String {
@@ -245,6 +286,7 @@ fn instance_from_task(task: &Task) -> Option<ComputeInstance> {
         status,
         started_at: started_at(task),
         stop_code: stop_code(task, status),
+        exit: exit_detail(task, status),
     })
 }
 
@@ -468,6 +510,7 @@ impl EcsCompute {
                 status: ComputeStatus::Provisioning,
                 started_at: None,
                 stop_code: None,
+                exit: None,
             })));
         }
         let reason = format!(
@@ -701,6 +744,7 @@ impl Compute for EcsCompute {
             status: ComputeStatus::from_ecs_last_status(task.last_status().unwrap_or("")),
             started_at: started_at(task),
             stop_code: None,
+            exit: None,
         }))
     }
 

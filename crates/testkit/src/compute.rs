@@ -594,6 +594,7 @@ impl TwinCompute {
             status,
             started_at: ran.then_some(running_at / 1_000),
             stop_code,
+            exit: None,
         }
     }
 
