@@ -903,4 +903,47 @@ mod tests {
         assert!(check_tag_value("t", "k", "bad!").is_err());
         assert!(check_tag_value("t", "k", &"a".repeat(257)).is_err());
     }
+
+    /// The shape `DescribeTasks` gives a task whose forwarder exited after a 401 (ECS API
+    /// reference, `Task.stoppedReason`, `Container.exitCode`, `Container.reason`): the
+    /// exit detail keeps the reason, the non-zero exit code and one line per container.
+    #[test]
+    fn a_stopped_tasks_exit_is_read_from_stopped_reason_and_the_containers() {
+        use aws_sdk_ecs::types::Container;
+        let task = Task::builder()
+            .last_status("STOPPED")
+            .stop_code(aws_sdk_ecs::types::TaskStopCode::EssentialContainerExited)
+            .stopped_reason("Essential container in task exited")
+            .containers(Container::builder().name("executor").exit_code(143).build())
+            .containers(
+                Container::builder()
+                    .name("forwarder")
+                    .exit_code(1)
+                    .reason("registration refused: 401 Unauthorized")
+                    .build(),
+            )
+            .build();
+        let d = exit_detail(&task, ComputeStatus::Stopped).expect("a stopped task has one");
+        assert_eq!(
+            d.reason.as_deref(),
+            Some("Essential container in task exited")
+        );
+        assert_eq!(d.exit_code, Some(143), "the first non-zero exit code");
+        assert_eq!(
+            d.output,
+            vec![
+                "executor: exit code 143".to_owned(),
+                "forwarder: exit code 1 (registration refused: 401 Unauthorized)".to_owned(),
+            ]
+        );
+        assert!(d.summary().contains("exit code 143"));
+        assert_eq!(exit_detail(&task, ComputeStatus::Running), None);
+        let clean = Task::builder()
+            .containers(Container::builder().name("executor").exit_code(0).build())
+            .build();
+        assert_eq!(
+            exit_detail(&clean, ComputeStatus::Stopped).and_then(|d| d.exit_code),
+            Some(0)
+        );
+    }
 }
