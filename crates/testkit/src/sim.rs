@@ -66,6 +66,14 @@
 //! idle members within the cap; claimed members
 //! fall under "no live compute without a record that names it" (they are instances of
 //! their environment), idle ones do not (they belong to the pool).
+//!
+//! **Executors that never connect**: [`SimConfig::broken_percent`] of the environments,
+//! chosen from the seed by a generator of their own, have executors that exit as soon as
+//! they run (a rejected executor key, an image without `codex`): the world never connects
+//! them, and the twin reports them `STOPPED`, `EssentialContainerExited`, with the exit.
+//! Other environments' executors still die after connecting (the world's kills). Checked
+//! at every start: such an environment gets at most [`broken_start_bound`] starts in any
+//! hour (each stop without connecting is a failed start; past the limit it is held).
 
 use crate::clock::SimClock;
 use crate::compute::{
