@@ -805,6 +805,7 @@ def test_alarms_cover_the_lifecycle_and_name_only_emitted_metrics(any_cfn):
         ("orphans_released", None, 1),
         ("stuck_jobs", None, 1),
         ("start_failures", None, 1),
+        ("executor_never_connected", None, 1),
         # Issue 13: the ceilings that need an owner at once.
         ("ceilings", "remote_url_not_allowed", 1),
         ("ceilings", "replacement_cap", 1),

@@ -80,7 +80,9 @@ use aws_sdk_ecs::types::{
     LaunchType, NetworkConfiguration, PropagateTags, Tag, Task, TaskField, TaskOverride,
 };
 use sandbox_controller::ports::{Compute, PoolMember, PortError, Started, check_deadline};
-use sandbox_core::compute::{ComputeInstance, ComputeStatus, TASK_FAILED_TO_START};
+use sandbox_core::compute::{
+    ComputeInstance, ComputeStatus, ExitDetail, TASK_FAILED_TO_START, redact_line,
+};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{
     DeploymentId, EnvironmentId, Generation, InstanceId, SessionId, environment_started_by,
@@ -211,6 +213,45 @@ pub(crate) fn stop_code(task: &Task, status: ComputeStatus) -> Option<String> {
     }
 }
 
+/// What a stopped task died of: ECS `stoppedReason`, the exit code of the essential
+/// container that ended it (the first with a non-zero `exitCode`, else the first with
+/// one: both containers of the split task are essential, so either exiting stops the
+/// task), and one line per container that reported an exit or a `reason` (`<name>: exit
+/// code <n> (<reason>)`), redacted ([`sandbox_core::compute::redact_line`]). `None` while
+/// the task is not `STOPPED`. ECS API reference, `Task.stoppedReason`,
+/// `Container.exitCode`, `Container.reason`.
+pub(crate) fn exit_detail(task: &Task, status: ComputeStatus) -> Option<ExitDetail> {
+    if status != ComputeStatus::Stopped {
+        return None;
+    }
+    let containers = task.containers();
+    let exit_code = containers
+        .iter()
+        .filter_map(|c| c.exit_code())
+        .find(|c| *c != 0)
+        .or_else(|| containers.iter().find_map(|c| c.exit_code()));
+    let output = containers
+        .iter()
+        .filter(|c| c.exit_code().is_some() || c.reason().is_some())
+        .map(|c| {
+            let mut line = c.name().unwrap_or("container").to_owned();
+            if let Some(code) = c.exit_code() {
+                line.push_str(&format!(": exit code {code}"));
+            }
+            if let Some(r) = c.reason() {
+                line.push_str(&format!(" ({r})"));
+            }
+            redact_line(&line)
+        })
+        .take(sandbox_core::compute::EXIT_OUTPUT_MAX_LINES)
+        .collect();
+    Some(ExitDetail {
+        reason: task.stopped_reason().map(redact_line),
+        exit_code,
+        output,
+    })
+}
+
 /// Why a `RunTask` answer (HTTP 200) started no task: its `failures` as `"<arn>: <reason>
 /// (<detail>)"`, joined with `; ` (capacity, ENI limits, a bad task definition).
 pub(crate) fn run_task_failures(out: &aws_sdk_ecs::operation::run_task::RunTaskOutput) -> String {
@@ -245,6 +286,7 @@ fn instance_from_task(task: &Task) -> Option<ComputeInstance> {
         status,
         started_at: started_at(task),
         stop_code: stop_code(task, status),
+        exit: exit_detail(task, status),
     })
 }
 
@@ -468,6 +510,7 @@ impl EcsCompute {
                 status: ComputeStatus::Provisioning,
                 started_at: None,
                 stop_code: None,
+                exit: None,
             })));
         }
         let reason = format!(
@@ -701,6 +744,7 @@ impl Compute for EcsCompute {
             status: ComputeStatus::from_ecs_last_status(task.last_status().unwrap_or("")),
             started_at: started_at(task),
             stop_code: None,
+            exit: None,
         }))
     }
 
@@ -858,5 +902,48 @@ mod tests {
         assert!(check_tag_value("t", "k", "has space").is_ok());
         assert!(check_tag_value("t", "k", "bad!").is_err());
         assert!(check_tag_value("t", "k", &"a".repeat(257)).is_err());
+    }
+
+    /// The shape `DescribeTasks` gives a task whose forwarder exited after a 401 (ECS API
+    /// reference, `Task.stoppedReason`, `Container.exitCode`, `Container.reason`): the
+    /// exit detail keeps the reason, the non-zero exit code and one line per container.
+    #[test]
+    fn a_stopped_tasks_exit_is_read_from_stopped_reason_and_the_containers() {
+        use aws_sdk_ecs::types::Container;
+        let task = Task::builder()
+            .last_status("STOPPED")
+            .stop_code(aws_sdk_ecs::types::TaskStopCode::EssentialContainerExited)
+            .stopped_reason("Essential container in task exited")
+            .containers(Container::builder().name("executor").exit_code(143).build())
+            .containers(
+                Container::builder()
+                    .name("forwarder")
+                    .exit_code(1)
+                    .reason("registration refused: 401 Unauthorized")
+                    .build(),
+            )
+            .build();
+        let d = exit_detail(&task, ComputeStatus::Stopped).expect("a stopped task has one");
+        assert_eq!(
+            d.reason.as_deref(),
+            Some("Essential container in task exited")
+        );
+        assert_eq!(d.exit_code, Some(143), "the first non-zero exit code");
+        assert_eq!(
+            d.output,
+            vec![
+                "executor: exit code 143".to_owned(),
+                "forwarder: exit code 1 (registration refused: 401 Unauthorized)".to_owned(),
+            ]
+        );
+        assert!(d.summary().contains("exit code 143"));
+        assert_eq!(exit_detail(&task, ComputeStatus::Running), None);
+        let clean = Task::builder()
+            .containers(Container::builder().name("executor").exit_code(0).build())
+            .build();
+        assert_eq!(
+            exit_detail(&clean, ComputeStatus::Stopped).and_then(|d| d.exit_code),
+            Some(0)
+        );
     }
 }

@@ -64,7 +64,7 @@
 
 use crate::ecs_compute::{
     EcsCompute, TAG_DEPLOYMENT, TAG_ENVIRONMENT, TAG_GENERATION, TAG_SESSION, check_tag_value,
-    run_task_failures, started_at, stop_code, tag, tag_value,
+    exit_detail, run_task_failures, started_at, stop_code, tag, tag_value,
 };
 use crate::pool_table::{ClaimWrite, MemberItem, MemberState, PoolTable, TokenItem, member_pk};
 use crate::sdk_error::port_error;
@@ -225,6 +225,7 @@ fn member_instance(
         status,
         started_at: started_at(task),
         stop_code: stop_code(task, status),
+        exit: exit_detail(task, status),
     }
 }
 
@@ -574,6 +575,7 @@ impl EcsCompute {
                 status: ComputeStatus::Provisioning,
                 started_at: None,
                 stop_code: None,
+                exit: None,
             },
         };
         tracing::info!(task = %token.task_arn, member = %token.member_pk,

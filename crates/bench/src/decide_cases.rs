@@ -30,6 +30,7 @@ fn observed(trigger: Trigger, session: Session, running: bool) -> Observed {
         status: ComputeStatus::Running,
         started_at: Some(NOW - 60),
         stop_code: None,
+        exit: None,
     };
     let record = running.then(|| {
         let mut r = Record::new(environment_id.clone(), session.id.clone());

@@ -85,6 +85,7 @@ impl Compute for MemoryCompute {
             status: ComputeStatus::Running,
             started_at: Some(0),
             stop_code: None,
+            exit: None,
         };
         instances.push(instance.clone());
         *self

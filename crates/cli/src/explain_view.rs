@@ -478,6 +478,16 @@ pub async fn run<O: Ops>(
                 connected.saturating_sub(started)
             )?;
         }
+        if let Some(f) = &r.start_failure {
+            writeln!(
+                out,
+                "  start failure: {} in a row ({}), last at {}: {}",
+                f.attempts,
+                f.kind.as_str(),
+                utc(f.last_failed_at),
+                f.reason
+            )?;
+        }
         if let Some(id) = &r.last_reconciled_event_id {
             writeln!(out, "  last reconciled event: {id}")?;
         }

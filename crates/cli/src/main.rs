@@ -32,6 +32,7 @@ mod evidence_view;
 mod explain_view;
 mod migrate_cmd;
 mod operator_jobs;
+mod preflight;
 mod report;
 mod secret_from_env;
 mod serve;
@@ -107,6 +108,10 @@ enum Command {
     /// Bring stored data up to this version (after an upgrade): put records written
     /// before the sweep's open-records index into it. Idempotent; --dry-run counts.
     Migrate(migrate_cmd::MigrateArgs),
+    /// Checks, from where executors run, that they can register: the provider's hosts
+    /// resolve and accept TLS, the executor key is readable, the executor answers
+    /// `--version` (local backend).
+    Preflight(preflight::PreflightArgs),
 }
 
 /// Runs `$body` (an async expression over `$ops`) on the backend `$args` select.
@@ -220,6 +225,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ))
             });
         }
+        Command::Preflight(args) => {
+            return operate(async move { preflight::run(&args, &mut io::stdout().lock()).await });
+        }
         Command::ReportTimeout(args) => {
             return operate(async move {
                 with_ops!(&args.backend, |ops| operator_jobs::report_timeout(
@@ -271,6 +279,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         | Command::ResetStartFailures(_)
         | Command::Resolve(_)
         | Command::ReportTimeout(_)
+        | Command::Preflight(_)
         | Command::Migrate(_) => {
             unreachable!("async commands are handled above")
         }

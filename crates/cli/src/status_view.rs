@@ -12,7 +12,7 @@ use crate::report::{Verdict, checked_id, write_json};
 use crate::timestamps::{stamp, stamp_opt, utc};
 use sandbox_controller::ports::{Clock as _, Compute as _, Queue as _, Registry as _, SystemClock};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
-use sandbox_core::record::{Record, RecordStatus};
+use sandbox_core::record::{Record, RecordStatus, StartFailureKind};
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
@@ -122,10 +122,16 @@ async fn environment<O: Ops>(
     }
     let max = ops.config().policy.max_start_attempts;
     if let Some(f) = r.start_failure.as_ref().filter(|f| f.attempts >= max) {
-        problems.push(format!(
-            "{env}: {} failed starts, no more attempts until `sandboxctl reset-start-failures {env}`",
-            f.attempts
-        ));
+        problems.push(match f.kind {
+            StartFailureKind::NeverConnected => format!(
+                "{env}: executor_never_connects: {} executors stopped without connecting (last: {}); held until `sandboxctl resolve {env} --effect not_needed` once the executor key or image is fixed",
+                f.attempts, f.reason
+            ),
+            StartFailureKind::Start => format!(
+                "{env}: {} failed starts, no more attempts until `sandboxctl reset-start-failures {env}`",
+                f.attempts
+            ),
+        });
     }
     problems.extend(crate::evidence_view::problem(r));
     let audit = ops.audit_entries(&r.environment_id.effect_key()).await?;
@@ -159,6 +165,7 @@ async fn environment<O: Ops>(
             "attempts": f.attempts,
             "last_failed_at": stamp(f.last_failed_at),
             "reason": f.reason,
+            "kind": f.kind.as_str(),
         })),
         "last_decision": last,
         "reconciliation": {
@@ -300,8 +307,13 @@ pub async fn run<O: Ops>(
                 notes.push("cleanup required".into());
             }
             if let Some(f) = e["start_failure"].as_object() {
+                let what = if f["kind"] == "never_connected" {
+                    "executor(s) that never connected"
+                } else {
+                    "failed start(s)"
+                };
                 notes.push(format!(
-                    "{} failed start(s): {}",
+                    "{} {what}: {}",
                     f["attempts"],
                     f["reason"].as_str().unwrap_or("")
                 ));

@@ -23,6 +23,7 @@
 
 pub mod close;
 pub mod config;
+mod connect_watch;
 pub mod consume;
 #[cfg(feature = "test-support")]
 pub mod contract;

@@ -15,6 +15,7 @@
 //! | `decisions` | count | `outcome` (`start`, `adopt`, `divergent`, `reconcile`, `uncertain`, ...) | every decision taken under the lock (worker, sweeper, close) |
 //! | `starts` | count | | a compute start the provider accepted |
 //! | `start_failures` | count | | a start answered without an instance, or a started compute that stopped before it ran (ECS `TaskFailedToStart`; row 28) |
+//! | `executor_never_connected` | count | | a generation that ran and stopped without its environment ever being seen `connected` (counted in `start_failures` too: a rejected executor key, an image without `codex`, a forwarder that exits; [`sandbox_core::record::StartFailureKind::NeverConnected`]) |
 //! | `orphans_released` | count | | a compute without a record, stopped (row 26) |
 //! | `handoffs` | count | | a job handed off to the timers queue |
 //! | `stuck_jobs` | count | | a job past the hand-off cap ([`crate::consume::MAX_HANDOFFS`]) |
@@ -52,6 +53,8 @@ pub mod names {
     pub const STARTS: &str = "starts";
     /// Failed starts.
     pub const START_FAILURES: &str = "start_failures";
+    /// Generations that stopped without ever being seen connected.
+    pub const EXECUTOR_NEVER_CONNECTED: &str = "executor_never_connected";
     /// Orphans stopped.
     pub const ORPHANS_RELEASED: &str = "orphans_released";
     /// Hand-offs to the timers queue.
@@ -214,10 +217,13 @@ pub fn decision_applied(
                         .record(now.saturating_sub(lease.requested_at) as f64);
                 }
             }
-            // A compute that stopped before it ran (row 28): the start failed after the
-            // provider accepted it.
-            Effect::RecordStartFailure(_) => {
+            // A compute that stopped before it ran (row 28), or that ran and stopped
+            // without ever connecting: the start failed after the provider accepted it.
+            Effect::RecordStartFailure(f) => {
                 metrics::counter!(names::START_FAILURES).increment(1);
+                if f.kind == sandbox_core::record::StartFailureKind::NeverConnected {
+                    metrics::counter!(names::EXECUTOR_NEVER_CONNECTED).increment(1);
+                }
             }
             _ => {}
         }
@@ -358,6 +364,7 @@ mod tests {
             status: ComputeStatus::Stopped,
             started_at: None,
             stop_code: Some(stop_code.to_owned()),
+            exit: None,
         };
         let mut record = Record::new(environment_id.clone(), session.id.clone());
         record.generation = Generation(1);
@@ -410,7 +417,7 @@ mod tests {
     }
 
     #[test]
-    fn a_task_that_ran_and_stopped_is_not_a_failed_start() {
+    fn a_task_that_ran_and_stopped_unread_is_not_a_failed_start() {
         let o = recorded_task_stopped("EssentialContainerExited");
         let d = decide(&o);
         let seen = counters(|| decision_applied(&job(&o), &o, &d, &d.effects, NOW));
@@ -420,5 +427,26 @@ mod tests {
             Some(&1),
             "the next generation starts: {d:?}"
         );
+    }
+
+    #[test]
+    fn a_task_that_stopped_without_ever_connecting_counts_as_never_connected() {
+        let mut o = recorded_task_stopped("EssentialContainerExited");
+        o.environment_status = EnvironmentRead::Read {
+            status: sandbox_core::environment::EnvironmentStatus::Ready,
+        };
+        let d = decide(&o);
+        let seen = counters(|| decision_applied(&job(&o), &o, &d, &d.effects, NOW));
+        assert_eq!(seen.get(names::START_FAILURES), Some(&1), "{d:?}");
+        assert_eq!(seen.get(names::EXECUTOR_NEVER_CONNECTED), Some(&1), "{d:?}");
+        assert_eq!(seen.get(names::STARTS), None, "backed off: {d:?}");
+        // Connected at the look that finds it stopped: a gone compute, restarted.
+        o.environment_status = EnvironmentRead::Read {
+            status: sandbox_core::environment::EnvironmentStatus::Connected,
+        };
+        let d = decide(&o);
+        let seen = counters(|| decision_applied(&job(&o), &o, &d, &d.effects, NOW));
+        assert_eq!(seen.get(names::EXECUTOR_NEVER_CONNECTED), None, "{d:?}");
+        assert_eq!(seen.get(names::STARTS), Some(&1), "{d:?}");
     }
 }

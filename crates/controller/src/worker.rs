@@ -878,7 +878,8 @@ where
             && (session.requires_connection_of(env)
                 || job.trigger == Trigger::Idle
                 || active > 1
-                || request_resolved);
+                || request_resolved)
+            || crate::connect_watch::watching(record, inventory);
         let status = if wants_status {
             match self.sessions.retrieve_environment(env).await {
                 Ok(e) => EnvironmentRead::Read { status: e.status },
@@ -1104,6 +1105,7 @@ where
         }
         if let Some(at) = first_connected(observed, &act.fresh) {
             act.fresh.instance_connected_at = Some(observed.now);
+            act.fresh.start_failure = None;
             act.dirty = true;
             crate::metrics::executor_connected(
                 observed.now.saturating_sub(at),
@@ -1274,6 +1276,7 @@ where
                     attempts,
                     last_failed_at: now,
                     reason: reason.clone(),
+                    kind: sandbox_core::record::StartFailureKind::Start,
                 });
                 act.dirty = true;
                 // Ack and recheck after the backoff: the next decision waits it out.
@@ -1899,7 +1902,9 @@ impl Act {
                 r.instance = Some(i.clone());
                 r.instance_recorded_at = Some(self.now);
                 r.status = sandbox_core::record::RecordStatus::Active;
-                r.start_failure = None;
+                // The failed starts are forgotten once this instance is seen connected
+                // (`keep_mapping`), not on its start: an executor that never connects
+                // counts toward the same cap (`StartFailureKind::NeverConnected`).
             }
             Effect::RecordStartFailure(f) => {
                 r.start_failure = Some(f.clone());

@@ -47,6 +47,10 @@ pub enum EvidenceTrigger {
     TurnWithoutExecutor,
     /// Starts keep failing (row 28).
     StartFailing,
+    /// Executors keep stopping before their environment is ever seen `connected`: no
+    /// more starts until an owner fixes the executor key or the image and resolves it
+    /// ([`crate::record::StartFailureKind::NeverConnected`]).
+    ExecutorNeverConnects,
     /// Evidence stayed missing past one retry (row 22).
     Uncertain,
     /// More than one compute, or a record the provider contradicts (rows 11, 13, 27).
@@ -64,6 +68,7 @@ impl EvidenceTrigger {
             Self::InputTimedOut => "input_timed_out",
             Self::TurnWithoutExecutor => "turn_without_executor",
             Self::StartFailing => "start_failing",
+            Self::ExecutorNeverConnects => "executor_never_connects",
             Self::Uncertain => "uncertain",
             Self::Divergent => "divergent",
             Self::LifetimeHardCap => "lifetime_hard_cap",

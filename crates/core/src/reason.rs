@@ -118,6 +118,17 @@ pub enum Reason {
         /// The provider's last reason.
         last_reason: String,
     },
+    /// Executors keep stopping before their environment is ever seen `connected` (a
+    /// rejected executor key, an image without `codex`, a forwarder that exits): past
+    /// [`crate::observed::Policy::max_start_attempts`] nothing starts until an owner
+    /// resolves the `executor_never_connects` evidence (`sandboxctl resolve`) or resets
+    /// the failed starts.
+    ExecutorNeverConnects {
+        /// Generations that stopped without connecting (and failed starts) in a row.
+        attempts: u32,
+        /// What the last one died of.
+        last_exit: String,
+    },
     /// A start would restore a snapshot whose state this decision did not read (issue
     /// 23): the worker reads it ([`crate::observed::Observed::snapshot`]) and decides again.
     SnapshotNotRead {
@@ -329,6 +340,13 @@ impl fmt::Display for Reason {
             } => write!(
                 f,
                 "start failed {attempts} times (last: {last_reason}); next attempt after the cooldown or an operator reset"
+            ),
+            Self::ExecutorNeverConnects {
+                attempts,
+                last_exit,
+            } => write!(
+                f,
+                "the executor stopped {attempts} times without connecting (last: {last_exit}); held until an owner resolves it (sandboxctl resolve)"
             ),
             Self::SnapshotNotRead { snapshot_id } => {
                 write!(

@@ -136,6 +136,45 @@ pub struct StartFailure {
     pub last_failed_at: u64,
     /// The provider's reason, as reported (never a secret).
     pub reason: String,
+    /// What failed: the start itself (the default, and in records written before the
+    /// field), or a generation that ran and stopped without its environment ever being
+    /// seen `connected`.
+    #[serde(default, skip_serializing_if = "StartFailureKind::is_start")]
+    pub kind: StartFailureKind,
+}
+
+/// What kind of failed start a [`StartFailure`] counts. Both count toward the same
+/// backoff and attempt cap ([`crate::observed::Policy::max_start_attempts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartFailureKind {
+    /// The start failed: `RunTask` answered with `failures`, the task stopped with
+    /// `TaskFailedToStart`, or a snapshot could not be restored (lifecycle-cases.md
+    /// row 28).
+    #[default]
+    Start,
+    /// The executor ran and stopped (task stopped, container exited, local child or
+    /// forwarder exited) without its environment being seen `connected` since that
+    /// generation started: a rejected executor key, an image without `codex`, a usage
+    /// error, a forwarder that exits (agents-api.md: the executor must register before
+    /// the session can use it). Past the cap the environment is held with evidence
+    /// `executor_never_connects` until an owner resolves it.
+    NeverConnected,
+}
+
+impl StartFailureKind {
+    /// Whether this is [`StartFailureKind::Start`] (serde's skip test).
+    pub fn is_start(&self) -> bool {
+        *self == Self::Start
+    }
+
+    /// The name used in JSON and text (`start`, `never_connected`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Start => "start",
+            Self::NeverConnected => "never_connected",
+        }
+    }
 }
 
 impl Record {

@@ -108,6 +108,7 @@ fn record_strategy() -> impl Strategy<Value = Option<Record>> {
                 r.start_failure = failure.map(|(attempts, ago)| StartFailure {
                     attempts,
                     last_failed_at: NOW - ago,
+                    kind: Default::default(),
                     reason: "capacity".into(),
                 });
                 r.cleanup_required = cleanup;

@@ -598,6 +598,7 @@ fn row28_failed_start_backs_off_then_retries_and_gives_up_after_max_attempts() {
     r.start_failure = Some(StartFailure {
         attempts: 2,
         last_failed_at: NOW - 5,
+        kind: Default::default(),
         reason: "RESOURCE:ENI".into(),
     });
     let o = observe(Trigger::ConnectionRequested, requires_connection()).with_record(r.clone());
@@ -757,6 +758,7 @@ fn task_that_stopped_with_task_failed_to_start_counts_as_a_failed_start() {
     r.start_failure = Some(StartFailure {
         attempts: 1,
         last_failed_at: NOW - 600,
+        kind: Default::default(),
         reason: "RESOURCE:ENI".into(),
     });
     let mut task = instance("task-2", 2, Stopped, Some(NOW - 1_800));
@@ -784,6 +786,7 @@ fn start_failing_resumes_at_once_after_an_operator_reset() {
     r.start_failure = Some(StartFailure {
         attempts: 5,
         last_failed_at: NOW - 10,
+        kind: Default::default(),
         reason: "RESOURCE:MEMORY".into(),
     });
     r.connection_requested_at = Some(NOW - 900);

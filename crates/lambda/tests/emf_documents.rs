@@ -198,6 +198,7 @@ async fn every_function_flushes_valid_emf_documents_without_ids_as_dimensions() 
         status: ComputeStatus::Running,
         started_at: Some(FIXTURE_NOW - 3_600),
         stop_code: None,
+        exit: None,
     });
     let schedule: EventBridgeEvent<Value> =
         serde_json::from_str(&workspace_event("lambda/eventbridge.scheduled.json")).unwrap();

@@ -59,6 +59,7 @@ async fn orphan_compute_of_a_deleted_session_is_swept_and_reported() {
         status: ComputeStatus::Running,
         started_at: Some(FIXTURE_NOW - 3_600),
         stop_code: None,
+        exit: None,
     });
     let answer = handle_schedule(&c, &schedule()).await.unwrap();
     assert_eq!(answer["environments"], 1, "{answer}");

@@ -44,6 +44,7 @@
 //!   live child the database knows (the demo calls it to leave no process behind);
 //!   [`ProcessComputeConfig::kill_on_drop`] kills them when the last handle drops.
 
+mod exit_tail;
 mod pool;
 
 use crate::db::{Db, DbError, from_sql_int, now_ms, to_sql_int};
@@ -53,7 +54,9 @@ use nix::unistd::Pid;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use sandbox_controller::ports::{Clock, Compute, PortError, Started, SystemClock, check_deadline};
 use sandbox_controller::ports::{StoredKind, StoredWorkspace, Workspaces};
-use sandbox_core::compute::{ComputeInstance, ComputeStatus};
+use sandbox_core::compute::{
+    ComputeInstance, ComputeStatus, ESSENTIAL_CONTAINER_EXITED, ExitDetail,
+};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, InstanceId, SessionId};
 use sandbox_core::workspace::{SnapshotState, WorkspaceDisposition};
@@ -64,6 +67,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const DEP: &str = "compute";
+
+/// ECS `stopCode` of a task a user (here: the controller, an operator) stopped.
+const USER_INITIATED: &str = "UserInitiated";
 
 /// How often a stop or a shutdown looks whether a process is gone.
 const POLL: Duration = Duration::from_millis(50);
@@ -540,8 +546,27 @@ impl InstanceRow {
             generation: Generation(self.generation),
             status: self.status(),
             started_at: Some(from_sql_int(self.started_at_ms) / 1000),
-            stop_code: None,
+            stop_code: self.stop_code(),
+            exit: (self.status() == ComputeStatus::Stopped).then(|| ExitDetail {
+                reason: exit_tail::ended(self.exit_code, self.exit_signal),
+                exit_code: self.exit_code,
+                output: Vec::new(),
+            }),
         }
+    }
+
+    /// The ECS `stopCode` a stopped child reads as: `UserInitiated` when a stop was
+    /// requested (by the controller, an operator or a shutdown), else
+    /// `EssentialContainerExited` (it ended by itself: the executor, or its forwarder,
+    /// exited). `None` while it runs.
+    fn stop_code(&self) -> Option<String> {
+        (self.status() == ComputeStatus::Stopped).then(|| {
+            if self.stop_requested_at_ms.is_some() {
+                USER_INITIATED.to_owned()
+            } else {
+                ESSENTIAL_CONTAINER_EXITED.to_owned()
+            }
+        })
     }
 
     fn info(&self) -> ProcessInfo {
@@ -1539,12 +1564,24 @@ impl Compute for ProcessCompute {
         self.reconcile_members(deployment, not_after).await
     }
 
+    /// Read by id, a stopped instance also carries the redacted tail of its log
+    /// ([`exit_tail`]): what the executor and its forwarder wrote before they ended.
     async fn describe(&self, id: &InstanceId) -> Result<Option<ComputeInstance>, PortError> {
-        Ok(self
-            .inner
-            .load_refreshed("describe", id.as_str())
-            .await?
-            .map(|r| r.instance()))
+        let Some(row) = self.inner.load_refreshed("describe", id.as_str()).await? else {
+            return Ok(None);
+        };
+        let mut instance = row.instance();
+        if instance.exit.is_some() {
+            let key = self.inner.config.key_source.read().ok();
+            let log = PathBuf::from(&row.log_path);
+            let output = tokio::task::spawn_blocking(move || exit_tail::tail(&log, key.as_deref()))
+                .await
+                .unwrap_or_default();
+            if let Some(exit) = instance.exit.as_mut() {
+                exit.output = output;
+            }
+        }
+        Ok(Some(instance))
     }
 
     async fn list(&self, deployment: &DeploymentId) -> Result<Vec<ComputeInstance>, PortError> {

@@ -593,6 +593,15 @@ impl TwinCompute {
             generation: i.spec.generation,
             status,
             started_at: ran.then_some(running_at / 1_000),
+            // ECS `stoppedReason` and the essential container's exit code of a task that
+            // ended by itself (the executor or its forwarder exited).
+            exit: (stop_code.as_deref() == Some(ESSENTIAL_CONTAINER_EXITED)).then(|| {
+                sandbox_core::compute::ExitDetail {
+                    reason: Some("Essential container in task exited".into()),
+                    exit_code: Some(1),
+                    output: vec![],
+                }
+            }),
             stop_code,
         }
     }

@@ -66,6 +66,14 @@
 //! idle members within the cap; claimed members
 //! fall under "no live compute without a record that names it" (they are instances of
 //! their environment), idle ones do not (they belong to the pool).
+//!
+//! **Executors that never connect**: [`SimConfig::broken_percent`] of the environments,
+//! chosen from the seed by a generator of their own, have executors that exit as soon as
+//! they run (a rejected executor key, an image without `codex`): the world never connects
+//! them, and the twin reports them `STOPPED`, `EssentialContainerExited`, with the exit.
+//! Other environments' executors still die after connecting (the world's kills). Checked
+//! at every start: such an environment gets at most [`broken_start_bound`] starts in any
+//! hour (each stop without connecting is a failed start; past the limit it is held).
 
 use crate::clock::SimClock;
 use crate::compute::{
@@ -156,6 +164,22 @@ pub struct SimConfig {
     /// member's maximum age the refill recycles it while a worker may still claim it, the
     /// race the recycle's guard is for. Default: 2,000.
     pub refill_clock_ahead_ms: u64,
+    /// Percent of environments whose executors never connect: each exits as soon as it
+    /// runs (a rejected executor key, an image without `codex`, a forwarder that exits),
+    /// chosen from the seed by a generator of its own (the other environments are those
+    /// of their seed before). Default: 20. Checked after every step: such an environment
+    /// gets at most [`broken_start_bound`] starts in any hour.
+    pub broken_percent: u64,
+}
+
+/// The most starts an environment whose executors never connect may get in any hour:
+/// `max_start_attempts` (each stop without connecting is a failed start; past the limit
+/// the environment is held with `executor_never_connects` until an owner resolves it),
+/// plus `max_replacements` (an executor still running at its connect deadline is replaced,
+/// not counted as a failed start), plus one attempt resumed after the cooldown of a
+/// `TaskFailedToStart` cap (docs/ARCHITECTURE.md; crates/core/src/decision/connection.rs).
+pub fn broken_start_bound(p: &sandbox_core::observed::Policy) -> usize {
+    p.max_start_attempts as usize + p.max_replacements as usize + 1
 }
 
 /// How long an invocation may run in the simulation, simulated seconds.
@@ -199,6 +223,7 @@ impl Default for SimConfig {
             },
             cap_slack: None,
             refill_clock_ahead_ms: 2_000,
+            broken_percent: 20,
         }
     }
 }
@@ -242,6 +267,12 @@ pub struct ScheduleReport {
     pub ecs: crate::compute::EcsAnswers,
     /// What the warm pool did (issue 27; all zero when it was off).
     pub pool: PoolReport,
+    /// Environments whose executors never connect.
+    pub broken_environments: usize,
+    /// Computes started for them (each checked against [`broken_start_bound`]).
+    pub broken_starts: usize,
+    /// The most starts one of them got within an hour.
+    pub broken_max_in_hour: usize,
 }
 
 /// What the warm pool did in a schedule (issue 27).
@@ -298,6 +329,10 @@ struct Env {
     session: SessionId,
     env: EnvironmentId,
     closed_by_operator: bool,
+    /// Its executors never connect: each exits as soon as it runs.
+    broken: bool,
+    /// When each of its computes was created, simulated Unix seconds.
+    starts_at: Vec<u64>,
     /// Webhook ids delivered so far (for duplicates).
     delivered: Vec<(Trigger, Option<EnvironmentId>, String)>,
 }
@@ -431,6 +466,8 @@ impl Sim {
         let sweeper = make("sweeper", 0);
         let operator = make("operator", 0);
         let refiller = make("refill", refill_ahead_ms);
+        // Executors that never connect, from a generator of their own (as the pool's).
+        let mut broken_rng = SimRng::new(seed ^ 0x6272_6f6b_656e_5f78);
         let envs = (0..n_envs)
             .map(|i| {
                 let session = SessionId::new(format!("sess_sim_{i}"));
@@ -440,10 +477,13 @@ impl Sim {
                     session,
                     env,
                     closed_by_operator: false,
+                    broken: broken_rng.chance(cfg.broken_percent),
+                    starts_at: vec![],
                     delivered: vec![],
                 }
             })
-            .collect();
+            .collect::<Vec<Env>>();
+        let broken_environments = envs.iter().filter(|e| e.broken).count();
         Self {
             seed,
             cfg,
@@ -465,6 +505,7 @@ impl Sim {
             report: ScheduleReport {
                 seed,
                 environments: n_envs,
+                broken_environments,
                 workers: n_workers,
                 pool: PoolReport {
                     on: pool.size > 0,
@@ -636,6 +677,10 @@ impl Sim {
                 if !s.requires_connection_of(&env) || !running {
                     return;
                 }
+                if self.envs[e].broken {
+                    // It never connects: it has exited already or exits at the next step.
+                    return;
+                }
                 self.sessions.connect(&env, SessionStatus::InProgress);
                 self.note(format!("world: env {e} executor connected, turn runs"));
                 self.deliver(e, Trigger::TurnStarted, Some(env)).await;
@@ -797,9 +842,29 @@ impl Sim {
         }
     }
 
+    /// The executors of broken environments exit as soon as they run, without connecting
+    /// (the twin reports them `STOPPED`, `EssentialContainerExited`, exit code 1).
+    fn broken_executors_exit(&mut self) {
+        for e in 0..self.envs.len() {
+            if !self.envs[e].broken {
+                continue;
+            }
+            let env = self.envs[e].env.clone();
+            for i in self.compute.live_of(&env) {
+                if i.status == ComputeStatus::Running && self.compute.kill(&i.instance_id) {
+                    self.note(format!(
+                        "world: env {e} executor {} exited before connecting",
+                        i.instance_id
+                    ));
+                }
+            }
+        }
+    }
+
     /// Polls actor `i` once (one port call) and checks the invariants.
     async fn poll_actor(&mut self, i: usize) -> Result<(), Violation> {
         self.enforce_deadlines();
+        self.broken_executors_exit();
         if self.sched.kind(i).is_none() {
             // Killed at its deadline just now.
             return self.check_one_active("deadline");
@@ -1013,6 +1078,7 @@ impl Sim {
                 } => {
                     if created {
                         self.report.starts += 1;
+                        self.check_broken_starts(actor, &instance.environment_id)?;
                     }
                     if created
                         && self.compute.with_pool_members(|ms| {
@@ -1240,6 +1306,36 @@ impl Sim {
                  executor cap {}: the last refill did not recycle the excess",
                 idle.len(),
                 self.cap
+            )));
+        }
+        Ok(())
+    }
+
+    /// A compute of `env` was just created: if its executors never connect, at most
+    /// [`broken_start_bound`] starts in the last hour (the policy bounds them: failed
+    /// starts, then held).
+    fn check_broken_starts(&mut self, actor: &str, env: &EnvironmentId) -> Result<(), Violation> {
+        let Some(e) = self.env_index(env) else {
+            return Ok(());
+        };
+        let now = self.clock.now();
+        self.envs[e].starts_at.push(now);
+        if !self.envs[e].broken {
+            return Ok(());
+        }
+        self.report.broken_starts += 1;
+        let bound = broken_start_bound(&self.sweeper.config.policy);
+        let in_hour = self.envs[e]
+            .starts_at
+            .iter()
+            .filter(|t| now.saturating_sub(**t) < 3_600)
+            .count();
+        self.report.broken_max_in_hour = self.report.broken_max_in_hour.max(in_hour);
+        if in_hour > bound {
+            return Err(self.violation(format!(
+                "{actor}: env {e}, whose executors never connect, got {in_hour} starts in an \
+                 hour (the policy allows {bound}): record {:?}",
+                self.registry.record(&env.effect_key())
             )));
         }
         Ok(())

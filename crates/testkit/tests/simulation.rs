@@ -38,6 +38,8 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
     let cfg = SimConfig {
         cap_slack: env_u64("SIM_CAP_SLACK"),
         pool_percent: env_u64("SIM_POOL_PERCENT").unwrap_or(SimConfig::default().pool_percent),
+        broken_percent: env_u64("SIM_BROKEN_PERCENT")
+            .unwrap_or(SimConfig::default().broken_percent),
         refill_clock_ahead_ms: env_u64("SIM_REFILL_AHEAD_MS")
             .unwrap_or(SimConfig::default().refill_clock_ahead_ms),
         ..SimConfig::default()
@@ -92,6 +94,9 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
                 total.ecs.recycles_lost_to_claims += r.ecs.recycles_lost_to_claims;
                 total.ecs.claims_provisioning += r.ecs.claims_provisioning;
                 total.volumes_deleted += r.volumes_deleted;
+                total.broken_environments += r.broken_environments;
+                total.broken_starts += r.broken_starts;
+                total.broken_max_in_hour = total.broken_max_in_hour.max(r.broken_max_in_hour);
                 total.queued_at_end = total.queued_at_end.max(r.queued_at_end);
                 pool_schedules += u64::from(r.pool.on);
                 capped_schedules += u64::from(r.pool.capped);
@@ -144,7 +149,19 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
         pool.claimed_killed,
         pool.max_over_cap,
     );
+    println!(
+        "executors that never connect: {} environments, {} computes started for them, at most \
+         {} in one hour for one environment (the policy allows {})",
+        total.broken_environments,
+        total.broken_starts,
+        total.broken_max_in_hour,
+        sandbox_testkit::sim::broken_start_bound(&sandbox_core::observed::Policy::default()),
+    );
     assert!(total.crashes > 0 && total.starts > 0 && total.stops > 0 || schedules < 20);
+    assert!(
+        schedules < 200 || cfg.broken_percent == 0 || total.broken_starts > 0,
+        "no executor that never connects was started: {total:?}"
+    );
     // The ECS behaviours were exercised, not merely configured.
     let ecs = total.ecs;
     assert!(

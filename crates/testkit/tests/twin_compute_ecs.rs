@@ -340,3 +340,38 @@ async fn ecs_calls_are_counted_per_page_of_100() {
     );
     assert_eq!(c.ecs_calls().total(), 0);
 }
+
+/// A task whose essential container exits by itself (the executor or its forwarder: a
+/// rejected executor key) reads `STOPPED` with `stopCode` `EssentialContainerExited`, its
+/// `stoppedReason` and the container's exit code (ECS API reference, `Task.stopCode`,
+/// `Task.stoppedReason`, `Container.exitCode`); one stopped on request has no exit detail.
+#[tokio::test]
+async fn a_task_whose_container_exited_reads_its_stopped_reason_and_exit_code() {
+    let timing = ComputeTiming {
+        start_secs: 0,
+        stop_secs: 0,
+    };
+    let clock = SimClock::new();
+    let c = TwinCompute::aws_like(clock.clone(), timing, AwsLike::strict());
+    let t = start(&c, &spec(1)).await;
+    assert!(c.kill(&t.instance_id));
+    let died = describe(&c, &t.instance_id).await.unwrap();
+    assert_eq!(died.status, ComputeStatus::Stopped);
+    assert_eq!(
+        died.stop_code.as_deref(),
+        Some(sandbox_core::compute::ESSENTIAL_CONTAINER_EXITED)
+    );
+    let exit = died.exit.expect("the exit of a container that exited");
+    assert_eq!(
+        exit.reason.as_deref(),
+        Some("Essential container in task exited")
+    );
+    assert_eq!(exit.exit_code, Some(1));
+    let s = start(&c, &spec(2)).await;
+    c.stop(&s.instance_id, "lease_expired", NO_DEADLINE)
+        .await
+        .unwrap();
+    let stopped = describe(&c, &s.instance_id).await.unwrap();
+    assert_eq!(stopped.stop_code.as_deref(), Some(USER_INITIATED));
+    assert_eq!(stopped.exit, None);
+}

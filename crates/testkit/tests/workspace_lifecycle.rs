@@ -56,9 +56,25 @@ async fn start_next(
     record(world, e).await.instance.unwrap().generation
 }
 
-/// Generation `g`'s task crashes (behind the controller's back).
+/// Generation `g`'s task, once seen connected (it did work), crashes behind the
+/// controller's back (a generation never seen connected would be a failed start instead).
 async fn crash(world: &World, e: &EnvironmentId) {
     let r = record(world, e).await;
+    world
+        .sessions
+        .set_environment_status(e, sandbox_core::environment::EnvironmentStatus::Connected);
+    let c = world.controller_with(World::config("seen"));
+    c.process(&job(world, &r.session_id, e, Trigger::Sweep))
+        .await
+        .unwrap();
+    assert!(
+        record(world, e).await.instance_connected_at.is_some(),
+        "the generation was seen connected"
+    );
+    world.sessions.set_environment_status(
+        e,
+        sandbox_core::environment::EnvironmentStatus::Disconnected,
+    );
     assert!(world.compute.kill(&r.instance.unwrap().instance_id));
     world.clock.advance(Duration::from_secs(1));
 }

@@ -1071,6 +1071,11 @@ export class SandboxLifecycle extends Construct {
       "An executor task failed to start (RunTask answered failures, or the task stopped before it ran).",
       lifecycle("start_failures"),
     );
+    alarm(
+      "ExecutorNeverConnectedAlarm",
+      "An executor stopped without ever connecting (rejected executor key, image without codex, forwarder exit); see sandboxctl explain.",
+      lifecycle("executor_never_connected"),
+    );
     // Issue 27: starts keep finding the warm pool empty (pool_misses) in 2 of 3 five-minute
     // periods: poolSize is too small for the start rate, or refills fail.
     if (pool) {
@@ -1100,7 +1105,7 @@ export class SandboxLifecycle extends Construct {
             "Starts, failed starts, orphans released, hand-offs, stuck jobs, ceilings by reason",
             [
               ...CEILING_REASONS.map((reason) => lifecycle("ceilings", { reason })),
-              ...["starts", "start_failures", "orphans_released", "handoffs", "stuck_jobs", "capacity_waits"].map((n) =>
+              ...["starts", "start_failures", "executor_never_connected", "orphans_released", "handoffs", "stuck_jobs", "capacity_waits"].map((n) =>
                 lifecycle(n),
               ),
             ],

@@ -82,7 +82,7 @@ describe("SandboxLifecycle", () => {
     template.resourceCountIs("AWS::Lambda::EventSourceMapping", 2);
     template.resourceCountIs("AWS::Events::Rule", 1);
     template.resourceCountIs("AWS::Logs::LogGroup", 4);
-    template.resourceCountIs("AWS::CloudWatch::Alarm", 12);
+    template.resourceCountIs("AWS::CloudWatch::Alarm", 13);
     template.resourceCountIs("AWS::CloudWatch::Dashboard", 1);
     template.resourceCountIs("AWS::IAM::Policy", 0);
   });
@@ -517,6 +517,7 @@ describe("SandboxLifecycle", () => {
       "decisions/divergent/1",
       "decisions/reconcile/3",
       "decisions/uncertain/3",
+      "executor_never_connected//1",
       "orphans_released//1",
       "start_failures//1",
       "stuck_jobs//1",

@@ -76,6 +76,9 @@ pub struct Options {
     pub turn_command: Option<String>,
     /// Issue 27: the warm pool's size (default 0: off; split mode only).
     pub pool_size: u32,
+    /// The executor command instead of the stand-in (embedded harness only; e.g. a script
+    /// that exits before it connects, as an executor whose key is rejected does).
+    pub executor_command: Option<ExecutorCommand>,
 }
 
 impl Default for Options {
@@ -95,6 +98,7 @@ impl Default for Options {
             split_executor: None,
             turn_command: None,
             pool_size: 0,
+            executor_command: None,
         }
     }
 }
@@ -228,6 +232,9 @@ impl Harness {
             KeySource::File(key_file),
             controller,
         );
+        if let Some(executor) = &opts.executor_command {
+            config.executor = executor.clone();
+        }
         if let Some((executor, forwarder)) = &opts.split_executor {
             config.executor = executor.clone();
             config.forwarder = Some(forwarder.clone());

@@ -644,6 +644,7 @@ async fn aws_dead_letters_listed_and_redriven_and_start_failures_reset_through_t
     record.start_failure = Some(StartFailure {
         attempts: 5,
         last_failed_at: now,
+        kind: Default::default(),
         reason: "RESOURCE:ENI".into(),
     });
     let fence = Fence {

@@ -113,8 +113,16 @@ impl View<'_> {
         if closed == 0 {
             return Decision::ignore(Reason::Converged);
         }
+        // An executor that never connected was held on its failed starts: the owner fixed
+        // the key or the image, so the count is forgotten and the next look starts again.
+        let never_connected = self.record.is_some_and(|r| {
+            r.open_evidence()
+                .any(|e| e.trigger == crate::evidence::EvidenceTrigger::ExecutorNeverConnects)
+                && r.start_failure.is_some()
+        });
         Decision::new(Outcome::Ignore, Reason::ReconciliationResolved { closed })
             .with([Effect::ResolveReconciliation(resolution.clone())])
+            .with(never_connected.then_some(Effect::ClearStartFailure))
             .recheck(1)
     }
 }

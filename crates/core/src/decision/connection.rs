@@ -17,14 +17,23 @@
 //!   ([`super::snapshots`]);
 //! - row 28: failed starts (`RunTask` failures, or a task that stopped with
 //!   `TaskFailedToStart`) are counted and backed off; past the attempt limit nothing
-//!   starts until the cooldown ends or an operator resets them.
+//!   starts until the cooldown ends or an operator resets them;
+//! - never connected: a generation that ran and stopped without its environment being
+//!   seen `connected` since it started (a rejected executor key, an image without
+//!   `codex`, a forwarder that exits) is a failed start too, counted and backed off the
+//!   same way; past the limit the environment is held (`executor_never_connects`) until an
+//!   owner resolves it — no cooldown resumes it. Only on evidence: the environment's
+//!   status must have been read, not `connected`, at the look that finds the generation
+//!   stopped (docs/ARCHITECTURE.md principle 5: missing evidence changes nothing). A
+//!   generation that did connect and then died is restarted as a gone compute (row 11).
 
 use super::View;
-use crate::compute::{ComputeInstance, InstanceRef};
+use crate::compute::{ComputeInstance, ComputeStatus, ESSENTIAL_CONTAINER_EXITED, InstanceRef};
+use crate::environment::EnvironmentStatus;
 use crate::ids::idempotency_token;
 use crate::outcome::{Decision, Effect, Outcome, StartSpec, StopReason, StopSpec};
 use crate::reason::Reason;
-use crate::record::{Record, StartFailure};
+use crate::record::{Record, StartFailure, StartFailureKind};
 use crate::session::Session;
 
 impl View<'_> {
@@ -72,6 +81,20 @@ impl View<'_> {
             let mut effects = cancel;
             let failure = self.failed_start(&mut effects);
             if let Some(f) = &failure {
+                if f.attempts >= policy.max_start_attempts
+                    && f.kind == StartFailureKind::NeverConnected
+                {
+                    // Held for an owner: no cooldown resumes an executor that cannot
+                    // register; `sandboxctl resolve` (or a reset) releases it.
+                    return Decision::new(
+                        Outcome::Reconcile,
+                        Reason::ExecutorNeverConnects {
+                            attempts: f.attempts,
+                            last_exit: f.reason.clone(),
+                        },
+                    )
+                    .with(effects);
+                }
                 if f.attempts >= policy.max_start_attempts {
                     let resume_at = f
                         .last_failed_at
@@ -175,27 +198,67 @@ impl View<'_> {
 
     /// The record's failed starts, counting the recorded compute if the provider read it
     /// stopped before it ever ran ([`crate::compute::TASK_FAILED_TO_START`]: a failed start
-    /// like a `RunTask` answered with `failures`, row 28); pushes the effect that records it.
+    /// like a `RunTask` answered with `failures`, row 28) or stopped without ever being
+    /// seen connected ([`View::never_connected`]); pushes the effect that records it, with
+    /// what the compute died of ([`crate::compute::ExitDetail`]).
     fn failed_start(&self, effects: &mut Vec<Effect>) -> Option<StartFailure> {
         let previous = self.record.and_then(|r| r.start_failure.clone());
         let Some(task) = self
             .recorded_seen
-            .filter(|i| i.failed_to_start() && self.record.is_some_and(Record::claims_compute))
+            .filter(|_| self.record.is_some_and(Record::claims_compute))
         else {
             return previous;
         };
+        let (kind, what) = if task.failed_to_start() {
+            (StartFailureKind::Start, "stopped before it ran")
+        } else if self.never_connected(task) {
+            (
+                StartFailureKind::NeverConnected,
+                "stopped without ever connecting",
+            )
+        } else {
+            return previous;
+        };
+        let mut died_of: Vec<String> = task.stop_code.iter().cloned().collect();
+        died_of.extend(task.exit.as_ref().map(crate::compute::ExitDetail::summary));
         let failure = StartFailure {
             attempts: previous.map_or(1, |f| f.attempts.saturating_add(1)),
             last_failed_at: self.o.now,
             reason: format!(
-                "task {} (generation {}) stopped before it ran: {}",
+                "task {} (generation {}) {what}: {}",
                 task.instance_id,
                 task.generation,
-                task.stop_code.as_deref().unwrap_or_default()
+                died_of.join("; ")
             ),
+            kind,
         };
         effects.push(Effect::RecordStartFailure(failure.clone()));
         Some(failure)
+    }
+
+    /// Whether the recorded generation `task` stopped without its environment ever being
+    /// seen `connected` since it started: the provider reads it stopped by itself (no
+    /// `stopCode`, or ECS `EssentialContainerExited`; a stop by a user, the scheduler or
+    /// a Spot interruption is not the executor's failure), the record never saw it
+    /// connected ([`Record::instance_connected_at`]), and the environment's status was
+    /// read at this look and is not `connected` (a status that is `connected` when the
+    /// generation is found stopped counts as connected; an unread or unavailable status
+    /// is missing evidence and never counts).
+    pub(super) fn never_connected(&self, task: &ComputeInstance) -> bool {
+        let stopped_by_itself = task.status == ComputeStatus::Stopped
+            && task
+                .stop_code
+                .as_deref()
+                .is_none_or(|c| c == ESSENTIAL_CONTAINER_EXITED);
+        let never_seen = self.record.is_some_and(|r| {
+            r.instance_connected_at.is_none() && r.current() == Some(&task.as_ref())
+        });
+        let read_not_connected = self
+            .o
+            .environment_status
+            .status()
+            .is_some_and(|s| s != EnvironmentStatus::Connected);
+        stopped_by_itself && never_seen && read_not_connected
     }
 
     fn start_spec(&self, session: &Session, previous: Option<InstanceRef>) -> StartSpec {

@@ -175,7 +175,6 @@ impl View<'_> {
             record.generation = record.generation.max(keep.generation);
             record.instance = Some(keep.as_ref());
             record.status = RecordStatus::Active;
-            record.start_failure = None;
             record.instance_recorded_at = Some(self.o.now);
         }
         if record

@@ -82,6 +82,7 @@ pub fn evidence_for(
         }
         (_, Reason::TurnWithoutExecutor) => EvidenceTrigger::TurnWithoutExecutor,
         (_, Reason::StartFailing { .. }) => EvidenceTrigger::StartFailing,
+        (_, Reason::ExecutorNeverConnects { .. }) => EvidenceTrigger::ExecutorNeverConnects,
         // Holding is the consequence of evidence already recorded, not a new question.
         (_, Reason::HeldForOwner { .. } | Reason::CloseAwaitsResolution { .. }) => return None,
         // Issue 25: a hard-cap stop with a turn running (or unread) is never silent.

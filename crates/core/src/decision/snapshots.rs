@@ -104,6 +104,7 @@ impl View<'_> {
             attempts,
             last_failed_at: self.o.now,
             reason: reason.to_string(),
+            kind: crate::record::StartFailureKind::Start,
         };
         Some(
             held(Outcome::Reconcile, reason)

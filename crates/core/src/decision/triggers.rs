@@ -95,6 +95,7 @@ pub(super) fn not_visible_yet(
         status: ComputeStatus::Provisioning,
         started_at: None,
         stop_code: None,
+        exit: None,
     })
 }
 

@@ -95,6 +95,7 @@ pub fn instance(
         status,
         started_at,
         stop_code: None,
+        exit: None,
     }
 }
 
@@ -225,6 +226,7 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                     status: ComputeStatus::Pending,
                     started_at: Some(o.now),
                     stop_code: None,
+                    exit: None,
                 });
                 fresh(&mut next.record);
                 let r = next.record.as_mut().unwrap();
@@ -234,8 +236,8 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                     generation: spec.generation,
                 });
                 r.status = RecordStatus::Active;
-                r.start_failure = None;
                 r.instance_recorded_at = Some(o.now);
+                r.instance_connected_at = None;
             }
             Effect::StopCompute(spec) => {
                 for i in instances.iter_mut() {
@@ -250,7 +252,6 @@ pub fn apply(o: &Observed, d: &Decision) -> Observed {
                 rec.generation = rec.generation.max(r.generation);
                 rec.instance = Some(r.clone());
                 rec.status = RecordStatus::Active;
-                rec.start_failure = None;
                 rec.instance_recorded_at = Some(o.now);
             }
             Effect::RecordStartFailure(f) => {

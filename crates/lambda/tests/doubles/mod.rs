@@ -253,6 +253,7 @@ impl Compute for MemoryCompute {
             status: ComputeStatus::Running,
             started_at: Some(FIXTURE_NOW),
             stop_code: None,
+            exit: None,
         };
         instances.push(instance.clone());
         Ok(Started::Instance(instance))
