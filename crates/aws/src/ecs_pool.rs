@@ -38,8 +38,9 @@
 //!   you use", ECS API reference, ListTasks; `desiredStatus` is then its default,
 //!   `RUNNING`), every page, `DescribeTasks` per 100, one `BatchGetItem` per 100 member
 //!   keys (`sandbox:pool-role` tag + `:` + task id): a live pool task no unexpired item
-//!   names and older than [`ORPHAN_AGE_SECS`] (by its `createdAt`, against the pool clock)
-//!   is stopped ([`ORPHAN_REASON`]); a recycled member still live is stopped
+//!   names, that carries no `sandbox:environment` tag (a task with an environment is that
+//!   environment's: only the sweep stops it) and is older than [`ORPHAN_AGE_SECS`] (by its
+//!   `createdAt`, against the pool clock) is stopped ([`ORPHAN_REASON`]); a recycled member still live is stopped
 //!   ([`RECYCLE_REASON`]). Then the idle items (`Query` `by_idle`, every page) whose task
 //!   was not listed are described: a task `STOPPED`, or unknown to ECS (`MISSING`) and
 //!   created more than [`ORPHAN_AGE_SECS`] ago, drops its item (`DeleteItem`, `#state =
@@ -702,6 +703,31 @@ impl EcsCompute {
         Ok(true)
     }
 
+    /// After the `StopTask` of `id` by its environment: when `id` is a claimed member of
+    /// this pool (its key from the configured task role id and the ARN's task id), its
+    /// item gets its expiry ([`PoolTable::release`](crate::pool_table::PoolTable::release),
+    /// one conditional `UpdateItem`; a cold task's fails its condition and writes
+    /// nothing). Without the pool, or for an id that is not a task ARN: no call.
+    ///
+    /// # Errors
+    /// The `UpdateItem`'s failure (the task is stopped; the stop is retried as a whole).
+    pub(crate) async fn pool_release(&self, id: &InstanceId) -> Result<(), PortError> {
+        let Some(pool) = self.pool.as_deref() else {
+            return Ok(());
+        };
+        let Some(task) = task_id(id.as_str()) else {
+            return Ok(());
+        };
+        if pool
+            .table
+            .release(&member_pk(&pool.config.task_role_id, task), self.clock.now())
+            .await?
+        {
+            tracing::info!(task = %id, "claimed pool member stopped: its item now expires with the history retention");
+        }
+        Ok(())
+    }
+
     /// [`Compute::reconcile_pool`](sandbox_controller::ports::Compute::reconcile_pool) (see
     /// the module docs). Without the pool: nothing.
     pub(crate) async fn pool_reconcile(
@@ -738,6 +764,9 @@ impl EcsCompute {
                 .and_then(|k| items.get(&k))
                 .filter(|i| &i.task_arn == *arn);
             match item {
+                // A task carrying an environment is that environment's, whatever its item
+                // says (expired, lost, not readable): only the sweep may stop it.
+                None if tag_value(task, TAG_ENVIRONMENT).is_some() => {}
                 None => {
                     let Some(created) = created_at(task) else {
                         continue;

@@ -949,3 +949,60 @@ async fn with_ebs_workspaces_a_member_is_refused_and_claims_miss() {
     );
     m.stop_all(&d).await;
 }
+
+/// A claimed member is its environment's until the environment stops it: its item keeps
+/// no expiry while it runs (with lifetime caps off a session may outlive any retention),
+/// and the refill's reconcile never stops a task that carries an environment — nor one
+/// whose claimed item names it without the tag (a worker died before `TagResource`).
+#[tokio::test]
+async fn a_claimed_member_in_use_is_never_stopped_by_the_refill() {
+    let m = pool_moto().await;
+    let d = deployment();
+    let tagged = m.compute.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+    m.clock.advance(1);
+    let untagged = m.compute.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+    let s = spec(&format!("env_{}", unique()));
+    let got = claimed(
+        m.compute
+            .claim_pool_member(&s, &d, 0, NO_DEADLINE)
+            .await
+            .unwrap(),
+    )
+    .expect("claimed");
+    assert_eq!(got.instance_id, tagged.instance_id);
+    let s2 = spec(&format!("env_{}", unique()));
+    m.compute_with(NoTagging)
+        .await
+        .claim_pool_member(&s2, &d, 0, NO_DEADLINE)
+        .await
+        .expect_err("the tag failed: outcome unknown");
+    let item = m.item(tagged.instance_id.as_str()).await.expect("item");
+    assert_eq!(item["state"], AttributeValue::S("assigned".into()));
+    assert!(
+        !item.contains_key("expires_at"),
+        "a claimed item never expires while its task may run: {item:?}"
+    );
+    // Past the history retention (30 days) and any orphan age: the reconcile leaves both.
+    m.clock.advance(31 * 86_400);
+    assert_eq!(m.compute.reconcile_pool(&d, NO_DEADLINE).await.unwrap(), 0);
+    for member in [&tagged, &untagged] {
+        let task = m.task(member.instance_id.as_str()).await;
+        assert_eq!(task.desired_status(), Some("RUNNING"), "{member:?}");
+    }
+    // The environment still finds its executor through the item.
+    let found = m.compute.find(&d, &s2.environment_id).await.unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].instance_id, untagged.instance_id);
+    // Its stop by the environment gives the item its expiry: the history retention.
+    m.compute
+        .stop(&tagged.instance_id, "released", NO_DEADLINE)
+        .await
+        .unwrap();
+    let item = m.item(tagged.instance_id.as_str()).await.expect("item");
+    assert_eq!(
+        item["expires_at"],
+        AttributeValue::N((m.clock.now() + 30 * 86_400).to_string())
+    );
+    assert_eq!(m.guard.rejected(), vec![]);
+    m.stop_all(&d).await;
+}
