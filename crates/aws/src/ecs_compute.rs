@@ -749,7 +749,8 @@ impl Compute for EcsCompute {
     }
 
     async fn stop(&self, id: &InstanceId, reason: &str, not_after: u64) -> Result<(), PortError> {
-        self.stop_task(id.as_str(), reason, not_after, "stop").await?;
+        self.stop_task(id.as_str(), reason, not_after, "stop")
+            .await?;
         self.pool_release(id).await
     }
 

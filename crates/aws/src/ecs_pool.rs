@@ -757,7 +757,10 @@ impl EcsCompute {
         };
         if pool
             .table
-            .release(&member_pk(&pool.config.task_role_id, task), self.clock.now())
+            .release(
+                &member_pk(&pool.config.task_role_id, task),
+                self.clock.now(),
+            )
             .await?
         {
             tracing::info!(task = %id, "claimed pool member stopped: its item now expires with the history retention");

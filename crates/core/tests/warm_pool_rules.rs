@@ -33,7 +33,10 @@ fn a_claimed_member_gets_the_full_connect_deadline() {
     );
     assert_eq!(d.recheck_after_secs, Some(deadline - 10 + 1));
     // Still waiting at the last second of the deadline counted from the claim.
-    assert_eq!(decide(&o.clone().at(claimed_at + deadline)).outcome, Outcome::Wait);
+    assert_eq!(
+        decide(&o.clone().at(claimed_at + deadline)).outcome,
+        Outcome::Wait
+    );
     // Past it: replaced, as any executor that did not connect.
     let d = decide(&o.clone().at(claimed_at + deadline + 1));
     assert_eq!(d.outcome, Outcome::Replace, "{d:?}");

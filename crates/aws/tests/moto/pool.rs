@@ -1052,12 +1052,23 @@ async fn claims_hand_out_only_the_current_task_definition() {
     );
     // The old member is older (first in by_idle) yet never handed out.
     let s = spec(&format!("env_{}", unique()));
-    let got = claimed(deployed.claim_pool_member(&s, &d, 0, NO_DEADLINE).await.unwrap())
-        .expect("the current member");
+    let got = claimed(
+        deployed
+            .claim_pool_member(&s, &d, 0, NO_DEADLINE)
+            .await
+            .unwrap(),
+    )
+    .expect("the current member");
     assert_eq!(got.instance_id, current.instance_id);
     let s2 = spec(&format!("env_{}", unique()));
     assert!(
-        claimed(deployed.claim_pool_member(&s2, &d, 0, NO_DEADLINE).await.unwrap()).is_none(),
+        claimed(
+            deployed
+                .claim_pool_member(&s2, &d, 0, NO_DEADLINE)
+                .await
+                .unwrap()
+        )
+        .is_none(),
         "the only idle member left runs the previous revision: a miss, so a cold start"
     );
     // The reconcile recycles it.
