@@ -793,7 +793,9 @@ impl Compute for EcsCompute {
     }
 
     async fn stop(&self, id: &InstanceId, reason: &str, not_after: u64) -> Result<(), PortError> {
-        self.stop_task(id.as_str(), reason, not_after, "stop").await
+        self.stop_task(id.as_str(), reason, not_after, "stop")
+            .await?;
+        self.pool_release(id).await
     }
 
     /// Issue 27: see [`crate::ecs_pool`] (refused without [`EcsCompute::with_pool`]).

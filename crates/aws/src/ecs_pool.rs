@@ -23,7 +23,8 @@
 //!   and re-tags it if its tags are missing); with
 //!   [`REPLAY_ONLY`] nothing else. Otherwise `Query` `by_idle` (`created_at > bound`, oldest
 //!   first, at most [`CLAIM_CANDIDATES`]), one `DescribeTasks` of those candidates (only
-//!   live ones — `lastStatus` active and `desiredStatus` not `STOPPED` — are tried), up to
+//!   claimable ones — `lastStatus` `RUNNING`, `desiredStatus` not `STOPPED`, the configured
+//!   task definition revision ([`is_current_revision`]) — are tried), up to
 //!   [`CLAIM_ATTEMPTS`] `TransactWriteItems` (member idle → assigned + token put; the
 //!   `CancellationReasons` in request order say whether the member was taken — try the
 //!   next — or the token exists — replay it), then `TagResource` with exactly
@@ -38,9 +39,12 @@
 //!   you use", ECS API reference, ListTasks; `desiredStatus` is then its default,
 //!   `RUNNING`), every page, `DescribeTasks` per 100, one `BatchGetItem` per 100 member
 //!   keys (`sandbox:pool-role` tag + `:` + task id): a live pool task no unexpired item
-//!   names and older than [`ORPHAN_AGE_SECS`] (by its `createdAt`, against the pool clock)
-//!   is stopped ([`ORPHAN_REASON`]); a recycled member still live is stopped
-//!   ([`RECYCLE_REASON`]). Then the idle items (`Query` `by_idle`, every page) whose task
+//!   names, that carries no `sandbox:environment` tag (a task with an environment is that
+//!   environment's: only the sweep stops it) and is older than [`ORPHAN_AGE_SECS`] (by its
+//!   `createdAt`, against the pool clock) is stopped ([`ORPHAN_REASON`]); a recycled
+//!   member still live is stopped ([`RECYCLE_REASON`]); an idle member of an older task
+//!   definition revision is recycled first (guarded idle → recycled, then `StopTask`
+//!   [`STALE_REVISION_REASON`]), so no claim hands it out. Then the idle items (`Query` `by_idle`, every page) whose task
 //!   was not listed are described: a task `STOPPED`, or unknown to ECS (`MISSING`) and
 //!   created more than [`ORPHAN_AGE_SECS`] ago, drops its item (`DeleteItem`, `#state =
 //!   :idle`). Anything uncertain (a task not visible yet, one being stopped) is left for
@@ -104,6 +108,9 @@ pub const ENV_POOL_MAX_WAIT_SECS: &str = "POOL_MAX_WAIT_SECS";
 pub const POOL_WAIT_GRACE_SECS: u64 = 300;
 /// Stop reason of a pool task no member item names.
 pub const ORPHAN_REASON: &str = "pool_orphan";
+/// Stop reason of an idle member of an older task definition revision (recycled by the
+/// reconcile, before any claim can take it).
+pub const STALE_REVISION_REASON: &str = "pool_stale_revision";
 /// Age, seconds, past which a pool task without its item is an orphan, and an idle item
 /// whose task ECS does not know is gone (ECS reads lag `RunTask`: "the result of an API
 /// command you run that affects your Amazon ECS resources might not be immediately
@@ -201,6 +208,37 @@ fn member_key_of(task: &Task) -> Option<String> {
 fn is_live(task: &Task) -> bool {
     ComputeStatus::from_ecs_last_status(task.last_status().unwrap_or("")).is_active()
         && task.desired_status() != Some("STOPPED")
+}
+
+/// Whether a task runs the configured task definition `configured` (`TASK_DEFINITION`:
+/// an ARN with its revision, as `Ref` of an `AWS::ECS::TaskDefinition` gives it, or
+/// `family:revision`, or a bare family). ECS reports the task's own `taskDefinitionArn`,
+/// `arn:aws:ecs:<region>:<account>:task-definition/<family>:<revision>` (ECS API
+/// reference, Task). An ARN must match exactly, `family:revision` the ARN's last part; a
+/// bare family matches every revision of it (which revision is current is then not known
+/// without `DescribeTaskDefinition`; the templates always configure the ARN).
+pub fn is_current_revision(configured: &str, task_definition_arn: Option<&str>) -> bool {
+    let Some(arn) = task_definition_arn else {
+        return false;
+    };
+    if configured.starts_with("arn:") {
+        return arn == configured;
+    }
+    let last = arn.rsplit('/').next().unwrap_or(arn);
+    if configured.contains(':') {
+        return last == configured;
+    }
+    last.split(':').next() == Some(configured)
+}
+
+/// Claimable: `lastStatus` `RUNNING` (a member still `PROVISIONING` or `PENDING` would
+/// hand the session a Fargate start after all), not asked to stop, and of the configured
+/// task definition revision ([`is_current_revision`]: after a deploy or a key rotation a
+/// member of an older revision runs an old image or holds a revoked key).
+fn is_claimable(task: &Task, configured: &str) -> bool {
+    task.last_status() == Some("RUNNING")
+        && task.desired_status() != Some("STOPPED")
+        && is_current_revision(configured, task.task_definition_arn())
 }
 
 fn created_at(task: &Task) -> Option<u64> {
@@ -621,7 +659,7 @@ impl EcsCompute {
         let tasks = self.describe_pool(&arns, op).await?;
         let live = candidates.iter().filter_map(|m| {
             let task = tasks.get(&m.task_arn)?;
-            (is_live(task)
+            (is_claimable(task, &self.config().task_definition)
                 && is_pool_task(task)
                 && tag_value(task, TAG_DEPLOYMENT) == Some(deployment.as_str()))
             .then_some((m, task))
@@ -704,6 +742,34 @@ impl EcsCompute {
         Ok(true)
     }
 
+    /// After the `StopTask` of `id` by its environment: when `id` is a claimed member of
+    /// this pool (its key from the configured task role id and the ARN's task id), its
+    /// item gets its expiry ([`PoolTable::release`](crate::pool_table::PoolTable::release),
+    /// one conditional `UpdateItem`; a cold task's fails its condition and writes
+    /// nothing). Without the pool, or for an id that is not a task ARN: no call.
+    ///
+    /// # Errors
+    /// The `UpdateItem`'s failure (the task is stopped; the stop is retried as a whole).
+    pub(crate) async fn pool_release(&self, id: &InstanceId) -> Result<(), PortError> {
+        let Some(pool) = self.pool.as_deref() else {
+            return Ok(());
+        };
+        let Some(task) = task_id(id.as_str()) else {
+            return Ok(());
+        };
+        if pool
+            .table
+            .release(
+                &member_pk(&pool.config.task_role_id, task),
+                self.clock.now(),
+            )
+            .await?
+        {
+            tracing::info!(task = %id, "claimed pool member stopped: its item now expires with the history retention");
+        }
+        Ok(())
+    }
+
     /// [`Compute::reconcile_pool`](sandbox_controller::ports::Compute::reconcile_pool) (see
     /// the module docs). Without the pool: nothing.
     pub(crate) async fn pool_reconcile(
@@ -740,6 +806,9 @@ impl EcsCompute {
                 .and_then(|k| items.get(&k))
                 .filter(|i| &i.task_arn == *arn);
             match item {
+                // A task carrying an environment is that environment's, whatever its item
+                // says (expired, lost, not readable): only the sweep may stop it.
+                None if tag_value(task, TAG_ENVIRONMENT).is_some() => {}
                 None => {
                     let Some(created) = created_at(task) else {
                         continue;
@@ -755,6 +824,22 @@ impl EcsCompute {
                     tracing::info!(task = %arn, "recycled pool member still live: stopped");
                     self.stop_task(arn, RECYCLE_REASON, not_after, op).await?;
                     done += 1;
+                }
+                Some(i)
+                    if i.state == MemberState::Idle
+                        && !is_current_revision(
+                            &self.config().task_definition,
+                            task.task_definition_arn(),
+                        ) =>
+                {
+                    check_deadline(DEP, op, self.clock.now(), not_after)?;
+                    if pool.table.recycle(&i.pk, now).await? {
+                        tracing::info!(task = %arn, task_definition = task.task_definition_arn(),
+                            "idle pool member of an older task definition revision: recycled");
+                        self.stop_task(arn, STALE_REVISION_REASON, not_after, op)
+                            .await?;
+                        done += 1;
+                    }
                 }
                 Some(_) => {}
             }

@@ -19,12 +19,13 @@
 //!
 //! | item | `pk` | attributes |
 //! |---|---|---|
-//! | member | `<task role id>:<task id>` ([`member_pk`]: the task's own `aws:userid`) | `deployment`, `task_arn`, `created_at`, `state` (`idle` \| `assigned` \| `recycled`), `idle_deployment` (= `deployment`, only while idle), once claimed `environment_id`, `session_id`, `remote_url`, `generation`, `idempotency_token`, `assigned_at`, `claimed_environment` (`<deployment>#<environment id>`); `expires_at` |
+//! | member | `<task role id>:<task id>` ([`member_pk`]: the task's own `aws:userid`) | `deployment`, `task_arn`, `created_at`, `state` (`idle` \| `assigned` \| `recycled`), `idle_deployment` (= `deployment`, only while idle), once claimed `environment_id`, `session_id`, `remote_url`, `generation`, `idempotency_token`, `assigned_at`, `claimed_environment` (`<deployment>#<environment id>`); `expires_at` (absent while claimed and running) |
 //! | token | `token#<deployment>#<idempotency token>` | `task_arn`, `member_pk`, `environment_id`, `session_id`, `generation`, `expires_at` = claim + 24 h |
 //! | refill lease | `refill#<deployment>` | `holder`, `lease_until`, `expires_at` = `lease_until` + 1 day |
 //!
-//! `expires_at` of a member: `created_at` + max age + 1 day while idle, `assigned_at` +
-//! the history retention once claimed, the recycle time + 1 day once recycled. Both
+//! `expires_at` of a member: `created_at` + max age + 1 day while idle, none once claimed
+//! (a claimed item never expires while its task may run), the stop + the history retention
+//! once its environment stopped it, the recycle time + 1 day once recycled. Both
 //! indexes are sparse: `idle_deployment` exists only while a member is idle (the claim and
 //! the recycle `REMOVE` it), `claimed_environment` only once it is claimed.
 //!
@@ -603,8 +604,11 @@ impl PoolTable {
     ///    AND #idle = :deployment AND #created > :bound AND #exp > :now` (idle, this
     ///    deployment's, young enough, unexpired) setting `state` `assigned`, the
     ///    assignment (`environment_id`, `session_id`, `remote_url`, `generation`,
-    ///    `idempotency_token`, `assigned_at` = `now`, `claimed_environment`) and
-    ///    `expires_at` = `now` + the history retention, and `REMOVE idle_deployment`;
+    ///    `idempotency_token`, `assigned_at` = `now`, `claimed_environment`), and `REMOVE
+    ///    idle_deployment, expires_at`: a claimed item never expires while its task may
+    ///    run (its `by_environment` entry is how `find` sees the environment's executor,
+    ///    whose task carries the pool's `startedBy`), whatever the lifetime caps; its
+    ///    expiry is set at its stop ([`PoolTable::release`]);
     /// 2. a `Put` of the token item (`attribute_not_exists(pk) OR #exp <= :now`: absent or
     ///    expired), `expires_at` = `now` + [`TOKEN_TTL_SECS`].
     ///
@@ -635,7 +639,7 @@ impl PoolTable {
             .update_expression(concat!(
                 "SET #state = :assigned, #env = :env, #session = :session, #url = :url, ",
                 "#generation = :generation, #token = :token, #assigned = :now, ",
-                "#claimed = :claimed, #exp = :expires REMOVE #idle",
+                "#claimed = :claimed REMOVE #idle, #exp",
             ))
             .expression_attribute_names("#state", STATE_ATTR)
             .expression_attribute_names("#idle", IDLE_ATTR)
@@ -661,10 +665,6 @@ impl PoolTable {
             .expression_attribute_values(
                 ":claimed",
                 s(claimed_environment(deployment, &spec.environment_id)),
-            )
-            .expression_attribute_values(
-                ":expires",
-                n(now.saturating_add(self.history_retention_secs)),
             )
             .build()
             .map_err(&build)?;
@@ -739,6 +739,36 @@ impl PoolTable {
             .expression_attribute_values(":idle", s(MemberState::Idle.as_str()))
             .expression_attribute_values(":recycled", s(MemberState::Recycled.as_str()))
             .expression_attribute_values(":expires", n(now.saturating_add(DAY_SECS)))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failed(&e) => Ok(false),
+            Err(e) => Err(port_error(DEP, op, &e)),
+        }
+    }
+
+    /// A claimed member's stop: `UpdateItem` of `pk` with `ConditionExpression` `#state =
+    /// :assigned`, setting `expires_at` = `now` + the history retention (the item is kept
+    /// as the registry keeps its history, then TTL deletes it). `false` on
+    /// `ConditionalCheckFailed`: no claimed member under `pk` (a cold task, an idle or
+    /// recycled member, or no item), nothing written.
+    pub(crate) async fn release(&self, pk: &str, now: u64) -> Result<bool, PortError> {
+        let op = "stop";
+        let res = self
+            .ddb
+            .update_item()
+            .table_name(self.table.as_ref())
+            .key(PK, s(pk))
+            .condition_expression("#state = :assigned")
+            .update_expression("SET #exp = :expires")
+            .expression_attribute_names("#state", STATE_ATTR)
+            .expression_attribute_names("#exp", TTL_ATTR)
+            .expression_attribute_values(":assigned", s(MemberState::Assigned.as_str()))
+            .expression_attribute_values(
+                ":expires",
+                n(now.saturating_add(self.history_retention_secs)),
+            )
             .send()
             .await;
         match res {

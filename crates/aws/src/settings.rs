@@ -804,7 +804,13 @@ impl ControllerSettings {
     }
 }
 
-/// The warm pool (issue 27, docs/WARM_POOL.md): `POOL_SIZE` (default 0: off) and
+/// The largest `POOL_SIZE`: 100, the most tasks one `DescribeTasks` call describes (ECS
+/// API reference, DescribeTasks `tasks`: "up to 100"), so listing the idle members is one
+/// call, and a refill's `RunTask`s fit its time ([`sandbox_controller::pool::REFILL_MAX_SECS`]).
+pub const MAX_POOL_SIZE: u32 = 100;
+
+/// The warm pool (issue 27, docs/WARM_POOL.md): `POOL_SIZE` (default 0: off, at most
+/// [`MAX_POOL_SIZE`]) and
 /// `POOL_MAX_AGE_SECS` (default 3600, at least 60); with `POOL_SIZE` > 0 also
 /// `POOL_TABLE_NAME` and `POOL_TASK_ROLE_ID`. Refused with `POOL_SIZE` > 0: the
 /// single-container executor (it holds the key from its start, so a pre-started member
@@ -830,6 +836,12 @@ fn warm_pool<F: Fn(&str) -> Option<String>>(
             reason: "a count of idle executors (0 = no warm pool)",
         })?,
     };
+    if size > MAX_POOL_SIZE {
+        return Err(SettingsError::Invalid {
+            var: "POOL_SIZE",
+            reason: "at most 100 (the pool's listing and each refill's reconcile describe the idle members in one DescribeTasks call, at most 100 tasks)",
+        });
+    }
     let max_age_secs = vars.secs("POOL_MAX_AGE_SECS", DEFAULT_POOL_MAX_AGE_SECS, true)?;
     if max_age_secs < MIN_POOL_MAX_AGE_SECS {
         return Err(SettingsError::Invalid {

@@ -160,10 +160,25 @@ pub fn plan_refill(
     }
 }
 
-/// Seconds a refill holds the deployment's refill lease
-/// ([`Compute::take_pool_refill_lease`]): longer than a refill takes (a few `RunTask`s),
-/// short enough that the next claim's refill is not skipped for long.
+/// Seconds the deployment's refill lease ([`Compute::take_pool_refill_lease`]) is still
+/// held after a refill ends: refills are at least this far apart, short enough that the
+/// next claim's refill is not skipped for long.
 pub const REFILL_LEASE_SECS: u64 = 20;
+
+/// The longest a refill may act, seconds: no `RunTask` or `StopTask` is sent after its
+/// start + this (nor after the caller's deadline, [`Controller::refill_pool_until`]), and
+/// the whole refill is cut off then. Well inside the Lambda limit of 900 s ("Lambda
+/// quotas": function timeout) and the worker's function timeout.
+pub const REFILL_MAX_SECS: u64 = 60;
+
+/// A fresh refill-lease holder: `<worker id>#<start, Unix s>#<counter>`, unique per refill,
+/// so a second refill of the same process never re-takes a lease a running refill holds
+/// (the lease's own-holder re-take is for a retried request whose answer was lost).
+fn refill_holder(worker_id: &str, now: u64) -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{worker_id}#{now}#{n}")
+}
 
 /// What [`Controller::refill_pool`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -194,8 +209,9 @@ where
     /// [`Compute::list_pool`] and, with the cap on, [`Registry::slots`] (a recycle that
     /// loses the race to a claim leaves the member to its environment), then records
     /// `pool_size`. Takes no effect-key lock (members belong to no environment) but the
-    /// deployment's refill lease ([`Compute::take_pool_refill_lease`], held
-    /// [`REFILL_LEASE_SECS`]), so concurrent workers do not overfill the pool; while
+    /// deployment's refill lease ([`Compute::take_pool_refill_lease`], held while the
+    /// refill may act and [`REFILL_LEASE_SECS`] after; [`Controller::refill_pool_until`]),
+    /// so concurrent workers do not overfill the pool; while
     /// another holder's lease runs it does nothing ([`Refilled::skipped`]). Nothing to do
     /// when the pool is off and empty.
     ///
@@ -203,12 +219,38 @@ where
     /// The first [`PortError`] of a read, a stop or a start; what was done before stays
     /// done (the next refill picks up from the provider's listing).
     pub async fn refill_pool(&self) -> Result<Refilled, PortError> {
-        let settings = self.config.pool;
+        self.refill_pool_until(u64::MAX).await
+    }
+
+    /// [`Controller::refill_pool`] within `deadline` (Unix seconds; the caller's own, e.g.
+    /// the Lambda invocation's deadline less what it needs to answer): the refill acts
+    /// until `not_after` = min(start + [`REFILL_MAX_SECS`], `deadline`) — every `RunTask`
+    /// and `StopTask` is checked against it, and the whole refill is cut off at it
+    /// (`tokio::time::timeout`; a member started and cut off before its bookkeeping is the
+    /// next reconcile's). The lease is taken with a holder unique to this refill
+    /// ([`refill_holder`]) for `not_after` − start + [`REFILL_LEASE_SECS`], so it outlasts
+    /// everything this refill may still do, and is shortened to end + [`REFILL_LEASE_SECS`]
+    /// when the refill ends (the same holder's re-take). With no time left nothing is
+    /// done ([`Refilled::skipped`]).
+    ///
+    /// # Errors
+    /// As [`Controller::refill_pool`]; a refill cut off at `not_after` is a transient error.
+    pub async fn refill_pool_until(&self, deadline: u64) -> Result<Refilled, PortError> {
         let deployment = &self.config.deployment;
         let now = self.clock.now();
+        let not_after = now.saturating_add(REFILL_MAX_SECS).min(deadline);
+        if not_after <= now {
+            tracing::info!(deadline, "no time left for a pool refill: skipped");
+            return Ok(Refilled {
+                skipped: true,
+                ..Refilled::default()
+            });
+        }
+        let holder = refill_holder(&self.config.worker_id, now);
+        let lease_secs = (not_after - now).saturating_add(REFILL_LEASE_SECS);
         if !self
             .compute
-            .take_pool_refill_lease(deployment, &self.config.worker_id, now, REFILL_LEASE_SECS)
+            .take_pool_refill_lease(deployment, &holder, now, lease_secs)
             .await?
         {
             return Ok(Refilled {
@@ -216,7 +258,32 @@ where
                 ..Refilled::default()
             });
         }
-        let not_after = now.saturating_add(self.config.lock_ttl_secs);
+        let budget = std::time::Duration::from_secs(not_after - now);
+        let result = match tokio::time::timeout(budget, self.refill_within(now, not_after)).await {
+            Ok(r) => r,
+            Err(_) => Err(PortError::transient(
+                "pool",
+                "refill_pool",
+                format!(
+                    "the refill was cut off at its deadline ({} s)",
+                    not_after - now
+                ),
+            )),
+        };
+        let end = self.clock.now();
+        if let Err(e) = self
+            .compute
+            .take_pool_refill_lease(deployment, &holder, end, REFILL_LEASE_SECS)
+            .await
+        {
+            tracing::warn!(error = %e, "the refill lease was not shortened: it expires on its own");
+        }
+        result
+    }
+
+    async fn refill_within(&self, now: u64, not_after: u64) -> Result<Refilled, PortError> {
+        let settings = self.config.pool;
+        let deployment = &self.config.deployment;
         let reconciled = self.compute.reconcile_pool(deployment, not_after).await?;
         let idle = self.compute.list_pool(deployment).await?;
         if settings.size == 0 && idle.is_empty() {

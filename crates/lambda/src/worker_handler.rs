@@ -119,14 +119,27 @@ impl WorkerEvent {
 /// Runs one pool refill ([`Controller::refill_pool`]) and logs what it did; an error is
 /// logged, never returned (the next batch or schedule refills). Returns the refill's
 /// summary as JSON (`null` on error).
-pub async fn refill<Q, R, C, S>(controller: &Controller<Q, R, C, S>) -> serde_json::Value
+///
+/// `deadline` is the invocation's deadline (`None`: no limit): the refill acts until
+/// [`SETTLE_SECS`] before it at the latest ([`Controller::refill_pool_until`]), so it never
+/// outlives its invocation (a Lambda timeout fails the whole SQS batch, which then returns
+/// after the visibility timeout; Lambda Developer Guide, "Using Lambda with Amazon SQS").
+pub async fn refill<Q, R, C, S>(
+    controller: &Controller<Q, R, C, S>,
+    deadline: Option<SystemTime>,
+) -> serde_json::Value
 where
     Q: Queue,
     R: Registry,
     C: Compute,
     S: SessionsApi,
 {
-    match controller.refill_pool().await {
+    let until = deadline.map_or(u64::MAX, |d| {
+        d.duration_since(UNIX_EPOCH)
+            .map_or(0, |t| t.as_secs())
+            .saturating_sub(SETTLE_SECS)
+    });
+    match controller.refill_pool_until(until).await {
         Ok(r) => {
             tracing::info!(
                 skipped = r.skipped,
@@ -242,7 +255,7 @@ where
         && controller.config.pool.size > 0
         && deadline.is_none_or(|d| SystemTime::now() + REFILL_BUDGET <= d)
     {
-        refill(controller).await;
+        refill(controller, deadline).await;
     }
     response
 }
@@ -446,9 +459,9 @@ where
                         error_message: e.to_string(),
                     })
                 }
-                Ok(WorkerEvent::PoolRefill) => {
-                    Ok(serde_json::json!({ "pool_refill": refill(controller).await }))
-                }
+                Ok(WorkerEvent::PoolRefill) => Ok(
+                    serde_json::json!({ "pool_refill": refill(controller, Some(deadline)).await }),
+                ),
                 Err(message) => {
                     tracing::error!(%message, "invocation payload refused");
                     Err(Diagnostic {

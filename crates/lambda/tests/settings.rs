@@ -782,6 +782,7 @@ fn a_warm_pool_that_cannot_work_fails_at_start_up_naming_the_mistake() {
         ),
         ("POOL_SIZE", vec![("MAX_EXECUTORS", "2")], "MAX_EXECUTORS"),
         ("POOL_SIZE", vec![("POOL_SIZE", "two")], "a count"),
+        ("POOL_SIZE", vec![("POOL_SIZE", "101")], "at most 100"),
         (
             "POOL_MAX_AGE_SECS",
             vec![("POOL_MAX_AGE_SECS", "59")],

@@ -467,3 +467,22 @@ async fn idle_members_above_the_room_the_cap_leaves_are_recycled() {
     assert_eq!(left.len(), 1);
     assert_ne!(left[0].instance_id, oldest, "the oldest member went first");
 }
+
+/// A refill acts only within its deadline (the invocation's, less what the answer needs):
+/// with no time left it takes no lease and starts nothing; with time it refills, and with a
+/// deadline before its own bound the members are still started within it.
+#[tokio::test]
+async fn a_refill_never_outlives_its_invocation() {
+    let world = World::new();
+    let c = pooled(&world, 2, 3_600);
+    let now = world.clock.now();
+    let skipped = c.refill_pool_until(now).await.unwrap();
+    assert!(skipped.skipped, "{skipped:?}");
+    assert!(world.compute.pool_members().is_empty(), "nothing started");
+    let done = c.refill_pool_until(now + 5).await.unwrap();
+    assert_eq!((done.skipped, done.started), (false, 2));
+    // A deadline already behind the clock (the invocation is about to end): nothing.
+    world.clock.advance_secs(10);
+    assert!(c.refill_pool_until(now + 5).await.unwrap().skipped);
+    assert_eq!(world.compute.pool_members().len(), 2);
+}

@@ -317,8 +317,14 @@ export class SandboxLifecycle extends Construct {
     // executor task role's one grant can never reach a registry item. Sparse GSIs by_idle
     // (idle members, oldest first) and by_environment (members claimed for an environment).
     // Destroyed with the stack or when the pool is turned off: it holds only bookkeeping
-    // that expires within a day, and a member whose item is gone stops itself.
+    // (a claimed member's item expires with the history retention after its stop), and a
+    // member whose item is gone stops itself.
     const poolSize = props.poolSize ?? 0;
+    // As SAM's PoolSize MaxValue and start-up (POOL_SIZE ≤ 100: one DescribeTasks lists
+    // the idle members).
+    if (!Number.isInteger(poolSize) || poolSize < 0 || poolSize > 100) {
+      throw new Error(`poolSize must be a whole number from 0 to 100, not ${poolSize}`);
+    }
     const pool = poolSize > 0;
     if (pool) {
       const poolTable = new dynamodb.Table(this, "PoolTable", {

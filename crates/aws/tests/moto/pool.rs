@@ -949,3 +949,154 @@ async fn with_ebs_workspaces_a_member_is_refused_and_claims_miss() {
     );
     m.stop_all(&d).await;
 }
+
+/// A claimed member is its environment's until the environment stops it: its item keeps
+/// no expiry while it runs (with lifetime caps off a session may outlive any retention),
+/// and the refill's reconcile never stops a task that carries an environment — nor one
+/// whose claimed item names it without the tag (a worker died before `TagResource`).
+#[tokio::test]
+async fn a_claimed_member_in_use_is_never_stopped_by_the_refill() {
+    let m = pool_moto().await;
+    let d = deployment();
+    let tagged = m.compute.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+    m.clock.advance(1);
+    let untagged = m.compute.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+    let s = spec(&format!("env_{}", unique()));
+    let got = claimed(
+        m.compute
+            .claim_pool_member(&s, &d, 0, NO_DEADLINE)
+            .await
+            .unwrap(),
+    )
+    .expect("claimed");
+    assert_eq!(got.instance_id, tagged.instance_id);
+    let s2 = spec(&format!("env_{}", unique()));
+    m.compute_with(NoTagging)
+        .await
+        .claim_pool_member(&s2, &d, 0, NO_DEADLINE)
+        .await
+        .expect_err("the tag failed: outcome unknown");
+    let item = m.item(tagged.instance_id.as_str()).await.expect("item");
+    assert_eq!(item["state"], AttributeValue::S("assigned".into()));
+    assert!(
+        !item.contains_key("expires_at"),
+        "a claimed item never expires while its task may run: {item:?}"
+    );
+    // Past the history retention (30 days) and any orphan age: the reconcile leaves both.
+    m.clock.advance(31 * 86_400);
+    assert_eq!(m.compute.reconcile_pool(&d, NO_DEADLINE).await.unwrap(), 0);
+    for member in [&tagged, &untagged] {
+        let task = m.task(member.instance_id.as_str()).await;
+        assert_eq!(task.desired_status(), Some("RUNNING"), "{member:?}");
+    }
+    // The environment still finds its executor through the item.
+    let found = m.compute.find(&d, &s2.environment_id).await.unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].instance_id, untagged.instance_id);
+    // Its stop by the environment gives the item its expiry: the history retention.
+    m.compute
+        .stop(&tagged.instance_id, "released", NO_DEADLINE)
+        .await
+        .unwrap();
+    let item = m.item(tagged.instance_id.as_str()).await.expect("item");
+    assert_eq!(
+        item["expires_at"],
+        AttributeValue::N((m.clock.now() + 30 * 86_400).to_string())
+    );
+    assert_eq!(m.guard.rejected(), vec![]);
+    m.stop_all(&d).await;
+}
+
+/// After a deploy (a new task definition revision), claims hand out only members of the
+/// configured revision, even when an older member of the previous revision is idle, and the
+/// reconcile recycles the old one (`pool_stale_revision`) before anything claims it.
+#[tokio::test]
+async fn claims_hand_out_only_the_current_task_definition() {
+    let m = pool_moto().await;
+    let d = deployment();
+    let first = sandbox_aws::bootstrap::register_task_definition(
+        &m.ecs,
+        &m.config.task_definition,
+        CONTAINER,
+    )
+    .await
+    .expect("a revision");
+    let sdk = sdk().await;
+    let with_revision = |arn: &str| {
+        let mut config = m.config.clone();
+        config.task_definition = arn.to_owned();
+        EcsCompute::new(m.guard.client(&sdk), config)
+            .with_pool(m.ddb.clone(), m.pool.clone())
+            .with_pool_clock(m.clock.clone())
+    };
+    let old = with_revision(&first)
+        .start_pool_member(&d, NO_DEADLINE)
+        .await
+        .unwrap();
+    m.clock.advance(1);
+    let second = sandbox_aws::bootstrap::register_task_definition(
+        &m.ecs,
+        &m.config.task_definition,
+        CONTAINER,
+    )
+    .await
+    .expect("the next revision");
+    assert_ne!(first, second);
+    let deployed = with_revision(&second);
+    let current = deployed.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+    assert_eq!(
+        m.task(current.instance_id.as_str())
+            .await
+            .task_definition_arn(),
+        Some(second.as_str())
+    );
+    // The old member is older (first in by_idle) yet never handed out.
+    let s = spec(&format!("env_{}", unique()));
+    let got = claimed(
+        deployed
+            .claim_pool_member(&s, &d, 0, NO_DEADLINE)
+            .await
+            .unwrap(),
+    )
+    .expect("the current member");
+    assert_eq!(got.instance_id, current.instance_id);
+    let s2 = spec(&format!("env_{}", unique()));
+    assert!(
+        claimed(
+            deployed
+                .claim_pool_member(&s2, &d, 0, NO_DEADLINE)
+                .await
+                .unwrap()
+        )
+        .is_none(),
+        "the only idle member left runs the previous revision: a miss, so a cold start"
+    );
+    // The reconcile recycles it.
+    assert_eq!(deployed.reconcile_pool(&d, NO_DEADLINE).await.unwrap(), 1);
+    let task = m.task(old.instance_id.as_str()).await;
+    assert_eq!(task.desired_status(), Some("STOPPED"));
+    assert_eq!(
+        task.stopped_reason(),
+        Some(sandbox_aws::ecs_pool::STALE_REVISION_REASON)
+    );
+    let item = m.item(old.instance_id.as_str()).await.expect("item");
+    assert_eq!(item["state"], AttributeValue::S("recycled".into()));
+    assert_eq!(m.guard.rejected(), vec![]);
+    m.stop_all(&d).await;
+}
+
+#[test]
+fn the_current_revision_is_the_configured_one() {
+    use sandbox_aws::ecs_pool::is_current_revision;
+    let arn = "arn:aws:ecs:us-east-1:123456789012:task-definition/executor:7";
+    assert!(is_current_revision(arn, Some(arn)));
+    assert!(!is_current_revision(
+        "arn:aws:ecs:us-east-1:123456789012:task-definition/executor:8",
+        Some(arn)
+    ));
+    assert!(is_current_revision("executor:7", Some(arn)));
+    assert!(!is_current_revision("executor:6", Some(arn)));
+    assert!(is_current_revision("executor", Some(arn)));
+    assert!(!is_current_revision("other", Some(arn)));
+    assert!(!is_current_revision("executor", None));
+}

@@ -159,9 +159,9 @@ impl View<'_> {
         if self.o.environment_status.is_connected() {
             return quiet(Outcome::Reuse, Reason::ExecutorConnected);
         }
-        // The deadline runs from the later of the compute's start and the connection
-        // request it answers.
-        let since = c.started_at.unwrap_or(now).max(requested_at);
+        // The deadline runs from the latest of the compute's start, the connection request
+        // it answers and, for a claimed pool member, its claim (`connect_clock.rs`).
+        let since = super::connect_clock::connect_clock_start(self.record, c, requested_at, now);
         let running_secs = now.saturating_sub(since);
         if running_secs <= policy.connect_deadline_secs {
             let left = policy.connect_deadline_secs - running_secs + 1;

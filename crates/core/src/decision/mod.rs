@@ -56,6 +56,7 @@
 
 mod ceilings;
 mod closes;
+pub mod connect_clock;
 mod connection;
 mod created;
 mod duplicates;
