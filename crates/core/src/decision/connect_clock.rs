@@ -59,6 +59,7 @@ mod tests {
             status: ComputeStatus::Running,
             started_at: Some(started_at),
             stop_code: None,
+            exit: None,
         }
     }
 
