@@ -11,7 +11,8 @@
  * workspaceVolumeGiB, workspaceVolumeType, workspaceVolumeIops, workspaceVolumeThroughput, agentsApiBaseUrl,
  * maxLifetimeSecs, lifetimeHardCapSecs, noWorkSecs, maxReplacements, replacementWindowSecs, maxExecutors,
  * remoteUrlAllowlist (comma-separated), webhookToleranceSecs, previousWebhookSecretArn,
- * poolSize, poolMaxAgeSecs, workerBatchSize, workerMaximumConcurrency, webhookReservedConcurrency, workerReservedConcurrency,
+ * poolSize, poolMaxAgeSecs, executorEgress (open/allowlist), executorEgressExtraDomains (comma-separated),
+ * workerBatchSize, workerMaximumConcurrency, webhookReservedConcurrency, workerReservedConcurrency,
  * logRetentionDays, alarmTopicArn, lambdaDir.
  *
  * Code: `<lambdaDir>/<name>/bootstrap.zip` for webhook, worker and sweeper, as
@@ -139,6 +140,8 @@ new SandboxLifecycle(stack, "Sandbox", {
   maxExecutors: integer("maxExecutors"),
   poolSize: integer("poolSize"),
   poolMaxAgeSecs: integer("poolMaxAgeSecs"),
+  executorEgress: context("executorEgress"),
+  executorEgressExtraDomains: list("executorEgressExtraDomains"),
   remoteUrlAllowlist: list("remoteUrlAllowlist"),
   webhookToleranceSecs: integer("webhookToleranceSecs"),
   previousWebhookSecretArn: context("previousWebhookSecretArn"),
