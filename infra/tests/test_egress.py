@@ -276,3 +276,12 @@ def test_extra_domains_are_refused_with_open_and_must_be_domains(sam_cfn_raw):
         assert pattern.fullmatch(good), good
     for bad in ("*", "pypi.org,*", "pypi.org, x.org", "https://pypi.org", "a..b", "*example.com", "x.org,"):
         assert not pattern.fullmatch(bad), bad
+
+
+def test_the_default_remote_url_hosts_are_in_the_egress_list(sam_cfn_raw):
+    """A session's executor connects to its `remote_url`, whose host must pass
+    `RemoteUrlAllowlist`: with its default, `allowlist` must let the executor resolve it
+    (docs/EGRESS.md, "Hosts you allow elsewhere are not added for you")."""
+    default = sam_cfn_raw["Parameters"]["RemoteUrlAllowlist"]["Default"]
+    hosts = {entry.split("://")[-1] for entry in default.split(",")}
+    assert hosts and hosts <= DEFAULT_DOMAINS, hosts
