@@ -503,14 +503,36 @@ async fn handle(ws: Ws) {
 }
 
 /// Serves the executor protocol subset above on `listener` until the task is dropped:
-/// one task per WebSocket connection, processes scoped to their connection.
-pub async fn serve(listener: TcpListener) {
+/// one task per WebSocket connection, processes scoped to their connection. With `token`
+/// (`--ws-auth capability-token`), an upgrade request without `Authorization: Bearer
+/// <token>` is answered 401, as codex 0.171.0 answers it.
+pub async fn serve(listener: TcpListener, token: Option<String>) {
+    use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
+        let token = token.clone();
         tokio::spawn(async move {
-            if let Ok(ws) = tokio_tungstenite::accept_async(stream).await {
+            // The callback's signature is tungstenite's (`Callback`): its error is a response.
+            #[allow(clippy::result_large_err)]
+            let check = move |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
+                let Some(want) = &token else { return Ok(resp) };
+                let presented = req
+                    .headers()
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "));
+                if presented == Some(want.as_str()) {
+                    Ok(resp)
+                } else {
+                    let mut refused = ErrorResponse::new(None);
+                    *refused.status_mut() =
+                        tokio_tungstenite::tungstenite::http::StatusCode::UNAUTHORIZED;
+                    Err(refused)
+                }
+            };
+            if let Ok(ws) = tokio_tungstenite::accept_hdr_async(stream, check).await {
                 handle(ws).await;
             }
         });
@@ -548,7 +570,7 @@ mod tests {
     async fn the_stand_in_listener_runs_a_command_for_the_harness() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("ws://{}", listener.local_addr().unwrap());
-        let server = tokio::spawn(serve(listener));
+        let server = tokio::spawn(serve(listener, None));
         let r = run_command(
             &url,
             "echo out; echo err >&2; exit 7",

@@ -59,9 +59,20 @@ struct Cli {
     command: Command,
 }
 
-/// `sandboxctl supervise -- PROGRAM ARGS...`.
+/// `sandboxctl supervise [--relay-listen URL --relay-to URL --relay-token-file PATH] --
+/// PROGRAM ARGS...`.
 #[derive(Debug, clap::Args)]
 struct SuperviseArgs {
+    /// Serve the forwarder-only relay on this `ws://127.0.0.1:PORT` (the forwarder's
+    /// `--connect`; sandbox_local::executor_relay).
+    #[arg(long, requires_all = ["relay_to", "relay_token_file"])]
+    relay_listen: Option<String>,
+    /// The listening executor the relay leads to (`ws://127.0.0.1:PORT`).
+    #[arg(long, requires_all = ["relay_listen", "relay_token_file"])]
+    relay_to: Option<String>,
+    /// The executor's `--ws-token-file` (its capability token, added by the relay).
+    #[arg(long, requires_all = ["relay_listen", "relay_to"])]
+    relay_token_file: Option<std::path::PathBuf>,
     /// The executor program.
     program: String,
     /// Its arguments.
@@ -149,6 +160,24 @@ pub(crate) fn supervisor_command() -> anyhow::Result<sandbox_local::ExecutorComm
     ))
 }
 
+/// The relay's bound socket and configuration, when `supervise` was asked to serve one.
+fn supervise_relay(
+    args: &SuperviseArgs,
+) -> anyhow::Result<Option<(std::net::TcpListener, sandbox_local::executor_relay::Relay)>> {
+    use sandbox_local::executor_relay::{Relay, loopback_addr, read_token_file};
+    let (Some(listen), Some(to), Some(token_file)) =
+        (&args.relay_listen, &args.relay_to, &args.relay_token_file)
+    else {
+        return Ok(None);
+    };
+    let listener = std::net::TcpListener::bind(loopback_addr(listen)?)
+        .with_context(|| format!("relay: cannot listen on {listen}"))?;
+    let token = read_token_file(token_file)
+        .with_context(|| format!("relay: token file {}", token_file.display()))?;
+    let upstream = loopback_addr(to)?;
+    Ok(Some((listener, Relay { upstream, token })))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -165,7 +194,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => return block_on(true, serve::run(*args)),
         Command::Demo(args) => return block_on(false, demo::run(args)),
         Command::Supervise(args) => {
-            let code = sandbox_local::supervise::run(&args.program, &args.args)
+            let relay = supervise_relay(&args)?;
+            let code = sandbox_local::supervise::run(&args.program, &args.args, relay)
                 .with_context(|| format!("supervise {}", args.program))?;
             return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
         }

@@ -68,6 +68,10 @@ pub struct EmbeddedConfig {
     /// The executor's supervisor ([`crate::supervise`], e.g. `sandboxctl supervise --`):
     /// a stop then ends every descendant of the executor. `None` (default): none.
     pub supervisor: Option<ExecutorCommand>,
+    /// The executor's socket admits only its forwarder
+    /// ([`crate::process_compute::ProcessComputeConfig::relay`]; needs the split mode and
+    /// a supervisor). Default: `false`.
+    pub relay: bool,
 }
 
 /// History rows one sweep tick prunes at most (per table).
@@ -94,6 +98,7 @@ impl std::fmt::Debug for EmbeddedConfig {
             .field("history_retention_secs", &self.history_retention_secs)
             .field("forwarder", &self.forwarder)
             .field("supervisor", &self.supervisor)
+            .field("relay", &self.relay)
             .finish()
     }
 }
@@ -131,6 +136,7 @@ impl EmbeddedConfig {
             history_retention_secs: crate::sqlite_registry::DEFAULT_HISTORY_RETENTION_SECS,
             forwarder: None,
             supervisor: None,
+            relay: false,
         }
     }
 }
@@ -252,6 +258,7 @@ impl EmbeddedStack {
         compute_cfg.stop_grace = cfg.stop_grace;
         compute_cfg.forwarder = cfg.forwarder.clone();
         compute_cfg.supervisor = cfg.supervisor.clone();
+        compute_cfg.relay = cfg.relay;
         if compute_cfg.forwarder.is_none() {
             tracing::warn!(
                 "executor mode single: the executor child holds the executor key in its environment (issue 26 fallback; configure a forwarder to split)"

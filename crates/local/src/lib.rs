@@ -26,6 +26,7 @@
 
 mod db;
 pub mod embedded;
+pub mod executor_relay;
 pub mod operator_key;
 pub mod private;
 pub mod process_compute;

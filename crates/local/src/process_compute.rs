@@ -209,8 +209,30 @@ impl ExecutorCommand {
                 "$ENVIRONMENT_ID",
                 "--connect",
                 "$LISTEN_URL",
+                "--registration-bearer-stdin",
             ],
         )
+    }
+
+    /// The arguments that make a listening executor admit only clients that present the
+    /// capability token in `token_file` (`Authorization: Bearer <token>`; codex 0.171.0
+    /// answers any other upgrade request 401): `--ws-auth capability-token --ws-token-file
+    /// <absolute path>`. Appended to the executor's arguments when
+    /// [`ProcessComputeConfig::relay`] is on.
+    pub fn listener_auth_arguments(token_file: &Path) -> Vec<String> {
+        vec![
+            "--ws-auth".to_owned(),
+            "capability-token".to_owned(),
+            "--ws-token-file".to_owned(),
+            token_file.display().to_string(),
+        ]
+    }
+
+    /// Whether the command reads the registration bearer from stdin
+    /// (`--registration-bearer-stdin`): the key is then piped to it, not put in its
+    /// environment.
+    fn bearer_on_stdin(&self) -> bool {
+        self.args.iter().any(|a| a == "--registration-bearer-stdin")
     }
 
     /// Whether an argument names a value of the assignment (`$REMOTE_URL`,
@@ -392,6 +414,14 @@ pub struct ProcessComputeConfig {
     /// (default): the executor is spawned directly (its `setsid` descendants can outlive
     /// a stop).
     pub supervisor: Option<ExecutorCommand>,
+    /// The executor's socket admits only its forwarder (split mode with a supervisor):
+    /// each listening executor and pool member gets `--ws-auth capability-token
+    /// --ws-token-file <log>.ws-token` (a fresh 0600 token), and the forwarder's
+    /// `--connect` is a relay served by its supervisor that admits only sockets of the
+    /// forwarder's process tree and adds the token ([`crate::executor_relay`]). Default:
+    /// `false` (any local client can drive the executor; tests only). `open` refuses it
+    /// without [`Self::forwarder`] and [`Self::supervisor`].
+    pub relay: bool,
 }
 
 impl ProcessComputeConfig {
@@ -429,6 +459,7 @@ impl ProcessComputeConfig {
             kill_on_drop: false,
             forwarder: None,
             supervisor: None,
+            relay: false,
         }
     }
 }
@@ -1103,6 +1134,13 @@ impl ProcessCompute {
     /// A permanent [`PortError`] when the database or the workspace root cannot be opened
     /// or created.
     pub fn open(config: ProcessComputeConfig) -> Result<Self, PortError> {
+        if config.relay && (config.forwarder.is_none() || config.supervisor.is_none()) {
+            return Err(PortError::permanent(
+                DEP,
+                "open",
+                "relay needs the split mode (a forwarder command) and a supervisor (the relay runs in the forwarder's supervisor)",
+            ));
+        }
         std::fs::create_dir_all(&config.workspace_root).map_err(|e| {
             PortError::permanent(
                 DEP,
@@ -1262,8 +1300,10 @@ impl ProcessCompute {
         cmd
     }
 
-    /// Issue 26, split mode: the executor (no key, no remote: only [`Self::base_env`]) and
-    /// the forwarder (the key holder, joining the executor's process group at spawn).
+    /// Split mode: the executor (no key, no remote: only [`Self::base_env`]; with
+    /// [`ProcessComputeConfig::relay`] its socket wants the token in `token_file`) and the
+    /// forwarder ([`Self::forwarder_command`]).
+    #[allow(clippy::too_many_arguments)]
     fn build_split_commands(
         &self,
         forwarder: &ExecutorCommand,
@@ -1271,22 +1311,95 @@ impl ProcessCompute {
         key: &str,
         workspace: &Path,
         listen_url: &str,
-    ) -> (tokio::process::Command, ForwarderCommand) {
+        token_file: &Path,
+    ) -> Result<(tokio::process::Command, ForwarderCommand), PortError> {
         let config = &self.inner.config;
         let mut executor = executor_process(
             config.supervisor.as_ref(),
             &config.command.program,
-            config.command.substituted(spec, workspace, listen_url),
+            self.listener_arguments(
+                config.command.substituted(spec, workspace, listen_url),
+                token_file,
+            )?,
         );
         self.base_env(&mut executor, workspace);
         executor.process_group(0);
-        let mut fwd = tokio::process::Command::new(&forwarder.program);
-        fwd.args(forwarder.substituted(spec, workspace, listen_url));
+        let fwd =
+            self.forwarder_command(forwarder, spec, key, workspace, listen_url, token_file)?;
+        Ok((executor, fwd))
+    }
+
+    /// A listening executor's arguments: `args`, plus (with [`ProcessComputeConfig::relay`])
+    /// the capability-token options over a fresh token written to `token_file` (0600).
+    fn listener_arguments(
+        &self,
+        mut args: Vec<String>,
+        token_file: &Path,
+    ) -> Result<Vec<String>, PortError> {
+        if self.inner.config.relay {
+            crate::executor_relay::write_token_file(token_file).map_err(|e| {
+                PortError::transient(
+                    DEP,
+                    "start",
+                    format!(
+                        "token file {} could not be written: {e}",
+                        token_file.display()
+                    ),
+                )
+            })?;
+            args.extend(ExecutorCommand::listener_auth_arguments(token_file));
+        }
+        Ok(args)
+    }
+
+    /// The forwarder, the key holder: its command with the assignment (`$LISTEN_URL` =
+    /// the executor, or with [`ProcessComputeConfig::relay`] the relay its supervisor
+    /// serves in front of it, `sandboxctl supervise --relay-listen R --relay-to L
+    /// --relay-token-file T -- FORWARDER...`), [`Self::base_env`] plus `REMOTE_URL` and
+    /// `ENVIRONMENT_ID`, and the key on a pipe as its stdin (one line) when it reads
+    /// `--registration-bearer-stdin`, else in `CODEX_API_KEY`.
+    fn forwarder_command(
+        &self,
+        forwarder: &ExecutorCommand,
+        spec: &StartSpec,
+        key: &str,
+        workspace: &Path,
+        listen_url: &str,
+        token_file: &Path,
+    ) -> Result<ForwarderCommand, PortError> {
+        let config = &self.inner.config;
+        let mut fwd = match (&config.supervisor, config.relay) {
+            (Some(sup), true) => {
+                let relay_url = free_loopback_url()?;
+                let mut cmd = tokio::process::Command::new(&sup.program);
+                let prefix = sup
+                    .args
+                    .strip_suffix(&["--".to_owned()])
+                    .unwrap_or(&sup.args);
+                cmd.args(prefix)
+                    .args(["--relay-listen", &relay_url, "--relay-to", listen_url])
+                    .arg("--relay-token-file")
+                    .arg(token_file)
+                    .arg("--")
+                    .arg(&forwarder.program)
+                    .args(forwarder.substituted(spec, workspace, &relay_url));
+                cmd
+            }
+            _ => {
+                let mut cmd = tokio::process::Command::new(&forwarder.program);
+                cmd.args(forwarder.substituted(spec, workspace, listen_url));
+                cmd
+            }
+        };
         self.base_env(&mut fwd, workspace);
         fwd.env("REMOTE_URL", &spec.remote_url)
-            .env("ENVIRONMENT_ID", spec.environment_id.as_str())
-            .env("CODEX_API_KEY", key);
-        (executor, ForwarderCommand(fwd))
+            .env("ENVIRONMENT_ID", spec.environment_id.as_str());
+        if forwarder.bearer_on_stdin() {
+            fwd.stdin(key_pipe(key)?);
+        } else {
+            fwd.env("CODEX_API_KEY", key);
+        }
+        Ok(ForwarderCommand(fwd))
     }
 
     /// The environment every child gets: cleared, then the inherited variables, `HOME` =
@@ -1317,6 +1430,27 @@ impl ProcessCompute {
 /// The forwarder of a split start, spawned right after its executor (into the executor's
 /// process group).
 struct ForwarderCommand(tokio::process::Command);
+
+/// The capability-token file of a listening executor: beside its log, `<log stem>.ws-token`.
+fn token_file(log_path: &Path) -> PathBuf {
+    log_path.with_extension("ws-token")
+}
+
+/// A pipe holding `key` and a newline, its write end closed: the forwarder's stdin for
+/// `--registration-bearer-stdin` (one bearer line; codex 0.171.0 reads at most 16 KiB,
+/// ../shared/reference/executor-protocol.md). The pipe buffer (64 KiB on Linux, pipe(7))
+/// holds it, so the write never waits for the reader. Both ends are close-on-exec; the
+/// read end becomes the child's fd 0 at spawn.
+fn key_pipe(key: &str) -> Result<std::process::Stdio, PortError> {
+    use std::io::Write as _;
+    let fail =
+        |e: std::io::Error| PortError::transient(DEP, "start", format!("key pipe: {}", e.kind()));
+    let (read, mut write) = std::io::pipe().map_err(fail)?;
+    write.write_all(key.as_bytes()).map_err(fail)?;
+    write.write_all(b"\n").map_err(fail)?;
+    drop(write);
+    Ok(std::process::Stdio::from(read))
+}
 
 /// A free loopback port for a listening executor: bound, read and released (the executor
 /// binds it a moment later; a collision makes that start fail visibly, and the next
@@ -1368,7 +1502,9 @@ impl Compute for ProcessCompute {
         let (mut cmd, forwarder) = match &self.inner.config.forwarder {
             Some(fwd) => {
                 let listen_url = free_loopback_url()?;
-                let (e, f) = self.build_split_commands(fwd, spec, &key, &workspace, &listen_url);
+                let token = token_file(&log_path);
+                let (e, f) =
+                    self.build_split_commands(fwd, spec, &key, &workspace, &listen_url, &token)?;
                 (e, Some(f))
             }
             None => (self.build_command(spec, &key, &workspace), None),

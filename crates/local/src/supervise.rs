@@ -117,11 +117,17 @@ fn exit_code(status: ExitStatus) -> i32 {
 }
 
 /// Runs `program` with `args` under this process as a child subreaper (see the module
-/// docs) and returns the exit code to end with.
+/// docs) and returns the exit code to end with. With `relay` (its listening socket, bound
+/// before the program starts, and the executor it leads to), this process also serves the
+/// forwarder-only relay ([`crate::executor_relay`]) for the program's process tree.
 ///
 /// # Errors
 /// The program cannot be spawned, or the process cannot become a subreaper.
-pub fn run(program: &str, args: &[String]) -> std::io::Result<i32> {
+pub fn run(
+    program: &str,
+    args: &[String],
+    relay: Option<(std::net::TcpListener, crate::executor_relay::Relay)>,
+) -> std::io::Result<i32> {
     nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)?;
     let mut child = std::process::Command::new(program).args(args).spawn()?;
     // Blocked after the spawn, so the program starts with the usual signal mask; the
@@ -137,6 +143,11 @@ pub fn run(program: &str, args: &[String]) -> std::io::Result<i32> {
     }
     set.thread_block().map_err(std::io::Error::from)?;
     let child_pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    // Started after the block, so its threads inherit it and the signals stay sigwait's.
+    if let Some((listener, relay)) = relay {
+        let root = child_pid.as_raw();
+        std::thread::spawn(move || relay.serve(listener, root));
+    }
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;

@@ -79,6 +79,10 @@ pub struct Options {
     /// The executor command instead of the stand-in (embedded harness only; e.g. a script
     /// that exits before it connects, as an executor whose key is rejected does).
     pub executor_command: Option<ExecutorCommand>,
+    /// The executor's socket admits only its forwarder: every executor and forwarder runs
+    /// under `sandboxctl supervise`, the forwarder's behind its relay (split mode only;
+    /// `ProcessComputeConfig::relay`). Default: `false`.
+    pub relay: bool,
 }
 
 impl Default for Options {
@@ -96,6 +100,7 @@ impl Default for Options {
             executors_never_connect: false,
             close_workspace: Default::default(),
             split_executor: None,
+            relay: false,
             turn_command: None,
             pool_size: 0,
             executor_command: None,
@@ -238,6 +243,13 @@ impl Harness {
         if let Some((executor, forwarder)) = &opts.split_executor {
             config.executor = executor.clone();
             config.forwarder = Some(forwarder.clone());
+        }
+        if opts.relay {
+            config.supervisor = Some(ExecutorCommand::new(
+                workspace_binary("sandboxctl")?.display().to_string(),
+                ["supervise", "--"],
+            ));
+            config.relay = true;
         }
         config.workers = opts.workers;
         config.sweep_interval = opts.sweep_every.unwrap_or(Duration::from_secs(3600));

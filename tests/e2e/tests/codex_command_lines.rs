@@ -117,11 +117,21 @@ async fn runs(
 ) -> anyhow::Result<()> {
     registry.clear();
     let stderr = tempfile::NamedTempFile::new()?;
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr.reopen()?);
+    // The key on stdin, one line, for a command that reads it there (as the process
+    // compute hands it over), else nothing on stdin.
+    let bearer_stdin = cmd.get_args().any(|a| a == "--registration-bearer-stdin");
+    cmd.stdin(if bearer_stdin {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::null())
+    .stderr(stderr.reopen()?);
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let mut child = cmd.spawn().with_context(|| format!("{what}: spawn"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        std::io::Write::write_all(&mut stdin, format!("{KEY}\n").as_bytes())?;
+    }
     let outcome = wait_for_proof(&mut child, proof, registry).await;
     end_group(&mut child);
     let err = std::fs::read_to_string(stderr.path()).unwrap_or_default();
@@ -179,14 +189,18 @@ fn spec(remote_url: &str) -> StartSpec {
 }
 
 /// A local-mode command as the process compute starts it: the substituted arguments, the
-/// key in `CODEX_API_KEY`, `HOME` in a scratch directory (codex keeps state there).
+/// key on stdin for a command with `--registration-bearer-stdin` ([`runs`] writes it), else
+/// in `CODEX_API_KEY`, `HOME` in a scratch directory (codex keeps state there).
 fn local(command: &ExecutorCommand, spec: &StartSpec, listen: &str, home: &Path) -> Command {
+    let args = command.arguments(spec, home, listen);
     let mut cmd = Command::new(&command.program);
-    cmd.args(command.arguments(spec, home, listen))
-        .env_clear()
+    cmd.env_clear();
+    if !args.iter().any(|a| a == "--registration-bearer-stdin") {
+        cmd.env("CODEX_API_KEY", KEY);
+    }
+    cmd.args(args)
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", home)
-        .env("CODEX_API_KEY", KEY);
+        .env("HOME", home);
     cmd
 }
 
@@ -286,6 +300,21 @@ async fn every_codex_command_line_runs_with_the_pinned_binary() -> anyhow::Resul
             &listen,
             home,
         ),
+        Proof::Listens(port),
+        &registry,
+    )
+    .await?;
+    // The listener as the relay mode starts it: its socket wants a capability token.
+    let token_file = home.join("listener.ws-token");
+    std::fs::write(&token_file, "0123456789abcdef")?;
+    let mut with_token = program(ExecutorCommand::codex_listen());
+    with_token
+        .args
+        .extend(ExecutorCommand::listener_auth_arguments(&token_file));
+    let port = free_port();
+    runs(
+        "local listener with a capability token (ExecutorCommand::listener_auth_arguments)",
+        local(&with_token, &spec, &format!("ws://127.0.0.1:{port}"), home),
         Proof::Listens(port),
         &registry,
     )

@@ -142,10 +142,16 @@ async fn assert_executor_holds_no_key(h: &Harness, instance: &ComputeInstance) -
             "key on the command line of {pid}: {text}"
         );
         if text.contains(" forward ") {
+            // The forwarder read the key from a pipe (`--registration-bearer-stdin`): it is
+            // neither in its environment nor on its command line.
             forwarders += 1;
             assert!(
-                contains(&environ, key),
-                "the forwarder holds the key (control)"
+                text.contains("--registration-bearer-stdin"),
+                "the forwarder reads the key from stdin: {text}"
+            );
+            assert!(
+                !contains(&environ, key),
+                "key in the forwarder's /proc/{pid}/environ ({text})"
             );
             continue;
         }
@@ -169,6 +175,16 @@ async fn assert_executor_holds_no_key(h: &Harness, instance: &ComputeInstance) -
         }
     }
     assert_eq!(forwarders, 1, "one forwarder per instance");
+    // The check can fail: a process given the key in its environment shows it there.
+    let mut control = std::process::Command::new("sleep")
+        .arg("30")
+        .env("CODEX_API_KEY", key)
+        .spawn()
+        .unwrap();
+    let seen = contains(&read(format!("/proc/{}/environ", control.id())), key);
+    control.kill().unwrap();
+    control.wait().unwrap();
+    assert!(seen, "control: a key in an environment is seen");
     let files = files_under(&info.workspace);
     for f in &files {
         assert!(!contains(&read(f), key), "key in {}", f.display());

@@ -62,8 +62,9 @@ const USAGE: &str = "usage: sim-executor [exec-server] [--remote URL] [--environ
 
 /// What to run.
 enum Mode {
-    /// `--listen URL`: the listening executor (no key).
-    Listen(String),
+    /// `--listen URL`: the listening executor (no key), with the capability token of
+    /// `--ws-auth capability-token --ws-token-file F` when given.
+    Listen(String, Option<String>),
     /// Connect (single mode) or forward (with `forward --connect`).
     Connect(Args),
 }
@@ -75,6 +76,9 @@ fn parse_args() -> Result<Mode, String> {
     let mut remote = std::env::var("REMOTE_URL").ok();
     let mut env_id = std::env::var("ENVIRONMENT_ID").ok();
     let mut name = None;
+    let mut ws_auth: Option<String> = None;
+    let mut ws_token_file: Option<String> = None;
+    let mut bearer_stdin = false;
     let mut exit_on_stdin_close = std::env::var("EXIT_ON_STDIN_CLOSE")
         .is_ok_and(|v| matches!(v.as_str(), "1" | "true" | "yes"));
     let mut args = std::env::args().skip(1).peekable();
@@ -103,6 +107,9 @@ fn parse_args() -> Result<Mode, String> {
             "--listen" => listen = Some(value("--listen")?),
             "forward" => forward = true,
             "--connect" => connect = Some(value("--connect")?),
+            "--ws-auth" => ws_auth = Some(value("--ws-auth")?),
+            "--ws-token-file" => ws_token_file = Some(value("--ws-token-file")?),
+            "--registration-bearer-stdin" => bearer_stdin = true,
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}; {USAGE}")),
         }
@@ -114,7 +121,38 @@ fn parse_args() -> Result<Mode, String> {
         if !agents_sim::exec_protocol::is_loopback_ws(&url) {
             return Err("--listen must be ws://127.0.0.1:PORT (loopback)".into());
         }
-        return Ok(Mode::Listen(url));
+        let token = match (ws_auth.as_deref(), ws_token_file) {
+            (None, None) => None,
+            (Some("capability-token"), Some(path)) => {
+                if !path.starts_with('/') {
+                    return Err("--ws-token-file must be an absolute path".into());
+                }
+                let token = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("--ws-token-file {path}: {e}"))?;
+                Some(token.trim().to_owned())
+                    .filter(|t| !t.is_empty())
+                    .ok_or("--ws-token-file is empty")?
+                    .into()
+            }
+            (Some("capability-token"), None) => {
+                return Err("--ws-auth capability-token needs --ws-token-file".into());
+            }
+            (Some(other), _) => {
+                return Err(format!(
+                    "--ws-auth {other:?} is not supported by this stand-in"
+                ));
+            }
+            (None, Some(_)) => {
+                return Err("--ws-token-file needs --ws-auth capability-token".into());
+            }
+        };
+        return Ok(Mode::Listen(url, token));
+    }
+    if ws_auth.is_some() || ws_token_file.is_some() {
+        return Err("--ws-auth and --ws-token-file belong to --listen".into());
+    }
+    if bearer_stdin && !forward {
+        return Err("--registration-bearer-stdin belongs to forward".into());
     }
     let forward_to = match (forward, connect) {
         (true, Some(url)) if agents_sim::exec_protocol::is_loopback_ws(&url) => Some(url),
@@ -134,12 +172,24 @@ fn parse_args() -> Result<Mode, String> {
         .ok_or("ENVIRONMENT_ID (or --environment-id) is required")?
         .trim()
         .to_owned();
-    let key = std::env::var("CODEX_API_KEY")
-        .ok()
-        .filter(|k| !k.trim().is_empty())
-        .ok_or("CODEX_API_KEY is required")?
-        .trim()
-        .to_owned();
+    let key = if bearer_stdin {
+        // One bearer line on stdin, newline-terminated, at most 16 KiB (as codex reads it).
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(std::io::Read::take(std::io::stdin(), 16 * 1024)),
+            &mut line,
+        )
+        .map_err(|e| format!("--registration-bearer-stdin: {e}"))?;
+        Some(line)
+    } else {
+        std::env::var("CODEX_API_KEY").ok()
+    }
+    .filter(|k| !k.trim().is_empty())
+    .ok_or(
+        "CODEX_API_KEY (or a bearer line on stdin with --registration-bearer-stdin) is required",
+    )?
+    .trim()
+    .to_owned();
     if !remote_url.starts_with("http://") && !remote_url.starts_with("https://") {
         return Err(
             "REMOTE_URL must be an http(s) URL (this stand-in speaks HTTP to agents-sim only)"
@@ -281,7 +331,7 @@ async fn terminated() -> &'static str {
     "Ctrl-C"
 }
 
-async fn listen(url: &str) -> ExitCode {
+async fn listen(url: &str, token: Option<String>) -> ExitCode {
     let addr = url
         .trim_start_matches("ws://")
         .split('/')
@@ -294,10 +344,17 @@ async fn listen(url: &str) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    log(&format!("listening on {url} (no key)"));
+    log(&format!(
+        "listening on {url} (no key{})",
+        if token.is_some() {
+            ", capability token required"
+        } else {
+            ""
+        }
+    ));
     let reason = tokio::select! {
         r = terminated() => r,
-        () = agents_sim::exec_protocol::serve(listener) => "listener ended",
+        () = agents_sim::exec_protocol::serve(listener, token) => "listener ended",
     };
     log(&format!("{reason}: stopping"));
     ExitCode::SUCCESS
@@ -306,7 +363,7 @@ async fn listen(url: &str) -> ExitCode {
 async fn run() -> ExitCode {
     let args = match parse_args() {
         Ok(Mode::Connect(a)) => a,
-        Ok(Mode::Listen(url)) => return listen(&url).await,
+        Ok(Mode::Listen(url, token)) => return listen(&url, token).await,
         Err(msg) => {
             log(&msg);
             return ExitCode::from(2);

@@ -24,9 +24,8 @@
 //!   beyond the executor's own loopback socket.
 
 use super::{
-    COLUMNS, DEP, ForwarderCommand, InstanceRow, ProcessCompute, RUNNING, STOPPED,
-    free_loopback_url, load, proc_stat, refresh, signal_group, spawn_forwarder, watch_forwarder,
-    workspace_name,
+    COLUMNS, DEP, InstanceRow, ProcessCompute, RUNNING, STOPPED, free_loopback_url, load,
+    proc_stat, refresh, signal_group, spawn_forwarder, watch_forwarder, workspace_name,
 };
 use crate::db::{DbError, now_ms, to_sql_int};
 use crate::workspace_archive as ws;
@@ -119,13 +118,14 @@ impl ProcessCompute {
                 format!("{} could not be created: {e}", member_dir.display()),
             )
         })?;
-        let mut cmd = super::executor_process(
-            config.supervisor.as_ref(),
-            &config.command.program,
+        let args = self.listener_arguments(
             config
                 .command
                 .substituted_unassigned(&member_dir, &listen_url),
-        );
+            &super::token_file(&log_path),
+        )?;
+        let mut cmd =
+            super::executor_process(config.supervisor.as_ref(), &config.command.program, args);
         self.base_env(&mut cmd, &member_dir);
         cmd.process_group(0);
         let deployment_s = deployment.as_str().to_owned();
@@ -483,13 +483,13 @@ impl ProcessCompute {
         if let Err(e) = move_into_workspace(member_dir, workspace, restore_from) {
             return fail(format!("workspace could not be prepared: {e}"));
         }
-        let mut fwd = tokio::process::Command::new(&forwarder.program);
-        fwd.args(forwarder.substituted(spec, workspace, listen_url));
-        self.base_env(&mut fwd, workspace);
-        fwd.env("REMOTE_URL", &spec.remote_url)
-            .env("ENVIRONMENT_ID", spec.environment_id.as_str())
-            .env("CODEX_API_KEY", key);
-        let child = match spawn_forwarder(ForwarderCommand(fwd), row.pid, &row.log_path) {
+        let token = super::token_file(Path::new(&row.log_path));
+        let fwd = match self.forwarder_command(forwarder, spec, key, workspace, listen_url, &token)
+        {
+            Ok(f) => f,
+            Err(e) => return fail(e.to_string()),
+        };
+        let child = match spawn_forwarder(fwd, row.pid, &row.log_path) {
             Ok(c) => c,
             Err(e) => return fail(e),
         };
