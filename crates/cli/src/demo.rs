@@ -80,6 +80,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     let tmp = tempfile::tempdir()?;
     let data_dir = args.data_dir.unwrap_or_else(|| tmp.path().to_path_buf());
+    println!("{}", executor_line(&executor));
     let demo = Demo::start(&data_dir, executor, args.duplicates, args.seed).await?;
     println!(
         "sandbox-lifecycle demo: simulator {} · webhook {} · data {}",
@@ -98,6 +99,39 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     println!("no executor process left behind");
     Ok(())
+}
+
+/// The one line that says which executor the demo runs: the program's `--version` (the
+/// real codex answers `codex-cli 0.171.0`), or, for the stand-in (which has no
+/// `--version`), its name and how to run the real one.
+fn executor_line(executor: &std::path::Path) -> String {
+    let version = std::process::Command::new(executor)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(|l| l.trim().to_owned())
+        })
+        .filter(|l| !l.is_empty());
+    match version {
+        Some(v) => format!(
+            "executor: {v} ({}), listener and forwarder",
+            executor.display()
+        ),
+        None => format!(
+            "executor: the {} stand-in, listener and forwarder (`make run EXECUTOR=codex` runs the pinned codex)",
+            executor.file_name().map_or_else(
+                || executor.display().to_string(),
+                |n| n.to_string_lossy().into_owned()
+            )
+        ),
+    }
 }
 
 impl Demo {
