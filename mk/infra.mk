@@ -4,7 +4,7 @@
 #                     after the first install, no Docker, no Rust build):
 #                     sam validate --lint; cfn-lint on the SAM-translated template (cfn-lint
 #                     alone no longer looks inside SAM resources); tsc; cdk synth (defaults,
-#                     workspaces on, the warm pool on, both on); cfn-lint on the CDK
+#                     workspaces on, the warm pool on, egress allowlist); cfn-lint on the CDK
 #                     templates; the CDK assertion tests (node --test);
 #                     infra/tests (pytest: SAM vs CDK agreement, least privilege, wiring to
 #                     crates/aws/src/settings.rs, the executor entrypoint, the pool
@@ -42,6 +42,10 @@ CDK_TEST_CONTEXT := -c placeholderCode=true -c stackName=sandbox-lifecycle \
 	-c webhookSecretArn=arn:aws:secretsmanager:us-east-1:123456789012:secret:webhook-AbCdEf \
 	-c openAIApiKeySecretArn=arn:aws:secretsmanager:us-east-1:123456789012:secret:api-key-AbCdEf \
 	-c executorKeySecretArn=arn:aws:secretsmanager:us-east-1:123456789012:secret:executor-key-AbCdEf
+
+# The extra domains of the executorEgress allowlist synth; infra/tests/test_egress.py reads
+# the same value (CDK_EGRESS_EXTRA_DOMAINS) and expects exactly these plus the two defaults.
+CDK_EGRESS_EXTRA_DOMAINS := pypi.org,*.pythonhosted.org
 
 # aws-cdk-lib needs Node >= 20 (its package.json engines).
 infra-node-check:
@@ -87,6 +91,12 @@ infra-test: infra-tools
 	cd $(CDK_DIR) && $(INFRA_ENV) node_modules/.bin/cdk synth --no-notices --quiet \
 		-o cdk.out.pool $(CDK_TEST_CONTEXT) -c poolSize=2
 	$(INFRA_BIN)/cfn-lint --ignore-checks W3005 -- $(abspath $(INFRA_OUT)).pool/SandboxLifecycle.template.json
+	@echo "== cdk synth with executorEgress allowlist (docs/EGRESS.md: the DNS Firewall only then)"
+	rm -rf $(INFRA_OUT).egress
+	cd $(CDK_DIR) && $(INFRA_ENV) node_modules/.bin/cdk synth --no-notices --quiet \
+		-o cdk.out.egress $(CDK_TEST_CONTEXT) -c executorEgress=allowlist \
+		-c 'executorEgressExtraDomains=$(CDK_EGRESS_EXTRA_DOMAINS)'
+	$(INFRA_BIN)/cfn-lint --ignore-checks W3005 -- $(abspath $(INFRA_OUT)).egress/SandboxLifecycle.template.json
 	@echo "== cfn-lint on the CDK template (W3005: CDK's own redundant DependsOn)"
 	$(INFRA_BIN)/cfn-lint --ignore-checks W3005 -- $(CDK_STACK_TEMPLATE)
 	@echo "== CDK assertion tests"
@@ -95,6 +105,8 @@ infra-test: infra-tools
 	$(INFRA_ENV) CDK_TEMPLATE=$(CDK_STACK_TEMPLATE) \
 		CDK_WORKSPACES_TEMPLATE=$(abspath $(INFRA_OUT)).workspaces/SandboxLifecycle.template.json \
 		CDK_POOL_TEMPLATE=$(abspath $(INFRA_OUT)).pool/SandboxLifecycle.template.json \
+		CDK_EGRESS_TEMPLATE=$(abspath $(INFRA_OUT)).egress/SandboxLifecycle.template.json \
+		CDK_EGRESS_EXTRA_DOMAINS='$(CDK_EGRESS_EXTRA_DOMAINS)' \
 		$(INFRA_BIN)/python -m pytest -q -p no:cacheprovider $(INFRA)/tests
 
 # ---------------------------------------------------------------------------- deploy
@@ -118,6 +130,7 @@ deploy-help:
 	@echo "  OPERATOR_KEY_SECRET_ARN (operator key: forced close of an unrecorded session), QUEUE_SENDER_ARNS"
 	@echo "  (comma-separated principals, besides the functions, allowed to send to the queues: operators, applications),"
 	@echo "  POOL_SIZE (warm pool of idle executors, 0 = off; needs EXECUTOR_MODE split), POOL_MAX_AGE_SECS (>= 60, default 3600),"
+	@echo "  EXECUTOR_EGRESS (open/allowlist, docs/EGRESS.md), EXECUTOR_EGRESS_EXTRA_DOMAINS (comma-separated, allowlist only),"
 	@echo "  WORKER_BATCH_SIZE, WORKER_MAXIMUM_CONCURRENCY, EXECUTOR_CPU_ARCHITECTURE (ARM64/X86_64),"
 	@echo "  WEBHOOK_RESERVED_CONCURRENCY (default 10), WORKER_RESERVED_CONCURRENCY (default 20),"
 	@echo "  EXECUTOR_CPU, EXECUTOR_MEMORY, EXECUTOR_MODE (split/single), LOG_RETENTION_DAYS, ALARM_TOPIC_ARN."
@@ -169,6 +182,8 @@ SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=
 	$(call sam-param,QueueSenderArns,QUEUE_SENDER_ARNS) \
 	$(call sam-param,MaxExecutors,MAX_EXECUTORS) \
 	$(call sam-param,PoolSize,POOL_SIZE) $(call sam-param,PoolMaxAgeSecs,POOL_MAX_AGE_SECS) \
+	$(call sam-param,ExecutorEgress,EXECUTOR_EGRESS) \
+	$(call sam-param,ExecutorEgressExtraDomains,EXECUTOR_EGRESS_EXTRA_DOMAINS) \
 	$(call sam-param,WorkerBatchSize,WORKER_BATCH_SIZE) \
 	$(call sam-param,WorkerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
 	$(call sam-param,WebhookReservedConcurrency,WEBHOOK_RESERVED_CONCURRENCY) \
@@ -223,6 +238,8 @@ CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' 
 	$(call cdk-context,queueSenderArns,QUEUE_SENDER_ARNS) \
 	$(call cdk-context,maxExecutors,MAX_EXECUTORS) \
 	$(call cdk-context,poolSize,POOL_SIZE) $(call cdk-context,poolMaxAgeSecs,POOL_MAX_AGE_SECS) \
+	$(call cdk-context,executorEgress,EXECUTOR_EGRESS) \
+	$(call cdk-context,executorEgressExtraDomains,EXECUTOR_EGRESS_EXTRA_DOMAINS) \
 	$(call cdk-context,workerBatchSize,WORKER_BATCH_SIZE) \
 	$(call cdk-context,workerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
 	$(call cdk-context,webhookReservedConcurrency,WEBHOOK_RESERVED_CONCURRENCY) \

@@ -29,6 +29,14 @@ CDK_POOL_TEMPLATE = Path(
 )
 
 
+# ExecutorEgress open (the default): no DNS Firewall resources (docs/EGRESS.md).
+EGRESS_OPEN = {"EgressAllowlist": False, "HasEgressExtraDomains": False}
+# The same stack with ExecutorEgress allowlist and two extra domains (mk/infra.mk).
+CDK_EGRESS_TEMPLATE = Path(
+    os.environ.get("CDK_EGRESS_TEMPLATE", INFRA / "cdk" / "cdk.out.egress" / "SandboxLifecycle.template.json")
+)
+
+
 def resolve_conditions(value, conditions: dict[str, bool]):
     """`value` with every `Fn::If` on one of `conditions` replaced by its branch and
     `AWS::NoValue` results dropped (from lists and objects), as CloudFormation does at
@@ -75,20 +83,20 @@ def sam_cfn_raw() -> dict:
 @pytest.fixture(scope="session")
 def sam_cfn(sam_cfn_raw) -> dict:
     """The SAM template as deployed with its defaults: workspaces off (WorkspaceVolumeGiB 0),
-    the warm pool off (PoolSize 0)."""
-    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": False, "PoolEnabled": False})
+    the warm pool off (PoolSize 0), egress open (ExecutorEgress open)."""
+    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": False, "PoolEnabled": False, **EGRESS_OPEN})
 
 
 @pytest.fixture(scope="session")
 def sam_workspaces_cfn(sam_cfn_raw) -> dict:
     """The SAM template as deployed with workspaces on (the pool off)."""
-    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": True, "PoolEnabled": False})
+    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": True, "PoolEnabled": False, **EGRESS_OPEN})
 
 
 @pytest.fixture(scope="session")
 def sam_pool_cfn(sam_cfn_raw) -> dict:
     """The SAM template as deployed with the warm pool on (PoolSize > 0), workspaces off."""
-    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": False, "PoolEnabled": True})
+    return with_conditions(sam_cfn_raw, {"HasWorkspaceVolumes": False, "PoolEnabled": True, **EGRESS_OPEN})
 
 
 def _load(path: Path) -> dict:
@@ -131,3 +139,10 @@ def any_cfn(request, sam_cfn, cdk_cfn) -> dict:
 def any_workspaces_cfn(request, sam_workspaces_cfn, cdk_workspaces_cfn) -> dict:
     """Each of the two templates in turn, workspaces on."""
     return sam_workspaces_cfn if request.param == "sam" else cdk_workspaces_cfn
+
+
+@pytest.fixture(scope="session")
+def cdk_egress_cfn() -> dict:
+    """The synthesized CDK stack with executorEgress allowlist and the extra domains of
+    mk/infra.mk (CDK_EGRESS_EXTRA_DOMAINS)."""
+    return _load(CDK_EGRESS_TEMPLATE)

@@ -12,7 +12,8 @@
  * maxLifetimeSecs, lifetimeHardCapSecs, noWorkSecs, maxReplacements, replacementWindowSecs, maxExecutors,
  * remoteUrlAllowlist (comma-separated), webhookToleranceSecs, previousWebhookSecretArn,
  * operatorKeySecretArn, queueSenderArns (comma-separated),
- * poolSize, poolMaxAgeSecs, workerBatchSize, workerMaximumConcurrency, webhookReservedConcurrency, workerReservedConcurrency,
+ * poolSize, poolMaxAgeSecs, executorEgress (open/allowlist), executorEgressExtraDomains (comma-separated),
+ * workerBatchSize, workerMaximumConcurrency, webhookReservedConcurrency, workerReservedConcurrency,
  * logRetentionDays, alarmTopicArn, lambdaDir.
  *
  * Code: `<lambdaDir>/<name>/bootstrap.zip` for webhook, worker and sweeper, as
@@ -140,6 +141,8 @@ new SandboxLifecycle(stack, "Sandbox", {
   maxExecutors: integer("maxExecutors"),
   poolSize: integer("poolSize"),
   poolMaxAgeSecs: integer("poolMaxAgeSecs"),
+  executorEgress: context("executorEgress"),
+  executorEgressExtraDomains: list("executorEgressExtraDomains"),
   remoteUrlAllowlist: list("remoteUrlAllowlist"),
   webhookToleranceSecs: integer("webhookToleranceSecs"),
   previousWebhookSecretArn: context("previousWebhookSecretArn"),

@@ -24,6 +24,7 @@ import * as logs from "aws-cdk-lib/aws-logs";
 import * as sns from "aws-cdk-lib/aws-sns";
 import * as sqs from "aws-cdk-lib/aws-sqs";
 import { Construct } from "constructs";
+import { ExecutorEgressFilter, executorEgressProblems } from "./executor-egress";
 
 /** The executor container's name in the task definition (the agent's commands run there). */
 export const EXECUTOR_CONTAINER_NAME = "executor";
@@ -167,6 +168,18 @@ export interface SandboxLifecycleProps {
    * younger, recycled from that age on. @default 3600
    */
   readonly poolMaxAgeSecs?: number;
+  /**
+   * Which hosts the executor may reach (docs/EGRESS.md): `open` = TCP 443 to anywhere;
+   * `allowlist` = Route 53 Resolver DNS Firewall on `vpcId` (every resource of that VPC):
+   * only api.openai.com, codex-cloud-environments.chatgpt.com, `executorEgressExtraDomains`
+   * and the AWS endpoints the task needs resolve. @default "open"
+   */
+  readonly executorEgress?: string;
+  /**
+   * Domains the executor may also resolve with `executorEgress` allowlist (`example.com` or
+   * `*.example.com`); refused with open. @default []
+   */
+  readonly executorEgressExtraDomains?: string[];
   /** `AGENTS_API_BASE_URL`. @default https://api.openai.com/v1 */
   readonly agentsApiBaseUrl?: string;
   /** `MAX_LIFETIME_SECS`: maximum executor lifetime, seconds (0 = off). @default 28800 */
@@ -368,6 +381,16 @@ export class SandboxLifecycle extends Construct {
         { ipProtocol: "tcp", fromPort: 443, toPort: 443, cidrIp: "0.0.0.0/0", description: "HTTPS out" },
       ],
     });
+    if (props.executorEgress === "allowlist") {
+      const registry = props.executorImage.split("/")[0];
+      new ExecutorEgressFilter(this, "ExecutorEgress", {
+        vpcId: props.vpcId,
+        extraDomains: props.executorEgressExtraDomains ?? [],
+        imageRegistry: registry,
+        imageRegion: registry.split(".")[3],
+        pool,
+      });
+    }
     const ecsTasks = new iam.ServicePrincipal("ecs-tasks.amazonaws.com");
     // Trust: ecs-tasks.amazonaws.com acting for this account only (aws:SourceAccount, IAM
     // User Guide, "The confused deputy problem").
@@ -1312,6 +1335,7 @@ function validate(props: SandboxLifecycleProps): void {
   if (props.agentsApiBaseUrl !== undefined && !/^https?:\/\/.+/.test(props.agentsApiBaseUrl)) {
     problems.push("agentsApiBaseUrl must be an absolute http(s) URL");
   }
+  problems.push(...executorEgressProblems(props.executorEgress, props.executorEgressExtraDomains));
   if (problems.length > 0) throw new Error(`SandboxLifecycle: ${problems.join("; ")}`);
 }
 

@@ -37,7 +37,7 @@ async fn aws_worker_snapshots_the_stopped_generation_and_restores_it_into_the_ne
         .compute()
         .with_workspaces(ec2_client(&resources.sdk), ebs);
 
-    let (_sim, session, env, api) = frozen_sim_with_a_waiting_session().await;
+    let (sim, session, env, api) = frozen_sim_with_a_waiting_session().await;
     let deployment = DeploymentId::new(format!("ws-{}", unique())).unwrap();
     let config = harness_config(deployment.clone(), &AwsOptions::default());
     let c = Controller::new(
@@ -84,6 +84,25 @@ async fn aws_worker_snapshots_the_stopped_generation_and_restores_it_into_the_ne
     assert_eq!(stored.len(), 1, "{stored:?}");
     assert_eq!(stored[0].kind, StoredKind::Volume);
     assert!(stored[0].in_use);
+
+    // Generation 1 did work: its environment was seen connected (a generation never seen
+    // connected that stops is a failed start, not a crash to save and restart).
+    let connection = sim.client().connect(env.as_str()).await.unwrap();
+    let seen = Job {
+        trigger: Trigger::Sweep,
+        ..job()
+    };
+    let p = c.process(&seen).await.unwrap();
+    assert!(record().await.instance_connected_at.is_some(), "{p:?}");
+    sim.client()
+        .disconnect(env.as_str(), Some(&connection))
+        .await
+        .unwrap();
+    // New input for the disconnected environment: the API asks for a connection again.
+    sim.client()
+        .submit_message(session.id.as_str(), "again")
+        .await
+        .unwrap();
 
     // The task stops behind the controller's back (row 11).
     compute

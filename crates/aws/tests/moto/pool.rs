@@ -26,7 +26,7 @@ use sandbox_aws::strict_ecs::StrictEcs;
 use sandbox_aws::{DynamoRegistry, EcsCompute, EcsConfig, PoolConfig, pool_started_by};
 use sandbox_controller::config::PoolSettings;
 use sandbox_controller::contract::compute_pool_contract;
-use sandbox_controller::pool::{RECYCLE_REASON, REPLAY_ONLY};
+use sandbox_controller::pool::{RECYCLE_REASON, REFILL_LEASE_SECS, REPLAY_ONLY};
 use sandbox_controller::ports::{Clock, Compute, NO_DEADLINE, Started};
 use sandbox_controller::{Controller, ControllerConfig};
 use sandbox_core::compute::ComputeInstance;
@@ -852,6 +852,10 @@ async fn refill_pool_fills_to_size_recycles_past_the_maximum_age_and_respects_th
     assert_eq!((r.started, r.recycled, r.idle), (2, 0, 2), "{r:?}");
     let first: Vec<_> = m.compute.list_pool(&d).await.unwrap();
     assert_eq!(first.len(), 2);
+    // Refills are at least the lease's tail apart (a refill within it is skipped).
+    let r = c.refill_pool().await.unwrap();
+    assert!(r.skipped, "inside the previous refill's lease: {r:?}");
+    m.clock.advance(REFILL_LEASE_SECS + 1);
     let r = c.refill_pool().await.unwrap();
     assert_eq!((r.started, r.recycled, r.idle), (0, 0, 2), "full: {r:?}");
 
@@ -882,6 +886,7 @@ async fn refill_pool_fills_to_size_recycles_past_the_maximum_age_and_respects_th
         (1, 1),
         "a cap of 1 leaves room for one: {r:?}"
     );
+    m.clock.advance(REFILL_LEASE_SECS + 1);
     let r = c.refill_pool().await.unwrap();
     assert_eq!((r.started, r.idle), (0, 1), "{r:?}");
     assert_eq!(m.compute.list_pool(&capped).await.unwrap().len(), 1);
