@@ -27,7 +27,9 @@
 //!   first, at most [`CLAIM_CANDIDATES`]), one `DescribeTasks` of those candidates (only
 //!   claimable ones — `lastStatus` `RUNNING`, `desiredStatus` not `STOPPED`, the configured
 //!   task definition revision ([`is_current_revision`]) — are tried), up to
-//!   [`CLAIM_ATTEMPTS`] `TransactWriteItems` (member idle → assigned + token put; the
+//!   [`CLAIM_ATTEMPTS`] `TransactWriteItems` (member idle → assigned + token put, and with
+//!   [`EcsCompute::with_claim_fence`] a `ConditionCheck` that the environment's registry
+//!   record is still locked by the claiming worker; the
 //!   `CancellationReasons` in request order say whether the member was taken — try the
 //!   next — or the token exists — replay it), then `TagResource` with exactly
 //!   `sandbox:environment`, `sandbox:session` and `sandbox:generation` (the keys the
@@ -177,6 +179,9 @@ impl PoolClock {
 pub(crate) struct Pool {
     pub(crate) table: PoolTable,
     pub(crate) config: PoolConfig,
+    /// The registry table whose record lock fences a claim
+    /// ([`EcsCompute::with_claim_fence`]).
+    pub(crate) fence_table: Option<Arc<str>>,
 }
 
 /// A fresh `RunTask` `clientToken` for a member: `pool-` and 32 hex digits (37 characters
@@ -293,7 +298,29 @@ impl EcsCompute {
             config.max_age_secs,
             config.history_retention_secs,
         );
-        self.pool = Some(Arc::new(Pool { table, config }));
+        self.pool = Some(Arc::new(Pool {
+            table,
+            config,
+            fence_table: None,
+        }));
+        self
+    }
+
+    /// Fences every claim made under a lock
+    /// ([`Compute::claim_pool_member_fenced`](sandbox_controller::ports::Compute::claim_pool_member_fenced))
+    /// with that lock: the claim's `TransactWriteItems` gets a `ConditionCheck` on the
+    /// environment's record item in the registry table `registry_table` (`lock_owner` = the
+    /// fence's owner, `lock_until` ≥ now), so a worker whose lock expired and passed to
+    /// another holder claims nothing. Without the pool: nothing. Makes no call.
+    #[must_use]
+    pub fn with_claim_fence(mut self, registry_table: &str) -> Self {
+        if let Some(pool) = self.pool.take() {
+            self.pool = Some(Arc::new(Pool {
+                table: pool.table.clone(),
+                config: pool.config.clone(),
+                fence_table: Some(registry_table.into()),
+            }));
+        }
         self
     }
 
@@ -715,11 +742,13 @@ impl EcsCompute {
         deployment: &DeploymentId,
         created_after: u64,
         not_after: u64,
+        fence: Option<&sandbox_controller::ports::Fence>,
     ) -> Result<Option<Started>, PortError> {
         let op = "claim_pool_member";
         let Some(pool) = self.pool.as_deref() else {
             return Ok(None);
         };
+        let lock = pool.fence_table.as_deref().zip(fence);
         check_tag_value(op, TAG_ENVIRONMENT, spec.environment_id.as_str())?;
         check_tag_value(op, TAG_SESSION, spec.session_id.as_str())?;
         let now = self.clock.now();
@@ -754,7 +783,7 @@ impl EcsCompute {
             check_deadline(DEP, op, self.clock.now(), not_after)?;
             match pool
                 .table
-                .claim(member, deployment, created_after, spec, now)
+                .claim(member, deployment, created_after, spec, now, lock)
                 .await?
             {
                 ClaimWrite::Claimed => {
@@ -774,6 +803,16 @@ impl EcsCompute {
                         &spec.session_id,
                         spec.generation,
                     ))));
+                }
+                ClaimWrite::LockLost => {
+                    return Err(PortError::transient(
+                        DEP,
+                        op,
+                        format!(
+                            "the lock of {} is no longer this worker's: nothing claimed",
+                            spec.environment_id
+                        ),
+                    ));
                 }
                 ClaimWrite::MemberTaken | ClaimWrite::Conflict => {
                     tracing::debug!(member = %member.pk, "pool member taken meanwhile: trying the next");
@@ -1047,7 +1086,7 @@ impl EcsCompute {
         let items = pool.table.members(&keys, now, op).await?;
         let without: Vec<String> = unknown
             .iter()
-            .filter(|(k, arn)| !items.get(k).is_some_and(|i| &i.task_arn == *arn))
+            .filter(|(k, arn)| items.get(k).is_none_or(|i| &i.task_arn != *arn))
             .map(|(_, arn)| (*arn).clone())
             .collect();
         if without.is_empty() {

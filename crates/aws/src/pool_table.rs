@@ -64,7 +64,7 @@ use aws_sdk_dynamodb::types::{
     Update,
 };
 use backon::BackoffBuilder;
-use sandbox_controller::ports::PortError;
+use sandbox_controller::ports::{Fence, PortError};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, SessionId};
 use std::collections::HashMap;
@@ -236,6 +236,9 @@ pub enum ClaimWrite {
     /// Another transaction held the member this moment (`TransactionConflict`): nothing
     /// written.
     Conflict,
+    /// The environment's lock is no longer the claiming worker's (the fence's
+    /// `ConditionCheck` failed): nothing written.
+    LockLost,
 }
 
 /// The member key: `<task role id>:<task id>`, the task's own `aws:userid` (ECS assumes
@@ -863,8 +866,12 @@ impl PoolTable {
     /// 2. a `Put` of the token item (`attribute_not_exists(pk) OR #exp <= :now`: absent or
     ///    expired), `expires_at` = `now` + [`TOKEN_TTL_SECS`].
     ///
-    /// All or nothing. The `CancellationReasons` (request order: member, token) say which
-    /// condition failed ([`ClaimWrite`]).
+    /// 3. with `lock` = (registry table, fence): a `ConditionCheck` of the environment's
+    ///    record item, the lock still the fence's owner's and unexpired at `now`
+    ///    ([`crate::dynamo_registry::fence_condition_check`]).
+    ///
+    /// All or nothing. The `CancellationReasons` (request order: member, token, lock) say
+    /// which condition failed ([`ClaimWrite`]; the lock first: then nothing else matters).
     ///
     /// # Errors
     /// Any other failure (no answer, throttling, 5xx, validation): the outcome is unknown
@@ -876,6 +883,7 @@ impl PoolTable {
         created_after: u64,
         spec: &StartSpec,
         now: u64,
+        lock: Option<(&str, &Fence)>,
     ) -> Result<ClaimWrite, PortError> {
         let op = "claim_pool_member";
         let build = build_error(op);
@@ -935,13 +943,17 @@ impl PoolTable {
             .expression_attribute_values(":now", n(now))
             .build()
             .map_err(&build)?;
-        let res = self
+        let mut request = self
             .ddb
             .transact_write_items()
             .transact_items(TransactWriteItem::builder().update(update).build())
-            .transact_items(TransactWriteItem::builder().put(token).build())
-            .send()
-            .await;
+            .transact_items(TransactWriteItem::builder().put(token).build());
+        if let Some((table, fence)) = lock {
+            let check = crate::dynamo_registry::fence_condition_check(table, fence, now, op)?;
+            request =
+                request.transact_items(TransactWriteItem::builder().condition_check(check).build());
+        }
+        let res = request.send().await;
         let err = match res {
             Ok(_) => return Ok(ClaimWrite::Claimed),
             Err(e) => e,
@@ -956,6 +968,9 @@ impl PoolTable {
                 .and_then(|r| r.code())
                 .unwrap_or("None")
         };
+        if lock.is_some() && reason(2) == "ConditionalCheckFailed" {
+            return Ok(ClaimWrite::LockLost);
+        }
         match (reason(0), reason(1)) {
             (_, "ConditionalCheckFailed") => Ok(ClaimWrite::TokenTaken),
             ("ConditionalCheckFailed", _) => Ok(ClaimWrite::MemberTaken),

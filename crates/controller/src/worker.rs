@@ -1244,6 +1244,7 @@ where
             self.clock.now(),
             act.not_after,
             act.new_claims,
+            &act.fence,
         )
         .await;
         let warm = matches!(started, Ok((_, crate::pool::StartPath::Warm)));

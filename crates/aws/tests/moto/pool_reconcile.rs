@@ -379,3 +379,103 @@ async fn a_member_whose_record_was_lost_is_recorded_by_replaying_its_run_task() 
     assert_eq!(m.guard.rejected(), vec![]);
     m.stop_all(&d).await;
 }
+
+/// The claim's transaction is conditioned on the environment's lock (docs/WARM_POOL.md
+/// rule 2): with `EcsCompute::with_claim_fence`, a claim whose fence is not the lock's
+/// current owner — another worker took the lock after this one's expired — writes nothing
+/// (the member stays idle, no token item, no tag) and is an error; the holder's own claim
+/// goes through, and so does an unfenced claim (the trait's `claim_pool_member`).
+#[tokio::test]
+async fn the_claim_is_fenced_by_the_environment_s_lock() {
+    use sandbox_controller::ports::{Fence, Registry};
+    let m = pool_moto().await;
+    let d = deployment();
+    let registry_table = format!("pool-fence-{}", unique());
+    sandbox_aws::create_table(&m.ddb, &registry_table)
+        .await
+        .expect("registry create_table");
+    let registry = sandbox_aws::DynamoRegistry::new(m.ddb.clone(), &registry_table);
+    let fenced = m.compute.clone().with_claim_fence(&registry_table);
+    let member = m.compute.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+    let s = crate::pool::spec(&format!("env_{}", unique()));
+    let key = s.environment_id.effect_key();
+    let t = m.clock.now();
+    // Worker A held the lock until t + 10; it expired and worker B holds it now.
+    registry
+        .lock(&key, "worker-a", t + 10, t)
+        .await
+        .unwrap()
+        .expect("A locks");
+    registry
+        .lock(&key, "worker-b", t + 100, t + 11)
+        .await
+        .unwrap()
+        .expect("B locks after A's lease");
+    m.clock.advance(12);
+    let stale = Fence {
+        key: key.clone(),
+        owner: "worker-a".to_owned(),
+    };
+    m.guard.clear();
+    let err = fenced
+        .claim_pool_member_fenced(&s, &d, 0, NO_DEADLINE, &stale)
+        .await
+        .expect_err("A's lock is gone");
+    assert!(err.message.contains("no longer this worker's"), "{err}");
+    let item = m.item(member.instance_id.as_str()).await.unwrap();
+    assert_eq!(
+        item["state"],
+        AttributeValue::S("idle".into()),
+        "nothing claimed"
+    );
+    assert_eq!(m.guard.calls_of("TagResource").len(), 0, "nothing tagged");
+    let token_item = m
+        .ddb
+        .get_item()
+        .table_name(&m.table)
+        .key(
+            "pk",
+            AttributeValue::S(format!("token#{}#{}", d.as_str(), s.idempotency_token)),
+        )
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    assert!(token_item.item().is_none(), "no token item");
+    // B, the holder, claims it.
+    let holder = Fence {
+        key,
+        owner: "worker-b".to_owned(),
+    };
+    let got = crate::pool::claimed(
+        fenced
+            .claim_pool_member_fenced(&s, &d, 0, NO_DEADLINE, &holder)
+            .await
+            .unwrap(),
+    )
+    .expect("claimed under the lock");
+    assert_eq!(got.instance_id, member.instance_id);
+    let item = m.item(member.instance_id.as_str()).await.unwrap();
+    assert_eq!(item["state"], AttributeValue::S("assigned".into()));
+    // Past B's lease, B's own fence fails too.
+    let member2 = m.compute.start_pool_member(&d, NO_DEADLINE).await.unwrap();
+    m.clock.advance(100);
+    let s2 = crate::pool::spec(&s.environment_id.as_str().replace("env_", "env2_"));
+    let late = Fence {
+        key: s2.environment_id.effect_key(),
+        owner: "worker-b".to_owned(),
+    };
+    assert!(
+        fenced
+            .claim_pool_member_fenced(&s2, &d, 0, NO_DEADLINE, &late)
+            .await
+            .is_err(),
+        "no lock at all on that environment: nothing claimed"
+    );
+    assert_eq!(
+        m.item(member2.instance_id.as_str()).await.unwrap()["state"],
+        AttributeValue::S("idle".into())
+    );
+    assert_eq!(m.guard.rejected(), vec![]);
+    m.stop_all(&d).await;
+}
