@@ -1243,8 +1243,10 @@ where
             self.config.pool,
             self.clock.now(),
             act.not_after,
-            act.new_claims,
-            &act.fence,
+            crate::pool::UnderLock {
+                fence: &act.fence,
+                new_claims: act.new_claims,
+            },
         )
         .await;
         let warm = matches!(started, Ok((_, crate::pool::StartPath::Warm)));
