@@ -12,6 +12,7 @@
 //! | partition key | `pk` (S), no sort key |
 //! | billing | on-demand (`PAY_PER_REQUEST`) |
 //! | global secondary index | `by_idle`: partition key `idle_deployment` (S), sort key `created_at` (N), projection `ALL` |
+//! | global secondary index | `by_pool`: partition key `pool_deployment` (S), sort key `created_at` (N), projection `ALL` |
 //! | global secondary index | `by_environment`: partition key `claimed_environment` (S), projection `ALL` |
 //! | time to live | attribute `expires_at` (N, Unix seconds) |
 //!
@@ -19,7 +20,9 @@
 //!
 //! | item | `pk` | attributes |
 //! |---|---|---|
-//! | member | `<task role id>:<task id>` ([`member_pk`]: the task's own `aws:userid`) | `deployment`, `task_arn`, `created_at`, `state` (`idle` \| `assigned` \| `recycled`), `idle_deployment` (= `deployment`, only while idle), once claimed `environment_id`, `session_id`, `remote_url`, `generation`, `idempotency_token`, `assigned_at`, `claimed_environment` (`<deployment>#<environment id>`); `expires_at` (absent while claimed and running) |
+//! | member | `<task role id>:<task id>` ([`member_pk`]: the task's own `aws:userid`) | `deployment`, `task_arn`, `client_token`, `created_at`, `state` (`idle` \| `assigned` \| `recycled`), `idle_deployment` (= `deployment`, only while idle), `pool_deployment` (see below), once claimed `environment_id`, `session_id`, `remote_url`, `generation`, `idempotency_token`, `assigned_at`, `claimed_environment` (`<deployment>#<environment id>`); `expires_at` (absent while claimed and running) |
+//! | launch | `launch#<deployment>#<client token>` ([`launch_pk`]) | `deployment`, `client_token`, `created_at`, `state` = `launching`, `pool_deployment`, `expires_at` = `created_at` + 1 day: written before a member's `RunTask`, deleted with the member's record |
+//! | backstop cursor | `backstop#<deployment>` ([`backstop_pk`]) | `next_token` (the reconcile's next `ListTasks` page), `expires_at` |
 //! | token | `token#<deployment>#<idempotency token>` | `task_arn`, `member_pk`, `environment_id`, `session_id`, `generation`, `expires_at` = claim + 24 h |
 //! | refill lease | `refill#<deployment>` | `holder`, `lease_until`, `expires_at` = `lease_until` + 1 day |
 //!
@@ -27,7 +30,9 @@
 //! (a claimed item never expires while its task may run), the stop + the history retention
 //! once its environment stopped it, the recycle time + 1 day once recycled. Both
 //! indexes are sparse: `idle_deployment` exists only while a member is idle (the claim and
-//! the recycle `REMOVE` it), `claimed_environment` only once it is claimed.
+//! the recycle `REMOVE` it), `pool_deployment` on launches, idle members and recycled
+//! members until the reconcile sees their task stop (the claim `REMOVE`s it: no claimed
+//! member is ever in `by_pool`), `claimed_environment` only once it is claimed.
 //!
 //! # Rules
 //!

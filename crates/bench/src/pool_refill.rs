@@ -83,3 +83,32 @@ pub async fn measure(sizes: &[usize]) -> Vec<RefillCalls> {
     }
     rows
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The twin's count is the adapter's: the same breakdown
+    /// `pool_refill_calls_do_not_grow_with_claimed_members` asserts against moto with the
+    /// real adapter (crates/aws/tests/moto/pool_reconcile.rs), at 10 and 1,000 claimed.
+    #[tokio::test]
+    async fn the_twin_counts_the_refill_as_the_adapter_makes_it() {
+        let expected: BTreeMap<String, u64> = [
+            ("dynamodb.UpdateItem", 2),
+            ("dynamodb.GetItem", 1),
+            ("dynamodb.PutItem", 1),
+            ("dynamodb.Query", 2),
+            ("dynamodb.BatchGetItem", 1),
+            ("ecs.DescribeTasks", 2),
+            ("ecs.ListTasks", 1),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let rows = measure(&[10, 1_000]).await;
+        for r in &rows {
+            assert_eq!(r.calls, expected, "{} claimed", r.claimed);
+            assert_eq!((r.total, r.started), (10, 0));
+        }
+    }
+}
