@@ -649,8 +649,11 @@ export class SandboxLifecycle extends Construct {
       }),
       // The warm pool (issue 27, docs/WARM_POOL.md "ECS calls"), only with it on: the pool
       // table's calls of crates/aws/src/pool_table.rs (claim: GetItem of the token, Query
-      // by_idle, TransactWriteItems = UpdateItem + PutItem, authorized per item action;
-      // refill: PutItem, the lease's UpdateItem; recycle: UpdateItem; reconcile: DeleteItem;
+      // by_idle, TransactWriteItems = UpdateItem + PutItem, authorized per item action, plus
+      // the lock's ConditionCheckItem on the registry record, granted by the registry
+      // statement; refill: PutItem of a launch, TransactWriteItems = PutItem + DeleteItem,
+      // the lease's UpdateItem; recycle: UpdateItem; reconcile: Query by_pool, DeleteItem,
+      // UpdateItem, the backstop cursor's GetItem/PutItem;
       // find: Query by_environment; describe: BatchGetItem). Members start, are described,
       // listed and stopped with the statements above (same task definition and cluster).
       ...(this.poolTable
