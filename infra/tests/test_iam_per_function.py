@@ -153,8 +153,8 @@ FUNCTIONS = {
         },
         # The pool (docs/WARM_POOL.md "ECS calls"): claim (token GetItem, Query by_idle,
         # DescribeTasks, TransactWriteItems, TagResource), refill (RunTask, member PutItem,
-        # lease UpdateItem), recycle (UpdateItem, StopTask), reconcile (ListTasks,
-        # DescribeTasks, DeleteItem, StopTask), find (ListTasks, Query by_environment),
+        # lease UpdateItem), recycle (UpdateItem, StopTask), reconcile (Query by_pool,
+        # DescribeTasks, DeleteItem, StopTask, the backstop's ListTasks page and cursor), find (ListTasks, Query by_environment),
         # describe resolution of an untagged claimed member (BatchGetItem).
         "pool": {
             ("pool_table.rs", op)
@@ -168,8 +168,9 @@ FUNCTIONS = {
                 "transact_write_items",
             )
         }
-        # The pool's reads and stops go through EcsCompute's (ecs_compute.rs, above).
-        | {("ecs_pool.rs", op) for op in ("run_task", "tag_resource")},
+        # The pool's reads and stops go through EcsCompute's (ecs_compute.rs, above), but
+        # for the reconcile's one backstop ListTasks page (maxResults, nextToken).
+        | {("ecs_pool.rs", op) for op in ("run_task", "tag_resource", "list_tasks")},
         "extra": EVENT_SOURCE,
     },
     "sweeper": {

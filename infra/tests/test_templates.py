@@ -948,8 +948,8 @@ def test_the_task_role_trusts_only_ecs_tasks_of_this_account(any_cfn, any_pool_c
 
 def test_the_pool_table_matches_the_adapter_schema(any_pool_cfn):
     """docs/WARM_POOL.md "The pool table": on demand, key pk (S) only, sparse GSIs by_idle
-    (idle_deployment S / created_at N) and by_environment (claimed_environment S), both
-    projecting ALL, TTL on expires_at; encrypted and recoverable like the registry."""
+    (idle_deployment S / created_at N), by_pool (pool_deployment S / created_at N) and
+    by_environment (claimed_environment S), all projecting ALL, TTL on expires_at; encrypted and recoverable like the registry."""
     cfn = any_pool_cfn
     tables = resources(cfn, "AWS::DynamoDB::Table")
     assert len(tables) == 2
@@ -959,11 +959,21 @@ def test_the_pool_table_matches_the_adapter_schema(any_pool_cfn):
     assert props["BillingMode"] == "PAY_PER_REQUEST"
     assert props["KeySchema"] == [{"AttributeName": "pk", "KeyType": "HASH"}]
     attributes = {(a["AttributeName"], a["AttributeType"]) for a in props["AttributeDefinitions"]}
-    assert attributes == {("pk", "S"), ("idle_deployment", "S"), ("created_at", "N"), ("claimed_environment", "S")}
+    assert attributes == {
+        ("pk", "S"),
+        ("idle_deployment", "S"),
+        ("created_at", "N"),
+        ("claimed_environment", "S"),
+        ("pool_deployment", "S"),
+    }
     gsis = {g["IndexName"]: g for g in props["GlobalSecondaryIndexes"]}
-    assert set(gsis) == {"by_idle", "by_environment"}
+    assert set(gsis) == {"by_idle", "by_pool", "by_environment"}
     assert gsis["by_idle"]["KeySchema"] == [
         {"AttributeName": "idle_deployment", "KeyType": "HASH"},
+        {"AttributeName": "created_at", "KeyType": "RANGE"},
+    ]
+    assert gsis["by_pool"]["KeySchema"] == [
+        {"AttributeName": "pool_deployment", "KeyType": "HASH"},
         {"AttributeName": "created_at", "KeyType": "RANGE"},
     ]
     assert gsis["by_environment"]["KeySchema"] == [{"AttributeName": "claimed_environment", "KeyType": "HASH"}]

@@ -174,6 +174,35 @@ const RECEIPT_PREFIX: &str = "receipt#";
 /// How long [`create_table`] waits for the table to become `ACTIVE`.
 const CREATE_WAIT: Duration = Duration::from_secs(120);
 
+/// The fence of `fence` as a `ConditionCheck` on its record item in the registry table
+/// `table` (key `pk` = the effect key, `sk` = `record`): `lock_owner = :lock_owner AND
+/// lock_until >= :now` (`now`, Unix seconds), i.e. the lock is still `fence.owner`'s. For
+/// transactions that write other items — of this table or another one, as the warm pool's
+/// claim (`crate::pool_table`) — only while the worker holds the environment's lock
+/// (DynamoDB API Reference, TransactWriteItems: "ConditionCheck — Applies a condition to
+/// an item that is not being modified by the transaction").
+///
+/// # Errors
+/// A permanent [`PortError`] when the request cannot be built.
+pub(crate) fn fence_condition_check(
+    table: &str,
+    fence: &Fence,
+    now: u64,
+    op: &'static str,
+) -> Result<ConditionCheck, PortError> {
+    ConditionCheck::builder()
+        .table_name(table)
+        .key(PK, s(fence.key.as_str()))
+        .key(SK, s(SK_RECORD))
+        .condition_expression("#lock_owner = :lock_owner AND #lock_until >= :now")
+        .expression_attribute_names("#lock_owner", "lock_owner")
+        .expression_attribute_names("#lock_until", "lock_until")
+        .expression_attribute_values(":lock_owner", s(fence.owner.as_str()))
+        .expression_attribute_values(":now", n(now))
+        .build()
+        .map_err(|e| PortError::permanent(DEP, op, format!("fence check could not be built: {e}")))
+}
+
 /// The registry on DynamoDB. Cheap to clone (clones share the client and the sort-key
 /// sequence).
 #[derive(Clone, Debug)]
@@ -768,19 +797,7 @@ impl DynamoRegistry {
         now: u64,
         op: &'static str,
     ) -> Result<ConditionCheck, PortError> {
-        ConditionCheck::builder()
-            .table_name(self.table.as_ref())
-            .key(PK, s(fence.key.as_str()))
-            .key(SK, s(SK_RECORD))
-            .condition_expression("#lock_owner = :lock_owner AND #lock_until >= :now")
-            .expression_attribute_names("#lock_owner", "lock_owner")
-            .expression_attribute_names("#lock_until", "lock_until")
-            .expression_attribute_values(":lock_owner", s(fence.owner.as_str()))
-            .expression_attribute_values(":now", n(now))
-            .build()
-            .map_err(|e| {
-                PortError::permanent(DEP, op, format!("fence check could not be built: {e}"))
-            })
+        fence_condition_check(&self.table, fence, now, op)
     }
 
     /// Runs one slot transaction: `None` when it was written, `Some(failed)` with the

@@ -820,7 +820,21 @@ impl Compute for EcsCompute {
         created_after: u64,
         not_after: u64,
     ) -> Result<Option<Started>, PortError> {
-        self.pool_claim(spec, deployment, created_after, not_after)
+        self.pool_claim(spec, deployment, created_after, not_after, None)
+            .await
+    }
+
+    /// Issue 27: see [`crate::ecs_pool`]; with [`EcsCompute::with_claim_fence`] the claim's
+    /// transaction is conditioned on the environment's lock.
+    async fn claim_pool_member_fenced(
+        &self,
+        spec: &StartSpec,
+        deployment: &DeploymentId,
+        created_after: u64,
+        not_after: u64,
+        fence: &sandbox_controller::ports::Fence,
+    ) -> Result<Option<Started>, PortError> {
+        self.pool_claim(spec, deployment, created_after, not_after, Some(fence))
             .await
     }
 

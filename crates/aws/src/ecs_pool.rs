@@ -6,26 +6,30 @@
 //! defaults: [`Compute::start_pool_member`](sandbox_controller::ports::Compute::start_pool_member)
 //! refuses, the pool lists empty, claims miss, a recycle is a stop, nothing is reconciled.
 //!
-//! - **Start a member**: `RunTask` with the cluster, task definition, launch type and
-//!   network of a cold start, `startedBy` = [`pool_started_by`] (35 characters, per
-//!   deployment, distinct from every
-//!   [`environment_started_by`](sandbox_core::ids::environment_started_by)), a fresh
-//!   `clientToken` (so the SDK's own retries of one request start one task; ECS API
-//!   reference, RunTask `clientToken`), a container override on the configured (forwarder)
-//!   container with only [`ENV_POOL_TABLE_NAME`] and [`ENV_POOL_MAX_WAIT_SECS`] (the max
-//!   age plus [`POOL_WAIT_GRACE_SECS`], seconds) — no `REMOTE_URL`, no `ENVIRONMENT_ID` —, the tags
-//!   `sandbox:deployment`, [`TAG_POOL`] = [`POOL_MEMBER`], [`TAG_POOL_ROLE`] = the task
-//!   role's unique id, `propagateTags` `TASK_DEFINITION` and `enableECSManagedTags`; then
-//!   the member item's `PutItem` (`attribute_not_exists(pk)`). A worker killed between the
-//!   two leaves a pool task no item names: the next reconcile stops it once it is older
-//!   than [`ORPHAN_AGE_SECS`].
+//! - **Start a member**: first the launch item (`PutItem` `launch#<deployment>#<client
+//!   token>`, in the refill's partition `by_pool`), then `RunTask` with the cluster, task
+//!   definition, launch type and network of a cold start, `startedBy` = [`pool_started_by`]
+//!   (35 characters, per deployment, distinct from every
+//!   [`environment_started_by`](sandbox_core::ids::environment_started_by)), that fresh
+//!   `clientToken` (ECS API reference, RunTask `clientToken`), a container override on the
+//!   configured (forwarder) container with only [`ENV_POOL_TABLE_NAME`] and
+//!   [`ENV_POOL_MAX_WAIT_SECS`] (the max age plus [`POOL_WAIT_GRACE_SECS`], seconds) — no
+//!   `REMOTE_URL`, no `ENVIRONMENT_ID` —, the tags `sandbox:deployment`, [`TAG_POOL`] =
+//!   [`POOL_MEMBER`], [`TAG_POOL_ROLE`] = the task role's unique id, `propagateTags`
+//!   `TASK_DEFINITION` and `enableECSManagedTags`; then one `TransactWriteItems` puts the
+//!   member item and deletes the launch. A worker killed between the `RunTask` and the
+//!   record leaves the launch item: the next reconcile sends the same `RunTask` again (same
+//!   `clientToken`, same request: ECS returns the same task for 24 h, "Ensuring
+//!   idempotency", ECS API reference) and records it.
 //! - **Claim**: the token item (consistent `GetItem`: a replay returns the token's member
 //!   and re-tags it if its tags are missing); with
 //!   [`REPLAY_ONLY`] nothing else. Otherwise `Query` `by_idle` (`created_at > bound`, oldest
 //!   first, at most [`CLAIM_CANDIDATES`]), one `DescribeTasks` of those candidates (only
 //!   claimable ones — `lastStatus` `RUNNING`, `desiredStatus` not `STOPPED`, the configured
 //!   task definition revision ([`is_current_revision`]) — are tried), up to
-//!   [`CLAIM_ATTEMPTS`] `TransactWriteItems` (member idle → assigned + token put; the
+//!   [`CLAIM_ATTEMPTS`] `TransactWriteItems` (member idle → assigned + token put, and with
+//!   [`EcsCompute::with_claim_fence`] a `ConditionCheck` that the environment's registry
+//!   record is still locked by the claiming worker; the
 //!   `CancellationReasons` in request order say whether the member was taken — try the
 //!   next — or the token exists — replay it), then `TagResource` with exactly
 //!   `sandbox:environment`, `sandbox:session` and `sandbox:generation` (the keys the
@@ -34,21 +38,25 @@
 //!   caller keeps its lock unclean, and the next holder's replay-only claim re-tags it).
 //! - **Recycle**: `UpdateItem` idle → recycled (`#state = :idle`), then `StopTask` with
 //!   reason [`RECYCLE_REASON`]; `Ok(false)` when the condition failed (claimed since).
-//! - **Reconcile**: `ListTasks` with the cluster and `startedBy` = [`pool_started_by`]
-//!   only ("When you specify `startedBy` as the filter, it must be the only filter that
-//!   you use", ECS API reference, ListTasks; `desiredStatus` is then its default,
-//!   `RUNNING`), every page, `DescribeTasks` per 100, one `BatchGetItem` per 100 member
-//!   keys (`sandbox:pool-role` tag + `:` + task id): a live pool task no unexpired item
-//!   names, that carries no `sandbox:environment` tag (a task with an environment is that
-//!   environment's: only the sweep stops it) and is older than [`ORPHAN_AGE_SECS`] (by its
-//!   `createdAt`, against the pool clock) is stopped ([`ORPHAN_REASON`]); a recycled
-//!   member still live is stopped ([`RECYCLE_REASON`]); an idle member of an older task
-//!   definition revision is recycled first (guarded idle → recycled, then `StopTask`
-//!   [`STALE_REVISION_REASON`]), so no claim hands it out. Then the idle items (`Query` `by_idle`, every page) whose task
-//!   was not listed are described: a task `STOPPED`, or unknown to ECS (`MISSING`) and
-//!   created more than [`ORPHAN_AGE_SECS`] ago, drops its item (`DeleteItem`, `#state =
-//!   :idle`). Anything uncertain (a task not visible yet, one being stopped) is left for
-//!   the next refill.
+//! - **Reconcile** (from the table, not from ECS): `Query` `by_pool` (every page: the
+//!   launches not recorded yet, the idle members, the recycled members whose stop is not
+//!   yet seen — never a claimed member, which is its environment's and the sweep's), so its
+//!   calls do not grow with the members the pool handed out. A launch is replayed (its
+//!   `RunTask` again, then the record) or, older than the maximum age or refused, dropped.
+//!   One `DescribeTasks` per 100 members: a recycled member still live is stopped
+//!   ([`RECYCLE_REASON`]) and, once its task is seen stopped, leaves the partition; an idle
+//!   member whose task is `STOPPED`, or unknown to ECS (`MISSING`) and created more than
+//!   [`ORPHAN_AGE_SECS`] ago, drops its item (`DeleteItem`, `#state = :idle`); an idle
+//!   member of an older task definition revision is recycled first (guarded idle →
+//!   recycled, then `StopTask` [`STALE_REVISION_REASON`]), so no claim hands it out. Then
+//!   the backstop, rare and bounded: one `ListTasks` page ([`BACKSTOP_PAGE`]) by the pool's
+//!   `startedBy` per reconcile, from a cursor kept in the table, the listing walked a page a
+//!   refill; of its tasks those the partition does not name are looked up by member key
+//!   (`BatchGetItem`), and only those without an item are described: a live one without a
+//!   `sandbox:environment` tag (a task with an environment is only the sweep's), older
+//!   than [`ORPHAN_AGE_SECS`] (its `createdAt` against the pool clock), is stopped
+//!   ([`ORPHAN_REASON`]). Anything uncertain (a task not visible yet, one being stopped) is
+//!   left for the next refill.
 //! - **describe, list, find** (in [`crate::ecs_compute`]): a task tagged [`TAG_POOL`]
 //!   without `sandbox:environment` is resolved from its member item: assigned → an
 //!   instance of that environment, session and generation; idle or recycled → not an
@@ -70,8 +78,12 @@ use crate::ecs_compute::{
     EcsCompute, TAG_DEPLOYMENT, TAG_ENVIRONMENT, TAG_GENERATION, TAG_SESSION, check_tag_value,
     exit_detail, run_task_failures, started_at, stop_code, tag, tag_value,
 };
-use crate::pool_table::{ClaimWrite, MemberItem, MemberState, PoolTable, TokenItem, member_pk};
+use crate::pool_table::{
+    ClaimWrite, LaunchItem, MemberItem, MemberState, PoolItem, PoolTable, TokenItem, launch_pk,
+    member_pk,
+};
 use crate::sdk_error::port_error;
+use aws_sdk_ecs::operation::run_task::RunTaskError;
 use aws_sdk_ecs::types::{
     ContainerOverride, KeyValuePair, LaunchType, PropagateTags, Task, TaskOverride,
 };
@@ -85,7 +97,7 @@ pub use sandbox_core::ids::pool_started_by;
 use sandbox_core::ids::{
     DeploymentId, EnvironmentId, Generation, InstanceId, SessionId, digest_hex32,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -120,6 +132,9 @@ pub const ORPHAN_AGE_SECS: u64 = 120;
 pub const CLAIM_CANDIDATES: i32 = 10;
 /// Claim transactions a claim tries at most.
 pub const CLAIM_ATTEMPTS: usize = 3;
+/// `maxResults` of the reconcile's one backstop `ListTasks` page (the ECS maximum, 100;
+/// ECS API Reference, ListTasks).
+pub const BACKSTOP_PAGE: i32 = 100;
 
 /// The warm pool's settings for [`EcsCompute::with_pool`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -164,6 +179,9 @@ impl PoolClock {
 pub(crate) struct Pool {
     pub(crate) table: PoolTable,
     pub(crate) config: PoolConfig,
+    /// The registry table whose record lock fences a claim
+    /// ([`EcsCompute::with_claim_fence`]).
+    pub(crate) fence_table: Option<Arc<str>>,
 }
 
 /// A fresh `RunTask` `clientToken` for a member: `pool-` and 32 hex digits (37 characters
@@ -280,7 +298,29 @@ impl EcsCompute {
             config.max_age_secs,
             config.history_retention_secs,
         );
-        self.pool = Some(Arc::new(Pool { table, config }));
+        self.pool = Some(Arc::new(Pool {
+            table,
+            config,
+            fence_table: None,
+        }));
+        self
+    }
+
+    /// Fences every claim made under a lock
+    /// ([`Compute::claim_pool_member_fenced`](sandbox_controller::ports::Compute::claim_pool_member_fenced))
+    /// with that lock: the claim's `TransactWriteItems` gets a `ConditionCheck` on the
+    /// environment's record item in the registry table `registry_table` (`lock_owner` = the
+    /// fence's owner, `lock_until` ≥ now), so a worker whose lock expired and passed to
+    /// another holder claims nothing. Without the pool: nothing. Makes no call.
+    #[must_use]
+    pub fn with_claim_fence(mut self, registry_table: &str) -> Self {
+        if let Some(pool) = self.pool.take() {
+            self.pool = Some(Arc::new(Pool {
+                table: pool.table.clone(),
+                config: pool.config.clone(),
+                fence_table: Some(registry_table.into()),
+            }));
+        }
         self
     }
 
@@ -452,6 +492,70 @@ impl EcsCompute {
                 "PoolConfig.task_role_id is empty",
             ));
         }
+        self.network(op)?;
+        let now = self.clock.now();
+        check_deadline(DEP, op, now, not_after)?;
+        let client_token = fresh_client_token(deployment);
+        pool.table
+            .put_launch(deployment, &client_token, now)
+            .await?;
+        let launch = LaunchItem {
+            pk: launch_pk(deployment, &client_token),
+            client_token,
+            created_at: now,
+        };
+        let run = match self
+            .run_member(pool, deployment, &launch.client_token, op)
+            .await
+        {
+            Err(e) if !e.retryable => {
+                pool.table.delete_launch(&launch.pk).await?;
+                return Err(e);
+            }
+            other => other?,
+        };
+        let arn = match run {
+            MemberRun::Task(arn) => arn,
+            MemberRun::Refused(why) => {
+                pool.table.delete_launch(&launch.pk).await?;
+                return Err(PortError::transient(
+                    DEP,
+                    op,
+                    format!("RunTask started no pool member: {why}"),
+                ));
+            }
+        };
+        if let Err(e) = self.record_run(pool, deployment, &arn, &launch, op).await {
+            tracing::warn!(task = %arn, error = %e,
+                "pool member started but not recorded: the next reconcile replays its RunTask");
+            return Err(e);
+        }
+        tracing::info!(task = %arn, "pool member started");
+        Ok(PoolMember {
+            instance_id: InstanceId::new(arn),
+            created_at: now,
+        })
+    }
+
+    /// The member's `RunTask` with `client_token` (the request of the module docs, the same
+    /// for a launch and its replay, so ECS answers a replay with the task the token
+    /// started: "If you retry a request that completed successfully using the same client
+    /// token and the same parameters, the retry succeeds without performing any further
+    /// actions", ECS API Reference, "Ensuring idempotency"). A `ConflictException` (the
+    /// same token with other parameters, e.g. after a deploy) names the task the token
+    /// started in its `resourceIds`: that task.
+    ///
+    /// # Errors
+    /// The call's failure ([`port_error`]: throttling, 5xx and no answer are transient —
+    /// outcome unknown —, a refused request permanent).
+    async fn run_member(
+        &self,
+        pool: &Pool,
+        deployment: &DeploymentId,
+        client_token: &str,
+        op: &'static str,
+    ) -> Result<MemberRun, PortError> {
+        let role = pool.config.task_role_id.as_str();
         let network = self.network(op)?;
         let max_wait = pool
             .config
@@ -477,9 +581,7 @@ impl EcsCompute {
                     .build(),
             )
             .build();
-        let now = self.clock.now();
-        check_deadline(DEP, op, now, not_after)?;
-        let out = self
+        let res = self
             .client
             .run_task()
             .cluster(&self.config().cluster)
@@ -487,7 +589,7 @@ impl EcsCompute {
             .launch_type(LaunchType::Fargate)
             .count(1)
             .started_by(pool_started_by(deployment))
-            .client_token(fresh_client_token(deployment))
+            .client_token(client_token)
             .network_configuration(network)
             .overrides(overrides)
             .tags(tag(TAG_DEPLOYMENT, deployment.as_str()))
@@ -496,18 +598,34 @@ impl EcsCompute {
             .propagate_tags(PropagateTags::TaskDefinition)
             .enable_ecs_managed_tags(true)
             .send()
-            .await
-            .map_err(|e| port_error(DEP, op, &e))?;
-        let Some(arn) = out.tasks().iter().find_map(|t| t.task_arn()) else {
-            return Err(PortError::transient(
-                DEP,
-                op,
-                format!(
-                    "RunTask started no pool member: {}",
-                    run_task_failures(&out)
-                ),
-            ));
+            .await;
+        let out = match res {
+            Ok(out) => out,
+            Err(e) => {
+                if let Some(RunTaskError::ConflictException(c)) = e.as_service_error()
+                    && let Some(arn) = c.resource_ids().iter().find(|id| id.contains(":task/"))
+                {
+                    return Ok(MemberRun::Task(arn.clone()));
+                }
+                return Err(port_error(DEP, op, &e));
+            }
         };
+        Ok(match out.tasks().iter().find_map(|t| t.task_arn()) {
+            Some(arn) => MemberRun::Task(arn.to_owned()),
+            None => MemberRun::Refused(run_task_failures(&out)),
+        })
+    }
+
+    /// Records the task `arn` that `launch` started as an idle member
+    /// ([`PoolTable::record_member`]: the member item and the launch's deletion together).
+    async fn record_run(
+        &self,
+        pool: &Pool,
+        deployment: &DeploymentId,
+        arn: &str,
+        launch: &LaunchItem,
+        op: &'static str,
+    ) -> Result<(), PortError> {
         let id = task_id(arn).ok_or_else(|| {
             PortError::permanent(
                 DEP,
@@ -515,20 +633,15 @@ impl EcsCompute {
                 format!("RunTask answered a task ARN without an id: {arn}"),
             )
         })?;
-        if let Err(e) = pool
-            .table
-            .put_member(&member_pk(role, id), deployment, arn, now)
-            .await
-        {
-            tracing::warn!(task = %arn, error = %e,
-                "pool member started but its item was not written: the next reconcile stops it");
-            return Err(e);
-        }
-        tracing::info!(task = %arn, "pool member started");
-        Ok(PoolMember {
-            instance_id: InstanceId::new(arn),
-            created_at: now,
-        })
+        pool.table
+            .record_member(
+                &member_pk(&pool.config.task_role_id, id),
+                deployment,
+                arn,
+                launch,
+            )
+            .await?;
+        Ok(())
     }
 
     /// [`Compute::list_pool`](sandbox_controller::ports::Compute::list_pool): `Query`
@@ -629,11 +742,13 @@ impl EcsCompute {
         deployment: &DeploymentId,
         created_after: u64,
         not_after: u64,
+        fence: Option<&sandbox_controller::ports::Fence>,
     ) -> Result<Option<Started>, PortError> {
         let op = "claim_pool_member";
         let Some(pool) = self.pool.as_deref() else {
             return Ok(None);
         };
+        let lock = pool.fence_table.as_deref().zip(fence);
         check_tag_value(op, TAG_ENVIRONMENT, spec.environment_id.as_str())?;
         check_tag_value(op, TAG_SESSION, spec.session_id.as_str())?;
         let now = self.clock.now();
@@ -668,7 +783,7 @@ impl EcsCompute {
             check_deadline(DEP, op, self.clock.now(), not_after)?;
             match pool
                 .table
-                .claim(member, deployment, created_after, spec, now)
+                .claim(member, deployment, created_after, spec, now, lock)
                 .await?
             {
                 ClaimWrite::Claimed => {
@@ -688,6 +803,16 @@ impl EcsCompute {
                         &spec.session_id,
                         spec.generation,
                     ))));
+                }
+                ClaimWrite::LockLost => {
+                    return Err(PortError::transient(
+                        DEP,
+                        op,
+                        format!(
+                            "the lock of {} is no longer this worker's: nothing claimed",
+                            spec.environment_id
+                        ),
+                    ));
                 }
                 ClaimWrite::MemberTaken | ClaimWrite::Conflict => {
                     tracing::debug!(member = %member.pk, "pool member taken meanwhile: trying the next");
@@ -771,7 +896,13 @@ impl EcsCompute {
     }
 
     /// [`Compute::reconcile_pool`](sandbox_controller::ports::Compute::reconcile_pool) (see
-    /// the module docs). Without the pool: nothing.
+    /// the module docs): from the refill's partition of the pool table, then one page of
+    /// the [`Self::pool_backstop`]. Its calls do not depend on how many members were
+    /// claimed: `Query` `by_pool` (launches, idle and recycled members only),
+    /// `DescribeTasks` of its members (≤ 100 each), one backstop page, and a call per item
+    /// repaired or ended. Returns how many were repaired (a launch's `RunTask` replayed and
+    /// recorded) or ended (a member or an orphan stopped, an item of a task that is gone
+    /// deleted). Without the pool: nothing.
     pub(crate) async fn pool_reconcile(
         &self,
         deployment: &DeploymentId,
@@ -783,97 +914,238 @@ impl EcsCompute {
         };
         let now = self.clock.now();
         check_deadline(DEP, op, now, not_after)?;
-        let arns = self
-            .list_arns(Some(&pool_started_by(deployment)), op)
-            .await?;
-        let tasks = self.describe_pool(&arns, op).await?;
-        let ours: Vec<(&String, &Task)> = tasks
-            .iter()
-            .filter(|(_, t)| tag_value(t, TAG_DEPLOYMENT) == Some(deployment.as_str()))
-            .collect();
-        let keys: Vec<String> = ours.iter().filter_map(|(_, t)| member_key_of(t)).collect();
-        let items = if keys.is_empty() {
+        let items = pool.table.pool_items(deployment, now).await?;
+        let mut done = 0;
+        let mut members = Vec::new();
+        for item in items {
+            match item {
+                PoolItem::Launch(launch) => {
+                    done += usize::from(
+                        self.replay_launch(pool, deployment, &launch, now, not_after)
+                            .await?,
+                    );
+                }
+                PoolItem::Member(member) => members.push(member),
+            }
+        }
+        let arns: Vec<String> = members.iter().map(|m| m.task_arn.clone()).collect();
+        let tasks = if arns.is_empty() {
             HashMap::new()
         } else {
-            pool.table.members(&keys, now, op).await?
+            self.describe_pool(&arns, op).await?
         };
-        let mut done = 0;
-        for (arn, task) in &ours {
-            if !is_live(task) {
-                continue;
-            }
-            let item = member_key_of(task)
-                .and_then(|k| items.get(&k))
-                .filter(|i| &i.task_arn == *arn);
-            match item {
-                // A task carrying an environment is that environment's, whatever its item
-                // says (expired, lost, not readable): only the sweep may stop it.
-                None if tag_value(task, TAG_ENVIRONMENT).is_some() => {}
-                None => {
-                    let Some(created) = created_at(task) else {
-                        continue;
-                    };
-                    if now.saturating_sub(created) > ORPHAN_AGE_SECS {
-                        tracing::warn!(task = %arn, age_secs = now.saturating_sub(created),
-                            "pool task without its member item: stopped");
-                        self.stop_task(arn, ORPHAN_REASON, not_after, op).await?;
-                        done += 1;
-                    }
-                }
-                Some(i) if i.state == MemberState::Recycled => {
-                    tracing::info!(task = %arn, "recycled pool member still live: stopped");
-                    self.stop_task(arn, RECYCLE_REASON, not_after, op).await?;
-                    done += 1;
-                }
-                Some(i)
-                    if i.state == MemberState::Idle
-                        && !is_current_revision(
-                            &self.config().task_definition,
-                            task.task_definition_arn(),
-                        ) =>
-                {
-                    check_deadline(DEP, op, self.clock.now(), not_after)?;
-                    if pool.table.recycle(&i.pk, now).await? {
-                        tracing::info!(task = %arn, task_definition = task.task_definition_arn(),
-                            "idle pool member of an older task definition revision: recycled");
-                        self.stop_task(arn, STALE_REVISION_REASON, not_after, op)
-                            .await?;
-                        done += 1;
-                    }
-                }
-                Some(_) => {}
-            }
-        }
-        let idle = pool.table.idle_members(deployment, 0, now, None).await?;
-        let unlisted: Vec<&MemberItem> = idle
-            .iter()
-            .filter(|m| !tasks.get(&m.task_arn).is_some_and(is_live))
-            .collect();
-        if unlisted.is_empty() {
-            return Ok(done);
-        }
-        let unlisted_arns: Vec<String> = unlisted.iter().map(|m| m.task_arn.clone()).collect();
-        let described = self.describe_pool(&unlisted_arns, op).await?;
-        for member in unlisted {
-            let gone = match described.get(&member.task_arn) {
-                Some(task) => {
-                    ComputeStatus::from_ecs_last_status(task.last_status().unwrap_or(""))
+        for member in &members {
+            let task = tasks.get(&member.task_arn);
+            let gone = match task {
+                Some(t) => {
+                    ComputeStatus::from_ecs_last_status(t.last_status().unwrap_or(""))
                         == ComputeStatus::Stopped
                 }
                 None => member.created_at.saturating_add(ORPHAN_AGE_SECS) < now,
             };
-            if !gone {
-                continue;
-            }
-            check_deadline(DEP, op, self.clock.now(), not_after)?;
-            if pool.table.delete_idle(&member.pk).await? {
-                tracing::info!(task = %member.task_arn, member = %member.pk,
-                    "idle pool item whose task is gone: deleted");
-                done += 1;
+            let live = task.is_some_and(is_live);
+            match member.state {
+                MemberState::Recycled if live => {
+                    tracing::info!(task = %member.task_arn, "recycled pool member still live: stopped");
+                    self.stop_task(&member.task_arn, RECYCLE_REASON, not_after, op)
+                        .await?;
+                    pool.table.forget_recycled(&member.pk).await?;
+                    done += 1;
+                }
+                // Stopped, being stopped, or long unknown to ECS: its stop is confirmed.
+                MemberState::Recycled if gone || task.is_some() => {
+                    pool.table.forget_recycled(&member.pk).await?;
+                }
+                MemberState::Idle if gone => {
+                    check_deadline(DEP, op, self.clock.now(), not_after)?;
+                    if pool.table.delete_idle(&member.pk).await? {
+                        tracing::info!(task = %member.task_arn, member = %member.pk,
+                            "idle pool item whose task is gone: deleted");
+                        done += 1;
+                    }
+                }
+                MemberState::Idle
+                    if live
+                        && !is_current_revision(
+                            &self.config().task_definition,
+                            task.and_then(Task::task_definition_arn),
+                        ) =>
+                {
+                    check_deadline(DEP, op, self.clock.now(), not_after)?;
+                    if pool.table.recycle(&member.pk, now).await? {
+                        tracing::info!(task = %member.task_arn,
+                            task_definition = task.and_then(Task::task_definition_arn),
+                            "idle pool member of an older task definition revision: recycled");
+                        self.stop_task(&member.task_arn, STALE_REVISION_REASON, not_after, op)
+                            .await?;
+                        pool.table.forget_recycled(&member.pk).await?;
+                        done += 1;
+                    }
+                }
+                // Uncertain (not visible yet, being stopped) or fine: the next refill looks
+                // again.
+                _ => {}
             }
         }
+        let known: HashSet<&str> = members.iter().map(|m| m.task_arn.as_str()).collect();
+        done += self
+            .pool_backstop(pool, deployment, &known, now, not_after)
+            .await?;
         Ok(done)
     }
+
+    /// A launch the reconcile found unrecorded (a worker died or was cut off between its
+    /// `PutItem` and the member's record): older than the maximum age, it is dropped (a
+    /// member it started would be past its age; such a task, live without an item, is the
+    /// backstop's orphan); otherwise its `RunTask` is sent again with the same
+    /// `clientToken` — ECS returns the task the token started (24 h), or starts it if the
+    /// first never arrived — and recorded. A refused `RunTask` drops the launch. `true`
+    /// when a member was recorded.
+    async fn replay_launch(
+        &self,
+        pool: &Pool,
+        deployment: &DeploymentId,
+        launch: &LaunchItem,
+        now: u64,
+        not_after: u64,
+    ) -> Result<bool, PortError> {
+        let op = "reconcile_pool";
+        if now.saturating_sub(launch.created_at) > pool.config.max_age_secs {
+            tracing::warn!(launch = %launch.pk, "pool launch older than the maximum age, never recorded: dropped");
+            pool.table.delete_launch(&launch.pk).await?;
+            return Ok(false);
+        }
+        check_deadline(DEP, op, self.clock.now(), not_after)?;
+        match self
+            .run_member(pool, deployment, &launch.client_token, op)
+            .await
+        {
+            Ok(MemberRun::Task(arn)) => {
+                self.record_run(pool, deployment, &arn, launch, op).await?;
+                tracing::info!(task = %arn, launch = %launch.pk,
+                    "pool launch replayed by its clientToken and recorded");
+                Ok(true)
+            }
+            Ok(MemberRun::Refused(why)) => {
+                tracing::warn!(launch = %launch.pk, why, "pool launch replay started no task: dropped");
+                pool.table.delete_launch(&launch.pk).await?;
+                Ok(false)
+            }
+            Err(e) if !e.retryable => {
+                tracing::warn!(launch = %launch.pk, error = %e, "pool launch replay refused: dropped");
+                pool.table.delete_launch(&launch.pk).await?;
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The backstop for pool tasks no item names (a launch dropped while its task ran, an
+    /// item lost): one `ListTasks` page of at most [`BACKSTOP_PAGE`] ARNs by the pool's
+    /// `startedBy` per reconcile, from the cursor kept in the pool table (`GetItem`, then
+    /// `PutItem` of the page's `nextToken`; an answer refusing the cursor starts over), so
+    /// the whole listing — claimed members keep the pool's `startedBy` — is walked one page
+    /// a refill, never all at once. Of the page, the tasks not in the refill's partition
+    /// (`known`) are looked up by member key (`BatchGetItem`: a claimed member has its
+    /// item); only those without an item are described (`DescribeTasks`), and a live one of
+    /// this deployment without a `sandbox:environment` tag (a task with an environment is
+    /// only the sweep's), keyed with the configured task role and older than
+    /// [`ORPHAN_AGE_SECS`] is stopped ([`ORPHAN_REASON`]).
+    async fn pool_backstop(
+        &self,
+        pool: &Pool,
+        deployment: &DeploymentId,
+        known: &HashSet<&str>,
+        now: u64,
+        not_after: u64,
+    ) -> Result<usize, PortError> {
+        let op = "reconcile_pool";
+        let started_by = pool_started_by(deployment);
+        let cursor = pool.table.backstop_cursor(deployment, now).await?;
+        let (arns, next) = match self.list_page(&started_by, cursor.as_deref(), op).await {
+            Ok(page) => page,
+            Err(e) if cursor.is_some() && !e.retryable => {
+                tracing::info!(error = %e, "pool backstop cursor refused: starting over");
+                self.list_page(&started_by, None, op).await?
+            }
+            Err(e) => return Err(e),
+        };
+        pool.table
+            .set_backstop_cursor(deployment, next.as_deref(), now)
+            .await?;
+        let role = pool.config.task_role_id.as_str();
+        let unknown: Vec<(String, &String)> = arns
+            .iter()
+            .filter(|arn| !known.contains(arn.as_str()))
+            .filter_map(|arn| Some((member_pk(role, task_id(arn)?), arn)))
+            .collect();
+        if unknown.is_empty() {
+            return Ok(0);
+        }
+        let keys: Vec<String> = unknown.iter().map(|(k, _)| k.clone()).collect();
+        let items = pool.table.members(&keys, now, op).await?;
+        let without: Vec<String> = unknown
+            .iter()
+            .filter(|(k, arn)| items.get(k).is_none_or(|i| &i.task_arn != *arn))
+            .map(|(_, arn)| (*arn).clone())
+            .collect();
+        if without.is_empty() {
+            return Ok(0);
+        }
+        let tasks = self.describe_pool(&without, op).await?;
+        let mut stopped = 0;
+        for (arn, task) in &tasks {
+            let orphan = is_live(task)
+                && is_pool_task(task)
+                && tag_value(task, TAG_DEPLOYMENT) == Some(deployment.as_str())
+                && tag_value(task, TAG_ENVIRONMENT).is_none()
+                && member_key_of(task).is_some_and(|k| keys.contains(&k));
+            let Some(created) = created_at(task).filter(|_| orphan) else {
+                continue;
+            };
+            if now.saturating_sub(created) > ORPHAN_AGE_SECS {
+                tracing::warn!(task = %arn, age_secs = now.saturating_sub(created),
+                    "pool task without its member item: stopped");
+                self.stop_task(arn, ORPHAN_REASON, not_after, op).await?;
+                stopped += 1;
+            }
+        }
+        Ok(stopped)
+    }
+
+    /// One `ListTasks` page: the cluster, `startedBy` (the only filter: "When you specify
+    /// `startedBy` as the filter, it must be the only filter that you use", ECS API
+    /// Reference, ListTasks; `desiredStatus` is then its default, `RUNNING`), `maxResults`
+    /// [`BACKSTOP_PAGE`] and `nextToken` when given. Returns the ARNs and the next token.
+    async fn list_page(
+        &self,
+        started_by: &str,
+        next_token: Option<&str>,
+        op: &'static str,
+    ) -> Result<(Vec<String>, Option<String>), PortError> {
+        let out = self
+            .client
+            .list_tasks()
+            .cluster(&self.config().cluster)
+            .started_by(started_by)
+            .max_results(BACKSTOP_PAGE)
+            .set_next_token(next_token.map(str::to_owned))
+            .send()
+            .await
+            .map_err(|e| port_error(DEP, op, &e))?;
+        Ok((
+            out.task_arns().to_vec(),
+            out.next_token().map(str::to_owned),
+        ))
+    }
+}
+
+/// What a member's `RunTask` answered.
+enum MemberRun {
+    /// The task the token started (new, or returned again for the same `clientToken`).
+    Task(String),
+    /// No task: the answer's `failures` (capacity, ENI limits, ...).
+    Refused(String),
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 //! | partition key | `pk` (S), no sort key |
 //! | billing | on-demand (`PAY_PER_REQUEST`) |
 //! | global secondary index | `by_idle`: partition key `idle_deployment` (S), sort key `created_at` (N), projection `ALL` |
+//! | global secondary index | `by_pool`: partition key `pool_deployment` (S), sort key `created_at` (N), projection `ALL` |
 //! | global secondary index | `by_environment`: partition key `claimed_environment` (S), projection `ALL` |
 //! | time to live | attribute `expires_at` (N, Unix seconds) |
 //!
@@ -19,7 +20,9 @@
 //!
 //! | item | `pk` | attributes |
 //! |---|---|---|
-//! | member | `<task role id>:<task id>` ([`member_pk`]: the task's own `aws:userid`) | `deployment`, `task_arn`, `created_at`, `state` (`idle` \| `assigned` \| `recycled`), `idle_deployment` (= `deployment`, only while idle), once claimed `environment_id`, `session_id`, `remote_url`, `generation`, `idempotency_token`, `assigned_at`, `claimed_environment` (`<deployment>#<environment id>`); `expires_at` (absent while claimed and running) |
+//! | member | `<task role id>:<task id>` ([`member_pk`]: the task's own `aws:userid`) | `deployment`, `task_arn`, `client_token`, `created_at`, `state` (`idle` \| `assigned` \| `recycled`), `idle_deployment` (= `deployment`, only while idle), `pool_deployment` (see below), once claimed `environment_id`, `session_id`, `remote_url`, `generation`, `idempotency_token`, `assigned_at`, `claimed_environment` (`<deployment>#<environment id>`); `expires_at` (absent while claimed and running) |
+//! | launch | `launch#<deployment>#<client token>` ([`launch_pk`]) | `deployment`, `client_token`, `created_at`, `state` = `launching`, `pool_deployment`, `expires_at` = `created_at` + 1 day: written before a member's `RunTask`, deleted with the member's record |
+//! | backstop cursor | `backstop#<deployment>` ([`backstop_pk`]) | `next_token` (the reconcile's next `ListTasks` page), `expires_at` |
 //! | token | `token#<deployment>#<idempotency token>` | `task_arn`, `member_pk`, `environment_id`, `session_id`, `generation`, `expires_at` = claim + 24 h |
 //! | refill lease | `refill#<deployment>` | `holder`, `lease_until`, `expires_at` = `lease_until` + 1 day |
 //!
@@ -27,7 +30,9 @@
 //! (a claimed item never expires while its task may run), the stop + the history retention
 //! once its environment stopped it, the recycle time + 1 day once recycled. Both
 //! indexes are sparse: `idle_deployment` exists only while a member is idle (the claim and
-//! the recycle `REMOVE` it), `claimed_environment` only once it is claimed.
+//! the recycle `REMOVE` it), `pool_deployment` on launches, idle members and recycled
+//! members until the reconcile sees their task stop (the claim `REMOVE`s it: no claimed
+//! member is ever in `by_pool`), `claimed_environment` only once it is claimed.
 //!
 //! # Rules
 //!
@@ -59,12 +64,12 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::DisplayErrorContext;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
+    AttributeDefinition, BillingMode, Delete, GlobalSecondaryIndex, KeySchemaElement, KeyType,
     KeysAndAttributes, Projection, ProjectionType, Put, ScalarAttributeType, TransactWriteItem,
     Update,
 };
 use backon::BackoffBuilder;
-use sandbox_controller::ports::PortError;
+use sandbox_controller::ports::{Fence, PortError};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation, SessionId};
 use std::collections::HashMap;
@@ -85,6 +90,14 @@ pub const IDLE_ATTR: &str = "idle_deployment";
 pub const ENVIRONMENT_INDEX: &str = "by_environment";
 /// Its partition key: `<deployment>#<environment id>`, present once a member is claimed.
 pub const CLAIMED_ATTR: &str = "claimed_environment";
+/// The sparse index of the refill's own items (docs/WARM_POOL.md "Refill"): hash
+/// [`POOL_ATTR`], range `created_at`. Launches, idle members and recycled members whose
+/// stop is not yet confirmed; never a claimed member, so a `Query` of it is as long as the
+/// pool, whatever the number of environments the pool served.
+pub const POOL_INDEX: &str = "by_pool";
+/// Its partition key: the deployment, present on a launch, an idle member and a recycled
+/// member until the reconcile saw its task stop; the claim removes it.
+pub const POOL_ATTR: &str = "pool_deployment";
 /// The member's creation time (N, Unix seconds), the range key of [`IDLE_INDEX`].
 pub const CREATED_ATTR: &str = "created_at";
 /// The TTL attribute (N, Unix seconds).
@@ -112,6 +125,9 @@ fn unprocessed_backoff() -> backon::ExponentialBuilder {
         .with_jitter()
 }
 const STATE_ATTR: &str = "state";
+/// The state of a launch item: written before its `RunTask`, deleted when the member is
+/// recorded.
+const LAUNCHING: &str = "launching";
 
 /// A member's state (`state`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,6 +206,27 @@ pub struct TokenItem {
     pub generation: Generation,
 }
 
+/// A launch item as read (unexpired): a member's `RunTask` about to be sent, or sent and
+/// not recorded yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchItem {
+    /// `launch#<deployment>#<client token>` ([`launch_pk`]).
+    pub pk: String,
+    /// The `RunTask` `clientToken`.
+    pub client_token: String,
+    /// When it was written, Unix seconds (the member's `created_at` once recorded).
+    pub created_at: u64,
+}
+
+/// An item of the refill's partition ([`POOL_INDEX`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolItem {
+    /// A launch not recorded yet.
+    Launch(LaunchItem),
+    /// An idle member, or a recycled one whose stop is not confirmed yet.
+    Member(MemberItem),
+}
+
 /// What a claim transaction did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClaimWrite {
@@ -204,6 +241,9 @@ pub enum ClaimWrite {
     /// Another transaction held the member this moment (`TransactionConflict`): nothing
     /// written.
     Conflict,
+    /// The environment's lock is no longer the claiming worker's (the fence's
+    /// `ConditionCheck` failed): nothing written.
+    LockLost,
 }
 
 /// The member key: `<task role id>:<task id>`, the task's own `aws:userid` (ECS assumes
@@ -221,6 +261,16 @@ pub fn token_pk(deployment: &DeploymentId, token: &str) -> String {
 /// The refill lease key: `refill#<deployment>`.
 pub fn lease_pk(deployment: &DeploymentId) -> String {
     format!("refill#{}", deployment.as_str())
+}
+
+/// The launch key of a member's `RunTask`: `launch#<deployment>#<client token>`.
+pub fn launch_pk(deployment: &DeploymentId, client_token: &str) -> String {
+    format!("launch#{}#{client_token}", deployment.as_str())
+}
+
+/// The key of the reconcile's `ListTasks` cursor: `backstop#<deployment>`.
+pub fn backstop_pk(deployment: &DeploymentId) -> String {
+    format!("backstop#{}", deployment.as_str())
 }
 
 /// The `by_environment` key: `<deployment>#<environment id>`.
@@ -326,6 +376,13 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), PortError>
         .projection(all())
         .build()
         .map_err(&build)?;
+    let refill = GlobalSecondaryIndex::builder()
+        .index_name(POOL_INDEX)
+        .key_schema(key(POOL_ATTR, KeyType::Hash)?)
+        .key_schema(key(CREATED_ATTR, KeyType::Range)?)
+        .projection(all())
+        .build()
+        .map_err(&build)?;
     let claimed = GlobalSecondaryIndex::builder()
         .index_name(ENVIRONMENT_INDEX)
         .key_schema(key(CLAIMED_ATTR, KeyType::Hash)?)
@@ -340,8 +397,10 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), PortError>
         .attribute_definitions(attr(IDLE_ATTR, ScalarAttributeType::S)?)
         .attribute_definitions(attr(CREATED_ATTR, ScalarAttributeType::N)?)
         .attribute_definitions(attr(CLAIMED_ATTR, ScalarAttributeType::S)?)
+        .attribute_definitions(attr(POOL_ATTR, ScalarAttributeType::S)?)
         .key_schema(key(PK, KeyType::Hash)?)
         .global_secondary_indexes(idle)
+        .global_secondary_indexes(refill)
         .global_secondary_indexes(claimed)
         .send()
         .await
@@ -376,41 +435,241 @@ impl PoolTable {
         }
     }
 
-    /// `PutItem` of a new idle member with `attribute_not_exists(pk)`: `expires_at` =
-    /// `created_at` + max age + 1 day. A `ConditionalCheckFailed` (the key exists: a task
-    /// id is unique, so never expected) is a permanent error.
-    pub(crate) async fn put_member(
+    /// `PutItem` of the launch item [`launch_pk`]`(deployment, client_token)` before its
+    /// `RunTask` (`attribute_not_exists(pk)`): `state` `launching`, `client_token`,
+    /// `created_at`, `pool_deployment` (so the reconcile finds it in [`POOL_INDEX`]) and
+    /// `expires_at` = `created_at` + 1 day (a `RunTask` `clientToken` is replayed for 24 h,
+    /// ECS API Reference, "Ensuring idempotency"). A `ConditionalCheckFailed` (a fresh
+    /// token is unique, so never expected) is a permanent error.
+    pub(crate) async fn put_launch(
         &self,
-        pk: &str,
         deployment: &DeploymentId,
-        task_arn: &str,
+        client_token: &str,
         created_at: u64,
     ) -> Result<(), PortError> {
         let op = "start_pool_member";
-        let expires_at = created_at
-            .saturating_add(self.max_age_secs)
-            .saturating_add(DAY_SECS);
+        let pk = launch_pk(deployment, client_token);
         self.ddb
             .put_item()
             .table_name(self.table.as_ref())
-            .item(PK, s(pk))
+            .item(PK, s(pk.as_str()))
             .item("deployment", s(deployment.as_str()))
-            .item("task_arn", s(task_arn))
+            .item("client_token", s(client_token))
             .item(CREATED_ATTR, n(created_at))
-            .item(STATE_ATTR, s(MemberState::Idle.as_str()))
-            .item(IDLE_ATTR, s(deployment.as_str()))
-            .item(TTL_ATTR, n(expires_at))
+            .item(STATE_ATTR, s(LAUNCHING))
+            .item(POOL_ATTR, s(deployment.as_str()))
+            .item(TTL_ATTR, n(created_at.saturating_add(DAY_SECS)))
             .condition_expression("attribute_not_exists(#pk)")
             .expression_attribute_names("#pk", PK)
             .send()
             .await
             .map_err(|e| {
                 if is_condition_failed(&e) {
-                    PortError::permanent(DEP, op, format!("member item {pk} exists already"))
+                    PortError::permanent(DEP, op, format!("launch item {pk} exists already"))
                 } else {
                     port_error(DEP, op, &e)
                 }
             })?;
+        Ok(())
+    }
+
+    /// Records the member `pk` that the launch `launch` started as `task_arn`: one
+    /// `TransactWriteItems` of a `Put` of the idle member (`attribute_not_exists(pk)`;
+    /// `deployment`, `task_arn`, `client_token`, `created_at` = the launch's, `state`
+    /// `idle`, `idle_deployment` and `pool_deployment` = the deployment, `expires_at` =
+    /// `created_at` + max age + 1 day) and a `Delete` of the launch item. When the member
+    /// exists already (a replay of the same `clientToken` recorded it first), only the
+    /// launch item is deleted (`DeleteItem`) and the answer is `false`.
+    ///
+    /// # Errors
+    /// Any other failure: the outcome is unknown (the launch item stays, and the next
+    /// reconcile replays its `RunTask`: ECS returns the same task).
+    pub(crate) async fn record_member(
+        &self,
+        pk: &str,
+        deployment: &DeploymentId,
+        task_arn: &str,
+        launch: &LaunchItem,
+    ) -> Result<bool, PortError> {
+        let op = "start_pool_member";
+        let build = build_error(op);
+        let expires_at = launch
+            .created_at
+            .saturating_add(self.max_age_secs)
+            .saturating_add(DAY_SECS);
+        let member = Put::builder()
+            .table_name(self.table.as_ref())
+            .item(PK, s(pk))
+            .item("deployment", s(deployment.as_str()))
+            .item("task_arn", s(task_arn))
+            .item("client_token", s(launch.client_token.as_str()))
+            .item(CREATED_ATTR, n(launch.created_at))
+            .item(STATE_ATTR, s(MemberState::Idle.as_str()))
+            .item(IDLE_ATTR, s(deployment.as_str()))
+            .item(POOL_ATTR, s(deployment.as_str()))
+            .item(TTL_ATTR, n(expires_at))
+            .condition_expression("attribute_not_exists(#pk)")
+            .expression_attribute_names("#pk", PK)
+            .build()
+            .map_err(&build)?;
+        let delete = Delete::builder()
+            .table_name(self.table.as_ref())
+            .key(PK, s(launch.pk.as_str()))
+            .build()
+            .map_err(&build)?;
+        let res = self
+            .ddb
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().put(member).build())
+            .transact_items(TransactWriteItem::builder().delete(delete).build())
+            .send()
+            .await;
+        let err = match res {
+            Ok(_) => return Ok(true),
+            Err(e) => e,
+        };
+        let recorded = matches!(
+            err.as_service_error(),
+            Some(TransactWriteItemsError::TransactionCanceledException(c))
+                if c.cancellation_reasons().first().and_then(|r| r.code())
+                    == Some("ConditionalCheckFailed")
+        );
+        if !recorded {
+            return Err(port_error(DEP, op, &err));
+        }
+        self.delete_launch(&launch.pk).await?;
+        Ok(false)
+    }
+
+    /// `DeleteItem` of the launch item `pk` (no condition: deleting an absent item is a
+    /// success).
+    pub(crate) async fn delete_launch(&self, pk: &str) -> Result<(), PortError> {
+        let op = "reconcile_pool";
+        self.ddb
+            .delete_item()
+            .table_name(self.table.as_ref())
+            .key(PK, s(pk))
+            .send()
+            .await
+            .map_err(|e| port_error(DEP, op, &e))?;
+        Ok(())
+    }
+
+    /// The refill's partition of `deployment`: `Query` on [`POOL_INDEX`], every page,
+    /// oldest first (eventually consistent): launches not recorded yet, idle members, and
+    /// recycled members whose stop the reconcile has not confirmed. Claimed members are
+    /// never in it. Expired items are left out.
+    pub(crate) async fn pool_items(
+        &self,
+        deployment: &DeploymentId,
+        now: u64,
+    ) -> Result<Vec<PoolItem>, PortError> {
+        let op = "reconcile_pool";
+        let mut pages = self
+            .ddb
+            .query()
+            .table_name(self.table.as_ref())
+            .index_name(POOL_INDEX)
+            .key_condition_expression("#pool = :deployment")
+            .expression_attribute_names("#pool", POOL_ATTR)
+            .expression_attribute_values(":deployment", s(deployment.as_str()))
+            .scan_index_forward(true)
+            .into_paginator()
+            .send();
+        let mut out = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| port_error(DEP, op, &e))?;
+            for item in page.items() {
+                if expired(item, now, op)? {
+                    continue;
+                }
+                if get_s(item, STATE_ATTR, DEP, op)? == LAUNCHING {
+                    out.push(PoolItem::Launch(LaunchItem {
+                        pk: get_s(item, PK, DEP, op)?.to_owned(),
+                        client_token: get_s(item, "client_token", DEP, op)?.to_owned(),
+                        created_at: get_n(item, CREATED_ATTR, DEP, op)?,
+                    }));
+                    continue;
+                }
+                let member = decode_member(item, op)?;
+                if member.state != MemberState::Assigned && member.deployment == deployment.as_str()
+                {
+                    out.push(PoolItem::Member(member));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// A recycled member whose task the reconcile saw stop (or stopped): `UpdateItem` of
+    /// `pk` with `ConditionExpression` `#state = :recycled`, `REMOVE pool_deployment` (it
+    /// leaves the refill's partition; its item expires as set by the recycle). `false` on
+    /// `ConditionalCheckFailed`.
+    pub(crate) async fn forget_recycled(&self, pk: &str) -> Result<bool, PortError> {
+        let op = "reconcile_pool";
+        let res = self
+            .ddb
+            .update_item()
+            .table_name(self.table.as_ref())
+            .key(PK, s(pk))
+            .condition_expression("#state = :recycled")
+            .update_expression("REMOVE #pool")
+            .expression_attribute_names("#state", STATE_ATTR)
+            .expression_attribute_names("#pool", POOL_ATTR)
+            .expression_attribute_values(":recycled", s(MemberState::Recycled.as_str()))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failed(&e) => Ok(false),
+            Err(e) => Err(port_error(DEP, op, &e)),
+        }
+    }
+
+    /// The reconcile's `ListTasks` cursor of `deployment` (consistent `GetItem` of
+    /// [`backstop_pk`]): the `nextToken` of the page to read next; `None` to start over.
+    pub(crate) async fn backstop_cursor(
+        &self,
+        deployment: &DeploymentId,
+        now: u64,
+    ) -> Result<Option<String>, PortError> {
+        let op = "reconcile_pool";
+        let out = self
+            .ddb
+            .get_item()
+            .table_name(self.table.as_ref())
+            .key(PK, s(backstop_pk(deployment)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| port_error(DEP, op, &e))?;
+        match out.item() {
+            Some(item) if !expired(item, now, op)? && item.contains_key("next_token") => {
+                Ok(Some(get_s(item, "next_token", DEP, op)?.to_owned()))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Stores the cursor (`PutItem` of [`backstop_pk`]: `next_token` when `Some`,
+    /// `expires_at` = `now` + 1 day).
+    pub(crate) async fn set_backstop_cursor(
+        &self,
+        deployment: &DeploymentId,
+        next_token: Option<&str>,
+        now: u64,
+    ) -> Result<(), PortError> {
+        let op = "reconcile_pool";
+        let mut put = self
+            .ddb
+            .put_item()
+            .table_name(self.table.as_ref())
+            .item(PK, s(backstop_pk(deployment)))
+            .item(TTL_ATTR, n(now.saturating_add(DAY_SECS)));
+        if let Some(token) = next_token {
+            put = put.item("next_token", s(token));
+        }
+        put.send().await.map_err(|e| port_error(DEP, op, &e))?;
         Ok(())
     }
 
@@ -612,8 +871,12 @@ impl PoolTable {
     /// 2. a `Put` of the token item (`attribute_not_exists(pk) OR #exp <= :now`: absent or
     ///    expired), `expires_at` = `now` + [`TOKEN_TTL_SECS`].
     ///
-    /// All or nothing. The `CancellationReasons` (request order: member, token) say which
-    /// condition failed ([`ClaimWrite`]).
+    /// 3. with `lock` = (registry table, fence): a `ConditionCheck` of the environment's
+    ///    record item, the lock still the fence's owner's and unexpired at `now`
+    ///    ([`crate::dynamo_registry::fence_condition_check`]).
+    ///
+    /// All or nothing. The `CancellationReasons` (request order: member, token, lock) say
+    /// which condition failed ([`ClaimWrite`]; the lock first: then nothing else matters).
     ///
     /// # Errors
     /// Any other failure (no answer, throttling, 5xx, validation): the outcome is unknown
@@ -625,6 +888,7 @@ impl PoolTable {
         created_after: u64,
         spec: &StartSpec,
         now: u64,
+        lock: Option<(&str, &Fence)>,
     ) -> Result<ClaimWrite, PortError> {
         let op = "claim_pool_member";
         let build = build_error(op);
@@ -639,7 +903,7 @@ impl PoolTable {
             .update_expression(concat!(
                 "SET #state = :assigned, #env = :env, #session = :session, #url = :url, ",
                 "#generation = :generation, #token = :token, #assigned = :now, ",
-                "#claimed = :claimed REMOVE #idle, #exp",
+                "#claimed = :claimed REMOVE #idle, #exp, #pool",
             ))
             .expression_attribute_names("#state", STATE_ATTR)
             .expression_attribute_names("#idle", IDLE_ATTR)
@@ -652,6 +916,7 @@ impl PoolTable {
             .expression_attribute_names("#token", "idempotency_token")
             .expression_attribute_names("#assigned", "assigned_at")
             .expression_attribute_names("#claimed", CLAIMED_ATTR)
+            .expression_attribute_names("#pool", POOL_ATTR)
             .expression_attribute_values(":idle", s(MemberState::Idle.as_str()))
             .expression_attribute_values(":assigned", s(MemberState::Assigned.as_str()))
             .expression_attribute_values(":deployment", s(deployment.as_str()))
@@ -683,13 +948,17 @@ impl PoolTable {
             .expression_attribute_values(":now", n(now))
             .build()
             .map_err(&build)?;
-        let res = self
+        let mut request = self
             .ddb
             .transact_write_items()
             .transact_items(TransactWriteItem::builder().update(update).build())
-            .transact_items(TransactWriteItem::builder().put(token).build())
-            .send()
-            .await;
+            .transact_items(TransactWriteItem::builder().put(token).build());
+        if let Some((table, fence)) = lock {
+            let check = crate::dynamo_registry::fence_condition_check(table, fence, now, op)?;
+            request =
+                request.transact_items(TransactWriteItem::builder().condition_check(check).build());
+        }
+        let res = request.send().await;
         let err = match res {
             Ok(_) => return Ok(ClaimWrite::Claimed),
             Err(e) => e,
@@ -704,6 +973,9 @@ impl PoolTable {
                 .and_then(|r| r.code())
                 .unwrap_or("None")
         };
+        if lock.is_some() && reason(2) == "ConditionalCheckFailed" {
+            return Ok(ClaimWrite::LockLost);
+        }
         match (reason(0), reason(1)) {
             (_, "ConditionalCheckFailed") => Ok(ClaimWrite::TokenTaken),
             ("ConditionalCheckFailed", _) => Ok(ClaimWrite::MemberTaken),

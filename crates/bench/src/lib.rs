@@ -14,6 +14,8 @@
 //! - [`time_to_executor`] — issue 27: connection request → environment `connected` in
 //!   local mode, warm (pool claims) and cold, with the real pinned codex executor when it
 //!   is installed and the stand-in, and the controller's own share;
+//! - [`pool_refill`] — the warm pool's refill: its remote calls after 100 / 1,000 /
+//!   10,000 members handed out, on the compute twin (flat: docs/WARM_POOL.md "Refill");
 //! - [`report`] — one table (stdout) and one JSON document from all of the above.
 //!
 //! Each measurement writes its own JSON file into the bench directory; [`report`] reads
@@ -26,6 +28,7 @@ pub mod cold_start;
 pub mod decide_cases;
 pub mod deliveries;
 pub mod doubles;
+pub mod pool_refill;
 pub mod report;
 pub mod scale;
 pub mod throughput;

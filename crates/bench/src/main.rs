@@ -3,7 +3,7 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use sandbox_bench::time_to_executor::{self, ExecutorKind, StartPath};
-use sandbox_bench::{cold_start, deliveries, report, scale, throughput, transitions};
+use sandbox_bench::{cold_start, deliveries, pool_refill, report, scale, throughput, transitions};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -72,6 +72,15 @@ enum Command {
         /// Days of simulated history per size, comma-separated (issue 22).
         #[arg(long, value_delimiter = ',', default_value = "0,30")]
         history_days: Vec<u64>,
+    },
+    /// The warm pool refill's remote calls after N members were claimed, on the twins.
+    PoolRefill {
+        /// Output file (JSON).
+        #[arg(long)]
+        out: PathBuf,
+        /// Members claimed, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
+        claimed: Vec<usize>,
     },
     /// Issue 27: connection request → environment `connected` in local mode, warm and
     /// cold, per executor (the real pinned codex when installed, and the stand-in), with
@@ -244,6 +253,16 @@ fn main() -> anyhow::Result<()> {
                     r.job_items_read,
                     r.sweep_registry_writes,
                     r.fan_out_queue_calls
+                );
+            }
+            write_json(&out, &rows)?;
+        }
+        Command::PoolRefill { out, claimed } => {
+            let rows = runtime(1)?.block_on(pool_refill::measure(&claimed));
+            for r in &rows {
+                eprintln!(
+                    "pool refill: {} claimed: {} calls {:?}",
+                    r.claimed, r.total, r.calls
                 );
             }
             write_json(&out, &rows)?;

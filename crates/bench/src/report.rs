@@ -3,6 +3,7 @@
 //! still printed), and every ratio is computed here, from the same run's numbers.
 
 use crate::cold_start::ColdStart;
+use crate::pool_refill::RefillCalls;
 use crate::scale::Scaled;
 use crate::throughput::Throughput;
 use crate::time_to_executor::{StartPath, TimeToExecutor};
@@ -302,6 +303,13 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
         _ => rows.push(missing("ECS calls per job and per sweep", "scale.json")),
     }
 
+    let refill: Option<Vec<RefillCalls>> =
+        read_json(&dir.join("pool_refill.json")).and_then(|v| serde_json::from_value(v).ok());
+    match &refill {
+        Some(list) if !list.is_empty() => rows.extend(pool_refill_rows(list)),
+        _ => rows.push(missing("pool refill calls", "pool_refill.json")),
+    }
+
     let tte: Option<TimeToExecutor> =
         read_json(&dir.join("time_to_executor.json")).and_then(|v| serde_json::from_value(v).ok());
     match &tte {
@@ -318,6 +326,7 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
             "throughput": throughputs,
             "transitions": transitions,
             "scale": scale,
+            "pool_refill": refill,
             "time_to_executor": tte,
             "criterion_median_ns": {
                 "hmac_sha256": hmac,
@@ -326,6 +335,33 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
             },
         }),
     }
+}
+
+/// The pool refill rows: per number of members handed out, one refill's remote calls
+/// (target: the same calls as at the smallest number, and nothing started: the pool was
+/// full).
+fn pool_refill_rows(all: &[RefillCalls]) -> Vec<Row> {
+    let first = &all[0];
+    all.iter()
+        .map(|r| {
+            let breakdown = r
+                .calls
+                .iter()
+                .map(|(k, v)| format!("{v} {k}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            with_target(
+                row(
+                    &format!("pool refill calls, {} members claimed", r.claimed),
+                    format!("{} ({breakdown})", r.total),
+                    Some(r.total as f64),
+                    "calls",
+                ),
+                &format!("flat (as at {} claimed)", first.claimed),
+                r.calls == first.calls && r.started == 0,
+            )
+        })
+        .collect()
 }
 
 /// The scale rows: per N, the ECS calls of each job (target: the same as at the smallest

@@ -39,7 +39,7 @@
 //!   stopped under its new environment.
 
 use crate::config::PoolSettings;
-use crate::ports::{Compute, PoolMember, PortError, Queue, Registry, Started};
+use crate::ports::{Compute, Fence, PoolMember, PortError, Queue, Registry, Started};
 use crate::worker::Controller;
 use sandbox_agents_api::SessionsApi;
 use sandbox_core::decision::StartSpec;
@@ -67,11 +67,23 @@ pub enum StartPath {
     Replay,
 }
 
+/// The environment's lock a start is applied under ([`start_or_claim`]).
+#[derive(Clone, Copy, Debug)]
+pub struct UnderLock<'a> {
+    /// The lock held ([`Compute::claim_pool_member_fenced`] makes the claim under it).
+    pub fence: &'a Fence,
+    /// `false` when the lock was `recovered` (an unclean predecessor): nothing new is
+    /// claimed ([`REPLAY_ONLY`]).
+    pub new_claims: bool,
+}
+
 /// Applies a start: a claim of an idle member created after `now - pool.max_age_secs`
-/// when the pool is on, else (or on a miss) a cold start. With `new_claims` false (the
+/// when the pool is on, else (or on a miss) a cold start. With `lock.new_claims` false (the
 /// lock was `recovered`) the pool is asked only for the member this token already
 /// claimed ([`REPLAY_ONLY`]) and the start is otherwise a cold replay. `now` and
-/// `not_after` are Unix seconds. Records `pool_hits` / `pool_misses` (not for a replay).
+/// `not_after` are Unix seconds. The claim is made under the environment's lock `lock.fence`
+/// ([`Compute::claim_pool_member_fenced`]). Records `pool_hits` / `pool_misses` (not for a
+/// replay).
 ///
 /// # Errors
 /// The [`PortError`] of the claim or the start: the outcome is unknown (the caller keeps
@@ -83,8 +95,9 @@ pub async fn start_or_claim<C: Compute>(
     pool: PoolSettings,
     now: u64,
     not_after: u64,
-    new_claims: bool,
+    lock: UnderLock<'_>,
 ) -> Result<(Started, StartPath), PortError> {
+    let UnderLock { fence, new_claims } = lock;
     if pool.size > 0 {
         let created_after = if new_claims {
             now.saturating_sub(pool.max_age_secs)
@@ -92,7 +105,7 @@ pub async fn start_or_claim<C: Compute>(
             REPLAY_ONLY
         };
         match compute
-            .claim_pool_member(spec, deployment, created_after, not_after)
+            .claim_pool_member_fenced(spec, deployment, created_after, not_after, fence)
             .await?
         {
             Some(started) if new_claims => {

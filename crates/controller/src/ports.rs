@@ -734,6 +734,23 @@ pub trait Compute: Workspaces + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Started>, PortError>> + Send {
         async { Ok(None) }
     }
+    /// [`Compute::claim_pool_member`] made while the caller holds the environment's lock
+    /// `fence` (docs/WARM_POOL.md rule 2): a provider whose claim is one transaction
+    /// includes the lock as a condition of it (DynamoDB: a `ConditionCheck` on the
+    /// environment's registry record, `lock_owner = fence.owner` and unexpired), so a
+    /// worker whose lock has passed to another claims nothing — an error, the outcome
+    /// known (nothing written). The default (providers whose claim cannot see the
+    /// registry, and the test doubles): the unfenced claim.
+    fn claim_pool_member_fenced(
+        &self,
+        spec: &StartSpec,
+        deployment: &DeploymentId,
+        created_after: u64,
+        not_after: u64,
+        _fence: &Fence,
+    ) -> impl Future<Output = Result<Option<Started>, PortError>> + Send {
+        self.claim_pool_member(spec, deployment, created_after, not_after)
+    }
     /// Issue 27: stops the idle member `id` for its age, unless it was claimed since the
     /// refill listed it. The guard is one conditional write (idle → recycled: twin under
     /// its mutex, SQLite `UPDATE ... WHERE state = 'idle'`, DynamoDB `UpdateItem` with

@@ -1243,7 +1243,10 @@ where
             self.config.pool,
             self.clock.now(),
             act.not_after,
-            act.new_claims,
+            crate::pool::UnderLock {
+                fence: &act.fence,
+                new_claims: act.new_claims,
+            },
         )
         .await;
         let warm = matches!(started, Ok((_, crate::pool::StartPath::Warm)));

@@ -151,7 +151,11 @@ mod controller_stack {
             DynamoRegistry::new(aws_sdk_dynamodb::Client::new(sdk), &settings.table_name)
                 .with_history_retention(settings.history_retention_secs);
         // ECS, plus EBS workspaces when ECS_INFRASTRUCTURE_ROLE_ARN is set.
-        let compute: EcsCompute = settings.ecs.compute(sdk)?;
+        // A claim of a warm pool member is fenced by the environment's registry lock.
+        let compute: EcsCompute = settings
+            .ecs
+            .compute(sdk)?
+            .with_claim_fence(&settings.table_name);
         Ok(Controller::new(
             events,
             timers,

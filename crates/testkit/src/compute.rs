@@ -223,6 +223,29 @@ pub struct EcsCalls {
     pub stop_task: u64,
 }
 
+/// The remote calls of the warm pool's refill side, by `service.Operation`
+/// (`ecs.ListTasks`, `dynamodb.Query`, ...), as the AWS adapter makes them
+/// (`crates/aws/src/ecs_pool.rs`, `crates/aws/src/pool_table.rs`; docs/WARM_POOL.md "ECS
+/// calls"), counted apart from [`EcsCalls`] and never throttled:
+///
+/// - the refill lease: one `dynamodb.UpdateItem` per take;
+/// - a member's start: `dynamodb.PutItem` (its launch), `ecs.RunTask`,
+///   `dynamodb.TransactWriteItems` (its record);
+/// - the list of the pool: `dynamodb.Query` (`by_idle`), ⌈idle / 100⌉ `ecs.DescribeTasks`;
+/// - a recycle: `dynamodb.UpdateItem`, `ecs.StopTask`;
+/// - the reconcile: `dynamodb.Query` (`by_pool`: idle and recycled members, never a claimed
+///   one), ⌈those / 100⌉ `ecs.DescribeTasks`, per recycled member still live `ecs.StopTask`
+///   and `dynamodb.UpdateItem`; then its backstop page: `dynamodb.GetItem` and
+///   `dynamodb.PutItem` (the cursor), one `ecs.ListTasks`, and one `dynamodb.BatchGetItem`
+///   when claimed members are live (the page holds tasks the partition does not name).
+pub type PoolCalls = BTreeMap<String, u64>;
+
+fn pool_call(s: &mut State, call: &str, n: u64) {
+    if n > 0 {
+        *s.pool_calls.entry(call.to_owned()).or_default() += n;
+    }
+}
+
 /// What the twin's ECS behaviours did, for a test to check they were exercised.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EcsAnswers {
@@ -351,6 +374,8 @@ struct State {
     /// Per ECS action: (milli-tokens, last refill, Unix ms).
     buckets: HashMap<&'static str, (u64, u64)>,
     calls: EcsCalls,
+    /// The warm pool's calls ([`TwinCompute::take_pool_calls`]).
+    pool_calls: PoolCalls,
     answers: EcsAnswers,
     /// Workspace volumes, by (deployment, environment, generation): files by path.
     volumes: HashMap<(DeploymentId, EnvironmentId, Generation), TwinVolume>,
@@ -505,6 +530,7 @@ impl TwinCompute {
                 failed_start_per_mille: aws.failed_start_per_mille,
                 buckets: HashMap::new(),
                 calls: EcsCalls::default(),
+                pool_calls: PoolCalls::default(),
                 answers: EcsAnswers::default(),
                 volumes: HashMap::new(),
                 snapshots: HashMap::new(),
@@ -756,6 +782,11 @@ impl TwinCompute {
     /// What the ECS behaviours did so far.
     pub fn answers(&self) -> EcsAnswers {
         self.state().answers
+    }
+
+    /// The warm pool's refill-side calls so far ([`PoolCalls`]), and resets the count.
+    pub fn take_pool_calls(&self) -> PoolCalls {
+        std::mem::take(&mut self.state().pool_calls)
     }
 
     /// The ECS API calls so far, and resets the count.
@@ -1336,7 +1367,10 @@ impl Compute for TwinCompute {
         let now = self.clock.now_ms();
         check_deadline(DEP, "start_pool_member", now / 1000, not_after)?;
         let mut s = self.state();
+        pool_call(&mut s, "dynamodb.PutItem", 1);
+        pool_call(&mut s, "ecs.RunTask", 1);
         self.request(&mut s, "RunTask", now)?;
+        pool_call(&mut s, "dynamodb.TransactWriteItems", 1);
         s.next += 1;
         let id = InstanceId::new(format!("twin-pool-{}-t", s.next));
         let t = s.pool_timing;
@@ -1361,8 +1395,8 @@ impl Compute for TwinCompute {
     }
 
     async fn list_pool(&self, deployment: &DeploymentId) -> Result<Vec<PoolMember>, PortError> {
-        Ok(self
-            .state()
+        let mut s = self.state();
+        let idle: Vec<PoolMember> = s
             .pool
             .iter()
             .filter(|m| &m.deployment == deployment && m.state == MemberState::Idle)
@@ -1370,7 +1404,10 @@ impl Compute for TwinCompute {
                 instance_id: m.instance_id.clone(),
                 created_at: m.created_ms / 1000,
             })
-            .collect())
+            .collect();
+        pool_call(&mut s, "dynamodb.Query", 1);
+        pool_call(&mut s, "ecs.DescribeTasks", pages(idle.len()));
+        Ok(idle)
     }
 
     /// Under the twin's mutex: idle → recycled, then the stop (→ stopped); a member claimed
@@ -1397,10 +1434,12 @@ impl Compute for TwinCompute {
                     .iter()
                     .any(|m| &m.instance_id == id && m.state == MemberState::Claimed);
                 s.answers.recycles_lost_to_claims += u64::from(claimed);
+                pool_call(&mut s, "dynamodb.UpdateItem", 1);
                 return Ok(false);
             };
             m.state = MemberState::Recycled;
             m.recycled_ms = Some(now);
+            pool_call(&mut s, "dynamodb.UpdateItem", 1);
             if fail > 0 && s.rng.below(1_000) < fail {
                 return Err(PortError::transient(
                     DEP,
@@ -1409,6 +1448,7 @@ impl Compute for TwinCompute {
                 ));
             }
         }
+        pool_call(&mut self.state(), "ecs.StopTask", 1);
         self.stop(id, sandbox_controller::pool::RECYCLE_REASON, not_after)
             .await?;
         Ok(true)
@@ -1471,17 +1511,60 @@ impl Compute for TwinCompute {
     ) -> Result<usize, PortError> {
         let now = self.clock.now_ms();
         check_deadline(DEP, "reconcile_pool", now / 1000, not_after)?;
-        let recycled: Vec<InstanceId> = self
-            .state()
-            .pool
-            .iter()
-            .filter(|m| &m.deployment == deployment && m.state == MemberState::Recycled)
-            .map(|m| m.instance_id.clone())
-            .collect();
+        let recycled: Vec<InstanceId> = {
+            let mut s = self.state();
+            let mine = |m: &&TwinPoolMember| &m.deployment == deployment;
+            let partition = s
+                .pool
+                .iter()
+                .filter(mine)
+                .filter(|m| matches!(m.state, MemberState::Idle | MemberState::Recycled))
+                .count();
+            let recycled: Vec<InstanceId> = s
+                .pool
+                .iter()
+                .filter(mine)
+                .filter(|m| m.state == MemberState::Recycled)
+                .map(|m| m.instance_id.clone())
+                .collect();
+            let claimed_live = s
+                .pool
+                .iter()
+                .filter(mine)
+                .filter(|m| m.state == MemberState::Claimed)
+                .any(|m| {
+                    s.by_id.get(&m.instance_id).is_some_and(|&p| {
+                        s.instances[p].stop_requested_ms.is_none()
+                            && s.instances[p].died_ms.is_none()
+                    })
+                });
+            pool_call(&mut s, "dynamodb.Query", 1);
+            pool_call(&mut s, "ecs.DescribeTasks", pages(partition));
+            pool_call(&mut s, "ecs.StopTask", recycled.len() as u64);
+            pool_call(&mut s, "dynamodb.UpdateItem", recycled.len() as u64);
+            pool_call(&mut s, "dynamodb.GetItem", 1);
+            pool_call(&mut s, "ecs.ListTasks", 1);
+            pool_call(&mut s, "dynamodb.PutItem", 1);
+            pool_call(&mut s, "dynamodb.BatchGetItem", u64::from(claimed_live));
+            recycled
+        };
         for id in &recycled {
             self.stop(id, sandbox_controller::pool::RECYCLE_REASON, not_after)
                 .await?;
         }
         Ok(recycled.len())
+    }
+
+    /// Always granted (the twin serves one process); counted as the adapter's
+    /// `dynamodb.UpdateItem` ([`PoolCalls`]).
+    async fn take_pool_refill_lease(
+        &self,
+        _deployment: &DeploymentId,
+        _holder: &str,
+        _now: u64,
+        _lease_secs: u64,
+    ) -> Result<bool, PortError> {
+        pool_call(&mut self.state(), "dynamodb.UpdateItem", 1);
+        Ok(true)
     }
 }

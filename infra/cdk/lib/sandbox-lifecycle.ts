@@ -328,7 +328,9 @@ export class SandboxLifecycle extends Construct {
     // The warm pool's table (issue 27, docs/WARM_POOL.md "The pool table"; the schema of
     // crates/aws/src/pool_table.rs), only with the pool on. Apart from the registry, so the
     // executor task role's one grant can never reach a registry item. Sparse GSIs by_idle
-    // (idle members, oldest first) and by_environment (members claimed for an environment).
+    // (idle members, oldest first), by_pool (the refill's own items: launches, idle and
+    // recycled members, never a claimed one) and by_environment (members claimed for an
+    // environment).
     // Destroyed with the stack or when the pool is turned off: it holds only bookkeeping
     // (a claimed member's item expires with the history retention after its stop), and a
     // member whose item is gone stops itself.
@@ -351,6 +353,12 @@ export class SandboxLifecycle extends Construct {
       poolTable.addGlobalSecondaryIndex({
         indexName: "by_idle",
         partitionKey: { name: "idle_deployment", type: dynamodb.AttributeType.STRING },
+        sortKey: { name: "created_at", type: dynamodb.AttributeType.NUMBER },
+        projectionType: dynamodb.ProjectionType.ALL,
+      });
+      poolTable.addGlobalSecondaryIndex({
+        indexName: "by_pool",
+        partitionKey: { name: "pool_deployment", type: dynamodb.AttributeType.STRING },
         sortKey: { name: "created_at", type: dynamodb.AttributeType.NUMBER },
         projectionType: dynamodb.ProjectionType.ALL,
       });
@@ -641,8 +649,11 @@ export class SandboxLifecycle extends Construct {
       }),
       // The warm pool (issue 27, docs/WARM_POOL.md "ECS calls"), only with it on: the pool
       // table's calls of crates/aws/src/pool_table.rs (claim: GetItem of the token, Query
-      // by_idle, TransactWriteItems = UpdateItem + PutItem, authorized per item action;
-      // refill: PutItem, the lease's UpdateItem; recycle: UpdateItem; reconcile: DeleteItem;
+      // by_idle, TransactWriteItems = UpdateItem + PutItem, authorized per item action, plus
+      // the lock's ConditionCheckItem on the registry record, granted by the registry
+      // statement; refill: PutItem of a launch, TransactWriteItems = PutItem + DeleteItem,
+      // the lease's UpdateItem; recycle: UpdateItem; reconcile: Query by_pool, DeleteItem,
+      // UpdateItem, the backstop cursor's GetItem/PutItem;
       // find: Query by_environment; describe: BatchGetItem). Members start, are described,
       // listed and stopped with the statements above (same task definition and cluster).
       ...(this.poolTable

@@ -5,6 +5,7 @@
 
 mod compute;
 mod pool;
+mod pool_reconcile;
 mod queue;
 mod registry;
 mod sdk_config;

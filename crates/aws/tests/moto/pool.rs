@@ -37,18 +37,18 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-const ROLE: &str = "AROATESTPOOLROLE01";
-const MAX_AGE: u64 = 600;
+pub(crate) const ROLE: &str = "AROATESTPOOLROLE01";
+pub(crate) const MAX_AGE: u64 = 600;
 
 /// A settable clock, Unix seconds.
 #[derive(Debug)]
-struct TestClock(AtomicU64);
+pub(crate) struct TestClock(AtomicU64);
 
 impl TestClock {
     fn at(t: u64) -> Arc<Self> {
         Arc::new(Self(AtomicU64::new(t)))
     }
-    fn advance(&self, secs: u64) {
+    pub(crate) fn advance(&self, secs: u64) {
         self.0.fetch_add(secs, Ordering::SeqCst);
     }
 }
@@ -60,20 +60,20 @@ impl Clock for TestClock {
 }
 
 /// An `EcsCompute` with the pool on a fresh moto cluster and pool table.
-struct PoolMoto {
-    compute: EcsCompute,
+pub(crate) struct PoolMoto {
+    pub(crate) compute: EcsCompute,
     /// The adapter's ECS interceptor.
-    guard: StrictEcs,
+    pub(crate) guard: StrictEcs,
     /// The test's own ECS client (recorded apart).
-    ecs: aws_sdk_ecs::Client,
-    ddb: aws_sdk_dynamodb::Client,
-    table: String,
-    config: EcsConfig,
-    pool: PoolConfig,
-    clock: Arc<TestClock>,
+    pub(crate) ecs: aws_sdk_ecs::Client,
+    pub(crate) ddb: aws_sdk_dynamodb::Client,
+    pub(crate) table: String,
+    pub(crate) config: EcsConfig,
+    pub(crate) pool: PoolConfig,
+    pub(crate) clock: Arc<TestClock>,
 }
 
-async fn pool_moto() -> PoolMoto {
+pub(crate) async fn pool_moto() -> PoolMoto {
     pin_ecs_tasks().await;
     let (ecs, _) = strict_ecs().await;
     let cluster = format!("pool-{}", unique());
@@ -132,7 +132,7 @@ impl PoolMoto {
     }
 
     /// The task as ECS describes it (with tags).
-    async fn task(&self, arn: &str) -> Task {
+    pub(crate) async fn task(&self, arn: &str) -> Task {
         let out = self
             .ecs
             .describe_tasks()
@@ -150,7 +150,10 @@ impl PoolMoto {
     }
 
     /// The member item of `arn`, raw (`None`: no item).
-    async fn item(&self, arn: &str) -> Option<std::collections::HashMap<String, AttributeValue>> {
+    pub(crate) async fn item(
+        &self,
+        arn: &str,
+    ) -> Option<std::collections::HashMap<String, AttributeValue>> {
         let id = arn.rsplit('/').next().unwrap();
         self.ddb
             .get_item()
@@ -166,7 +169,7 @@ impl PoolMoto {
 
     /// Starts a pool task exactly as the adapter does, but writes no item: a worker killed
     /// between `RunTask` and `PutItem`.
-    async fn run_bare_member(&self, d: &DeploymentId) -> String {
+    pub(crate) async fn run_bare_member(&self, d: &DeploymentId) -> String {
         let vpc = AwsVpcConfiguration::builder()
             .set_subnets(Some(self.config.subnets.clone()))
             .set_security_groups(Some(self.config.security_groups.clone()))
@@ -202,7 +205,7 @@ impl PoolMoto {
     }
 
     /// Stops every live pool task of `d` (the test's cleanup).
-    async fn stop_all(&self, d: &DeploymentId) {
+    pub(crate) async fn stop_all(&self, d: &DeploymentId) {
         let arns = self
             .ecs
             .list_tasks()
@@ -226,11 +229,11 @@ impl PoolMoto {
     }
 }
 
-fn deployment() -> DeploymentId {
+pub(crate) fn deployment() -> DeploymentId {
     DeploymentId::new(format!("p-{}", unique())).unwrap()
 }
 
-fn spec(env: &str) -> StartSpec {
+pub(crate) fn spec(env: &str) -> StartSpec {
     let environment_id = EnvironmentId::new(env);
     StartSpec {
         session_id: SessionId::new(format!("sess_{env}")),
@@ -251,7 +254,7 @@ fn tag_of<'a>(task: &'a Task, key: &str) -> Option<&'a str> {
         .and_then(|t| t.value())
 }
 
-fn claimed(started: Option<Started>) -> Option<ComputeInstance> {
+pub(crate) fn claimed(started: Option<Started>) -> Option<ComputeInstance> {
     match started {
         None => None,
         Some(Started::Instance(i)) => Some(i),
@@ -431,18 +434,23 @@ async fn a_member_and_its_claim_send_exactly_the_documented_ecs_requests() {
         json!([member.instance_id.as_str()])
     );
 
-    // The reconcile's ListTasks: the pool's startedBy as the only filter.
+    // The reconcile's one backstop ListTasks page: the pool's startedBy as the only
+    // filter, at most 100 ARNs.
     m.guard.clear();
     assert_eq!(m.compute.reconcile_pool(&d, NO_DEADLINE).await.unwrap(), 0);
     let lists = m.guard.calls_of("ListTasks");
     assert_eq!(lists.len(), 1);
     assert_eq!(
         lists[0],
-        json!({"cluster": m.config.cluster, "startedBy": pool_started_by(&d)})
+        json!({"cluster": m.config.cluster, "startedBy": pool_started_by(&d), "maxResults": 100})
     );
     assert_eq!(
         body_keys(&lists[0]),
-        BTreeSet::from(["cluster".to_owned(), "startedBy".to_owned()])
+        BTreeSet::from([
+            "cluster".to_owned(),
+            "maxResults".to_owned(),
+            "startedBy".to_owned()
+        ])
     );
 
     // The recycle: StopTask with reason pool_max_age.
@@ -691,6 +699,7 @@ async fn an_idle_item_whose_task_is_gone_is_deleted_by_reconcile() {
             .item("created_at", AttributeValue::N(created_at.to_string()))
             .item("state", AttributeValue::S("idle".into()))
             .item("idle_deployment", AttributeValue::S(d.as_str().into()))
+            .item("pool_deployment", AttributeValue::S(d.as_str().into()))
             .item(
                 "expires_at",
                 AttributeValue::N((created_at + MAX_AGE + 86_400).to_string()),
@@ -794,6 +803,17 @@ async fn controller(
     size: u32,
     cap: u32,
 ) -> Controller<sandbox_aws::SqsQueue, DynamoRegistry, EcsCompute, AgentsClient> {
+    controller_with(m, d, size, cap, m.compute.clone()).await
+}
+
+/// [`controller`] over `compute` (e.g. one whose clients count their calls).
+pub(crate) async fn controller_with(
+    m: &PoolMoto,
+    d: &DeploymentId,
+    size: u32,
+    cap: u32,
+    compute: EcsCompute,
+) -> Controller<sandbox_aws::SqsQueue, DynamoRegistry, EcsCompute, AgentsClient> {
     let sdk = sdk().await;
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     let queues = sandbox_aws::bootstrap::create_queues(&sqs, &format!("pool-{}", unique()))
@@ -816,7 +836,7 @@ async fn controller(
         queues.events(&sqs),
         queues.timers(&sqs),
         DynamoRegistry::new(ddb, &table),
-        m.compute.clone(),
+        compute,
         AgentsClient::new(api).unwrap(),
         m.clock.clone() as Arc<dyn Clock>,
         config,
