@@ -1168,6 +1168,24 @@ where
                     },
                     Err(e) => Err(e),
                 },
+                Effect::RecordStartFailure(f)
+                    if f.kind == sandbox_core::record::StartFailureKind::NeverConnected =>
+                {
+                    // The generation ran: its files are saved, as any stopped
+                    // generation's, before the record lets go of it (it may have worked
+                    // in a connected window no look saw); the next start restores them.
+                    let ran = act.fresh.current().map(|i| i.generation);
+                    match ran {
+                        Some(g) => self
+                            .save_workspace(act, g)
+                            .await
+                            .map(|_| act.change(effect)),
+                        None => {
+                            act.change(effect);
+                            Ok(())
+                        }
+                    }
+                }
                 record_only => {
                     act.change(record_only);
                     Ok(())
