@@ -21,6 +21,13 @@
 #                  codex exec-server --remote "$REMOTE_URL" --environment-id
 #                  "$ENVIRONMENT_ID" in one container that HOLDS THE KEY (agent code can read
 #                  it); says so on stderr at start-up.
+#   preflight      the checks before provisioning (preflight.mjs, next to this script or in
+#                  /opt/codex): the hosts resolve and accept TLS, CODEX_API_KEY (from the
+#                  task definition's `secrets`) is set, `codex --version` answers; one JSON
+#                  line per check on stdout, exit 0 when all pass, 1 otherwise.
+#                  `sandboxctl preflight --backend aws` starts it with a RunTask container
+#                  override on CONTAINER_NAME (crates/cli/src/preflight_aws.rs). The key is
+#                  never printed; codex runs without it.
 #
 # With no argument the role is `single` (images started by an older task definition).
 # REMOTE_URL and ENVIRONMENT_ID come from the controller's RunTask container overrides
@@ -172,8 +179,14 @@ case "$role" in
     say "role single: WARNING this container holds CODEX_API_KEY and agent code can read it (single-container fallback; use ExecutorMode split)"
     set -- codex exec-server --remote "$REMOTE_URL" --environment-id "$ENVIRONMENT_ID"
     ;;
+  preflight)
+    checker=${0%/*}/preflight.mjs
+    [ -f "$checker" ] || checker=/opt/codex/preflight.mjs
+    say "role preflight: checking the hosts, the executor key and the codex version"
+    set -- node "$checker"
+    ;;
   *)
-    say "unknown role (expected executor, forwarder or single)"
+    say "unknown role (expected executor, forwarder, single or preflight)"
     exit 64
     ;;
 esac

@@ -33,6 +33,8 @@ mod explain_view;
 mod migrate_cmd;
 mod operator_jobs;
 mod preflight;
+#[cfg(feature = "aws")]
+mod preflight_aws;
 mod report;
 mod secret_from_env;
 mod serve;
@@ -121,7 +123,8 @@ enum Command {
     Migrate(migrate_cmd::MigrateArgs),
     /// Checks, from where executors run, that they can register: the provider's hosts
     /// resolve and accept TLS, the executor key is readable, the executor answers
-    /// `--version` (local backend).
+    /// `--version`; on AWS from a one-off task of the executor task definition, with the
+    /// executors' egress IP.
     Preflight(preflight::PreflightArgs),
 }
 

@@ -13,10 +13,12 @@
 //!
 //! One line per check (`ok` or `FAIL`, the check, what was found), or with `--json` one
 //! `sandboxctl/v1` document (`checks`, `problems`); exit 1 when any check fails, 2 on a
-//! usage error. Backend `local` only: the local compute runs executors on this machine
-//! with this process's environment, so the checks run here. The AWS form (a one-off
-//! `RunTask` of the executor task definition) is not built: `--backend aws` exits 2 and
-//! says so.
+//! usage error. On the local backend the checks run here: the local compute runs
+//! executors on this machine with this process's environment. On the AWS backend
+//! ([`crate::preflight_aws`], feature `aws`) they run in a one-off task of the executor
+//! task definition (the image's `preflight` role, infra/executor/preflight.mjs), which adds
+//! `task` (the task ran its checks) and `egress_ip` (the public IP the executors leave
+//! from); the `--json` document then also names the task (`task`).
 
 use crate::backend::{BackendArgs, BackendKind};
 use crate::report::{Verdict, write_json};
@@ -54,6 +56,13 @@ pub struct PreflightArgs {
     /// Each check's time limit, seconds.
     #[arg(long, default_value_t = 5)]
     pub timeout_secs: u64,
+    /// AWS: how long to wait for the preflight task to stop, seconds; it is stopped
+    /// (`StopTask`) when this runs out.
+    #[arg(long, default_value_t = 600)]
+    pub wait_secs: u64,
+    /// AWS: how often the task's status is read (`DescribeTasks`), milliseconds.
+    #[arg(long, default_value_t = 2000, hide = true)]
+    pub poll_ms: u64,
 }
 
 /// One check's result.
@@ -68,7 +77,9 @@ pub struct Check {
 }
 
 impl Check {
-    fn new(name: impl Into<String>, result: Result<String, String>) -> Self {
+    /// A check from its result: `Ok(what was found)` passes, `Err(why)` fails; the
+    /// detail folded to one line.
+    pub(crate) fn new(name: impl Into<String>, result: Result<String, String>) -> Self {
         let (ok, detail) = match result {
             Ok(d) => (true, d),
             Err(d) => (false, d),
@@ -86,7 +97,7 @@ fn one_line(s: &str) -> String {
 }
 
 /// `host` or `host:port` → (host, port); port 443 by default.
-fn host_port(s: &str) -> Result<(String, u16), String> {
+pub(crate) fn host_port(s: &str) -> Result<(String, u16), String> {
     match s.rsplit_once(':') {
         Some((h, p)) if !h.is_empty() => p
             .parse::<u16>()
@@ -258,17 +269,24 @@ async fn version(program: &str, limit: Duration) -> Result<String, String> {
     Ok(first(&out.stdout))
 }
 
-/// Runs `preflight`.
+/// Runs `preflight` on the backend `args` selects.
 ///
 /// # Errors
-/// Usage errors (exit 2), the AWS backend (not built).
+/// Usage and configuration errors (exit 2); on AWS also an AWS call the wait depends on
+/// (`DescribeTasks`, `StopTask`) failing; `--backend aws` in a build without the `aws`
+/// feature.
 pub async fn run(args: &PreflightArgs, out: &mut impl Write) -> anyhow::Result<Verdict> {
-    if args.backend.kind() == BackendKind::Aws {
-        anyhow::bail!(
-            "preflight runs on the local backend only: the AWS form (a one-off RunTask of the executor task definition) is not built yet"
-        );
-    }
-    let checks = checks(args).await?;
+    let (backend, checks, task): (&str, Vec<Check>, Option<Option<String>>) =
+        match args.backend.kind() {
+            BackendKind::Local => ("local", checks(args).await?, None),
+            #[cfg(feature = "aws")]
+            BackendKind::Aws => {
+                let outcome = crate::preflight_aws::checks(args).await?;
+                ("aws", outcome.checks, Some(outcome.task_arn))
+            }
+            #[cfg(not(feature = "aws"))]
+            BackendKind::Aws => return Err(crate::backend::aws_backend_not_built()),
+        };
     let problems: Vec<String> = checks
         .iter()
         .filter(|c| !c.ok)
@@ -279,12 +297,11 @@ pub async fn run(args: &PreflightArgs, out: &mut impl Write) -> anyhow::Result<V
             .iter()
             .map(|c| json!({"name": c.name, "ok": c.ok, "detail": c.detail}))
             .collect();
-        write_json(
-            out,
-            "preflight",
-            "local",
-            json!({"checks": list, "problems": problems}),
-        )?;
+        let mut body = json!({"checks": list, "problems": problems});
+        if let Some(task) = task {
+            body["task"] = json!(task);
+        }
+        write_json(out, "preflight", backend, body)?;
     } else {
         for c in &checks {
             writeln!(

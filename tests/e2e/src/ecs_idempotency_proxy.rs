@@ -8,6 +8,8 @@
 //! the record (the next holder replays the start with the same token). Every request is
 //! forwarded unchanged to moto (all services share its endpoint); a `RunTask` whose
 //! `clientToken` was answered before gets that first answer again, without reaching moto.
+//! Every ECS request is also recorded as sent ([`EcsIdempotencyProxy::ecs_requests`]), so a
+//! test of a separate process (`sandboxctl --backend aws`) can assert its request shapes.
 //! Only 127.0.0.1; the server lives as long as the tokio runtime.
 
 use axum::body::Bytes;
@@ -17,6 +19,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 const RUN_TASK_TARGET: &str = "AmazonEC2ContainerServiceV20141113.RunTask";
+/// The `X-Amz-Target` prefix of every ECS operation (JSON 1.1 protocol).
+const ECS_TARGET_PREFIX: &str = "AmazonEC2ContainerServiceV20141113.";
+
+/// One recorded ECS request: the operation (`RunTask`, ...) and its JSON body.
+pub type EcsRequest = (String, serde_json::Value);
 
 /// The proxy's address and what it replayed.
 pub struct EcsIdempotencyProxy {
@@ -24,6 +31,7 @@ pub struct EcsIdempotencyProxy {
     pub url: String,
     /// How many `RunTask` calls were answered from the first answer of their token.
     pub replays: Arc<Mutex<usize>>,
+    requests: Arc<Mutex<Vec<EcsRequest>>>,
 }
 
 /// A first answer: HTTP status, content type, body.
@@ -35,6 +43,7 @@ struct State {
     client: reqwest::Client,
     answers: Arc<Mutex<HashMap<String, Answer>>>,
     replays: Arc<Mutex<usize>>,
+    requests: Arc<Mutex<Vec<EcsRequest>>>,
 }
 
 async fn forward(
@@ -44,6 +53,14 @@ async fn forward(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if let Some(op) = headers
+        .get("x-amz-target")
+        .and_then(|t| t.to_str().ok())
+        .and_then(|t| t.strip_prefix(ECS_TARGET_PREFIX))
+    {
+        let body = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+        s.requests.lock().unwrap().push((op.to_owned(), body));
+    }
     let run_task = headers
         .get("x-amz-target")
         .is_some_and(|t| t.as_bytes() == RUN_TASK_TARGET.as_bytes());
@@ -110,16 +127,28 @@ impl EcsIdempotencyProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let replays = Arc::new(Mutex::new(0));
+        let requests = Arc::new(Mutex::new(Vec::new()));
         let state = State {
             upstream: upstream.trim_end_matches('/').to_owned(),
             client: reqwest::Client::new(),
             answers: Arc::default(),
             replays: replays.clone(),
+            requests: requests.clone(),
         };
         let app = axum::Router::new().fallback(forward).with_state(state);
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Ok(Self { url, replays })
+        Ok(Self {
+            url,
+            replays,
+            requests,
+        })
+    }
+
+    /// Every ECS request that reached the proxy, in order: the operation (`X-Amz-Target`
+    /// without the service prefix) and the JSON body (`null` when it was not JSON).
+    pub fn ecs_requests(&self) -> Vec<EcsRequest> {
+        self.requests.lock().unwrap().clone()
     }
 }

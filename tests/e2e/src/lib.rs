@@ -15,6 +15,7 @@ pub mod ecs_idempotency_proxy;
 pub mod operator_cli;
 pub mod private_moto;
 pub mod serve_process;
+pub mod test_tls;
 
 /// The simulator's `remote_url` scheme and host (`http://127.0.0.1:PORT/...`): the
 /// harnesses' `remote_url` allowlist.
