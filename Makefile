@@ -29,7 +29,7 @@ SIM_JSON_FILTER := $(if $(shell command -v cargo-nextest 2>/dev/null),-E 'packag
 # `sandboxctl --backend aws`, and one feature set for every step means nothing is rebuilt.
 ALL_FEATURES := --features sandboxctl/aws
 
-.PHONY: help run test test-steps build fmt-check clippy rust-test doc-test crosscheck \
+.PHONY: help run test test-steps build fmt-check clippy rust-test codex-canary doc-test crosscheck \
 	leftovers-test venv build-venv clean
 
 include mk/infra.mk mk/bench.mk
@@ -39,6 +39,7 @@ help:
 	@echo "make test   everything CI runs"
 	@echo "make build  the Lambda functions as arm64 zips under $(LAMBDA_DIR)"
 	@echo "make bench  the performance table (also make soak, make fuzz)"
+	@echo "make codex-canary   the tests that run the real pinned codex (before moving its pin)"
 	@echo "make deploy-sam / make deploy-cdk   deploy (make deploy-help lists the variables)"
 
 # The whole pipeline on 127.0.0.1: simulator, webhook endpoint, workers, sweeper, SQLite,
@@ -81,6 +82,14 @@ clippy:
 # `codex exec-server --listen` and fails (never skips) without it.
 rust-test: venv infra-node-check $(INFRA)/executor/node_modules/.installed
 	tests/moto/run.sh $(RUST_TEST) --workspace --locked $(ALL_FEATURES)
+
+# The tests that hand the real pinned codex a command line or a byte: what must pass before
+# the pin in infra/executor/package.json moves (README, "Moving the codex pin").
+CODEX_CANARY := binary(codex_command_lines) | binary(executor_socket) | binary(relay) | test(real_codex) | test(the_stand_in_accepts_exactly_what_codex_accepts) | test(fargate_entrypoint_roles_relay_a_turn_with_the_real_codex)
+
+codex-canary: venv infra-tools $(INFRA)/executor/node_modules/.installed
+	tests/moto/run.sh cargo nextest run --no-fail-fast --workspace --locked $(ALL_FEATURES) -E '$(CODEX_CANARY)'
+	$(INFRA_BIN)/python -m pytest -q -p no:cacheprovider $(INFRA)/tests/test_executor.py $(INFRA)/tests/test_await_assignment.py $(INFRA)/tests/test_preflight_role.py
 
 doc-test:
 	cargo test --workspace --doc --locked $(ALL_FEATURES)
