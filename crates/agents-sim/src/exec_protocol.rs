@@ -76,8 +76,18 @@ type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 type ClientWs =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
+/// A JSON-RPC message pipe to an executor: text messages out (`tx`) and in (`rx`; `None`
+/// once closed). Built over a loopback WebSocket ([`run_command`]) or over a Noise stream
+/// of the rendezvous relay ([`crate::rendezvous`]).
+pub struct Pipe {
+    /// Messages to the executor.
+    pub tx: tokio::sync::mpsc::Sender<String>,
+    /// Messages from the executor.
+    pub rx: tokio::sync::mpsc::Receiver<String>,
+}
+
 struct Rpc {
-    ws: ClientWs,
+    pipe: Pipe,
     next_id: u64,
     /// `process/output` chunks seen in notifications, by seq.
     chunks: BTreeMap<u64, Vec<u8>>,
@@ -85,10 +95,11 @@ struct Rpc {
 
 impl Rpc {
     async fn send(&mut self, msg: Value) -> Result<(), String> {
-        self.ws
-            .send(Message::Text(msg.to_string().into()))
+        self.pipe
+            .tx
+            .send(msg.to_string())
             .await
-            .map_err(|e| format!("executor websocket send: {e}"))
+            .map_err(|_| "executor connection closed".to_owned())
     }
 
     /// Sends a request and waits for its response, recording notifications meanwhile.
@@ -98,20 +109,12 @@ impl Rpc {
         self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
             .await?;
         loop {
-            let msg = self
-                .ws
-                .next()
+            let text = self
+                .pipe
+                .rx
+                .recv()
                 .await
-                .ok_or_else(|| format!("executor closed the connection during {method}"))?
-                .map_err(|e| format!("executor websocket: {e}"))?;
-            let text = match msg {
-                Message::Text(t) => t.to_string(),
-                Message::Binary(b) => String::from_utf8_lossy(&b).into_owned(),
-                Message::Close(_) => {
-                    return Err(format!("executor closed the connection during {method}"));
-                }
-                _ => continue,
-            };
+                .ok_or_else(|| format!("executor closed the connection during {method}"))?;
             let Ok(v) = serde_json::from_str::<Value>(&text) else {
                 continue;
             };
@@ -176,8 +179,62 @@ pub async fn run_command(
             Ok(Err(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     };
+    run_over(bridge(ws), command, timeout).await
+}
+
+/// Bridges a WebSocket to a [`Pipe`] (text and binary messages in, text out).
+fn bridge(ws: ClientWs) -> Pipe {
+    let (in_tx, in_rx) = tokio::sync::mpsc::channel::<String>(64);
+    let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<String>(64);
+    let (mut sink, mut stream) = ws.split();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                out = out_rx.recv() => match out {
+                    Some(text) => {
+                        if sink.send(Message::Text(text.into())).await.is_err() {
+                            return;
+                        }
+                    }
+                    None => {
+                        let _ = sink.close().await;
+                        return;
+                    }
+                },
+                msg = stream.next() => match msg {
+                    Some(Ok(Message::Text(t))) => {
+                        if in_tx.send(t.to_string()).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(Ok(Message::Binary(b))) => {
+                        if in_tx.send(String::from_utf8_lossy(&b).into_owned()).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(Ok(Message::Close(_)) | Err(_)) | None => return,
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+    });
+    Pipe {
+        tx: out_tx,
+        rx: in_rx,
+    }
+}
+
+/// Runs `command` as [`run_command`] does, over an already open [`Pipe`].
+///
+/// # Errors
+/// As [`run_command`], without the connect errors.
+pub async fn run_over(
+    pipe: Pipe,
+    command: &str,
+    timeout: Duration,
+) -> Result<CommandResult, String> {
     let mut rpc = Rpc {
-        ws,
+        pipe,
         next_id: 0,
         chunks: BTreeMap::new(),
     };
@@ -253,7 +310,7 @@ pub async fn run_command(
             return Err("timeout".to_owned());
         }
     };
-    let _ = rpc.ws.close(None).await;
+    drop(rpc.pipe);
     let mut bytes = Vec::new();
     for chunk in rpc.chunks.values() {
         bytes.extend_from_slice(chunk);

@@ -86,6 +86,8 @@ pub fn router(state: SimState) -> Router {
             require_api_key,
         ));
     api.merge(executor_connect::routes())
+        .merge(crate::registration::routes())
+        .merge(crate::rendezvous::routes())
         .merge(control::routes())
         .fallback(not_found)
         .with_state(state)

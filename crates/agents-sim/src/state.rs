@@ -200,6 +200,8 @@ pub(crate) struct Shared {
     /// Bumped after every state change, so drivers re-evaluate.
     pub version: watch::Sender<u64>,
     pub shutdown: watch::Sender<bool>,
+    /// Executor registrations and rendezvous sockets ([`crate::rendezvous`]).
+    pub relays: Mutex<crate::rendezvous::Relays>,
 }
 
 /// A handle on one simulator's state; cheap to clone. Build it with [`SimState::new`] and
@@ -236,6 +238,7 @@ impl SimState {
             clock,
             ids: IdGen::new(),
             inner: Mutex::new(Inner::default()),
+            relays: Mutex::new(crate::rendezvous::Relays::default()),
             webhooks,
             version: watch::Sender::new(0),
             shutdown,

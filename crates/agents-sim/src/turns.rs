@@ -445,7 +445,12 @@ fn start_harness(state: &SimState, inner: &mut Inner, sid: &str) {
     let state = state.clone();
     let command = state.config().turn_command.clone();
     tokio::spawn(async move {
-        let result = crate::exec_protocol::run_command(&url, &command, HARNESS_TIMEOUT).await;
+        let result = match url.strip_prefix(crate::rendezvous::RELAY_PREFIX) {
+            Some(conn) => {
+                crate::rendezvous::run_command(&state, conn, &command, HARNESS_TIMEOUT).await
+            }
+            None => crate::exec_protocol::run_command(&url, &command, HARNESS_TIMEOUT).await,
+        };
         match &result {
             Ok(r) => {
                 tracing::info!(turn_id = %tid, exit_code = ?r.exit_code, executor_version = ?r.executor_version, "turn command ran in the executor")
