@@ -68,6 +68,7 @@ pub mod control;
 pub mod error;
 pub mod exec_protocol;
 pub mod executor_connect;
+pub mod forwarder;
 pub mod noise_session;
 mod objects;
 pub mod pagination;

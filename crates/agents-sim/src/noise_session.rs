@@ -37,6 +37,7 @@ type DhPair = KeyPair<<X25519 as Dh>::PubKey, <X25519 as Dh>::PrivateKey>;
 type KemPair = KeyPair<<MlKem768 as Kem>::PubKey, <MlKem768 as Kem>::SecretKey>;
 
 /// A static identity: an X25519 key pair and an ML-KEM-768 key pair.
+#[derive(Clone)]
 pub struct StaticKeys {
     dh: DhPair,
     kem: KemPair,
@@ -66,6 +67,35 @@ impl StaticKeys {
         use clatter::bytearray::ByteArray as _;
         self.kem.public.as_slice().to_vec()
     }
+}
+
+/// The `suite` of a public key in registration and validation bodies (it differs from
+/// [`PROTOCOL_NAME`] in spelling `X25519`).
+pub const KEY_SUITE: &str = "Noise_hybridIK_X25519+MLKEM768_AESGCM_SHA256";
+
+/// A public key as the registry carries it: `{suite, x25519_public_key,
+/// mlkem768_public_key}`, both keys standard base64 (32 and 1184 bytes).
+#[must_use]
+pub fn public_key_json(x25519: &[u8], mlkem: &[u8]) -> serde_json::Value {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    serde_json::json!({
+        "suite": KEY_SUITE,
+        "x25519_public_key": b64.encode(x25519),
+        "mlkem768_public_key": b64.encode(mlkem),
+    })
+}
+
+/// The peer's static public keys (X25519, ML-KEM-768) once a handshake message carrying
+/// them was read (the responder after msg1).
+#[must_use]
+pub fn remote_static(hs: &Handshake) -> Option<(Vec<u8>, Vec<u8>)> {
+    use clatter::bytearray::ByteArray as _;
+    let pair = hs.get_remote_static()?;
+    Some((
+        pair.dh().as_slice().to_vec(),
+        pair.kem().as_slice().to_vec(),
+    ))
 }
 
 /// The prologue of a stream: each part preceded by its length as a u64 big-endian.
@@ -153,9 +183,16 @@ pub fn finish(hs: Handshake) -> Result<Transport, String> {
 #[must_use]
 pub fn records(message: &[u8]) -> Vec<Vec<u8>> {
     let mut plain = Vec::with_capacity(message.len() + 4);
-    plain.extend_from_slice(&u32::try_from(message.len()).unwrap_or(u32::MAX).to_be_bytes());
+    plain.extend_from_slice(
+        &u32::try_from(message.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
     plain.extend_from_slice(message);
-    plain.chunks(MAX_RECORD_PLAINTEXT).map(<[u8]>::to_vec).collect()
+    plain
+        .chunks(MAX_RECORD_PLAINTEXT)
+        .map(<[u8]>::to_vec)
+        .collect()
 }
 
 /// Reassembles JSON-RPC messages from decrypted record plaintexts.
@@ -170,7 +207,8 @@ impl Reassembler {
         self.buf.extend_from_slice(plain);
         let mut out = Vec::new();
         while self.buf.len() >= 4 {
-            let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+            let len =
+                u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
             if self.buf.len() < 4 + len {
                 break;
             }

@@ -1,6 +1,5 @@
 //! The Agents API side of executor registration: `POST /v1/cloud/environment/{id}/register`
-//! and `POST /v1/cloud/environment/{id}/validate`, plus the `/sim/executor/...` control
-//! knobs tests use to make them fail.
+//! and `POST /v1/cloud/environment/{id}/validate`.
 //!
 //! Source: ../shared/reference/executor-protocol.md, "Registration and rendezvous", 1 and
 //! 4. `codex exec-server forward --remote http://127.0.0.1:PORT/v1 --environment-id ID`
@@ -8,7 +7,10 @@
 //! <executor key>`; the answer names a rendezvous WebSocket ([`crate::rendezvous`]) whose
 //! URL is the capability. When the harness opens a stream, the executor asks `/validate`
 //! whether the harness's msg1 payload (`harness_key_authorization`) is one the simulator
-//! issued for that registration and stream (header `x-codex-noise-stream-id`).
+//! issued for that registration, to the harness whose static X25519 key is
+//! `harness_public_key.x25519_public_key`. The reference names a header
+//! `x-codex-noise-stream-id`; the pinned 0.171.0 does not send it (measured), so it is
+//! checked only when present.
 //!
 //! Errors (OpenAI shape `{error: {message, type, param, code}}`): 401 wrong or missing key,
 //! 404 unknown or deleted environment, 400 a body without the keys or another security
@@ -39,30 +41,44 @@ pub(crate) struct Registration {
     pub mlkem: Vec<u8>,
 }
 
-/// Test faults of registration (set through `POST /sim/executor/faults`).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Faults {
-    /// Answer every registration with this status (401 or 404) instead of registering.
-    pub register_status: Option<u16>,
-    /// Answer every `/validate` with `{valid: false}`.
-    pub refuse_validate: bool,
-}
-
-/// Routes: registration and validation (executor key) and the fault knobs (no auth).
+/// Routes: registration and validation (executor key).
 pub(crate) fn routes() -> Router<SimState> {
     Router::new()
-        .route("/v1/cloud/environment/{environment_id}/register", post(register))
-        .route("/v1/cloud/environment/{environment_id}/validate", post(validate))
-        .route("/sim/executor/faults", post(set_faults))
+        .route(
+            "/v1/cloud/environment/{environment_id}/register",
+            post(register),
+        )
+        .route(
+            "/v1/cloud/environment/{environment_id}/validate",
+            post(validate),
+        )
 }
 
 /// Checks the key and that `environment_id` is a live self-hosted environment.
-fn check(state: &SimState, headers: &HeaderMap, environment_id: &str) -> Result<(), ApiError> {
-    if !bearer_matches(headers, &state.config().executor_key) {
+/// Checks the bearer and the environment; a wrong key on a registration (`count`) is
+/// counted in the environment's `refused_registrations`.
+fn check(
+    state: &SimState,
+    headers: &HeaderMap,
+    environment_id: &str,
+    count: bool,
+) -> Result<(), ApiError> {
+    let key_ok = bearer_matches(headers, &state.config().executor_key);
+    let mut inner = state.lock();
+    if count
+        && !key_ok
+        && let Some(e) = inner.environments.get_mut(environment_id)
+    {
+        e.refused_registrations += 1;
+    }
+    if !key_ok {
         return Err(ApiError::unauthorized());
     }
-    let inner = state.lock();
-    match inner.environments.get(environment_id).filter(|e| !e.deleted) {
+    match inner
+        .environments
+        .get(environment_id)
+        .filter(|e| !e.deleted)
+    {
         Some(e) if e.kind == EnvKind::SelfHosted => Ok(()),
         _ => Err(ApiError::not_found("environment", environment_id)),
     }
@@ -87,12 +103,7 @@ async fn register(
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Result<Json<Value>, ApiError> {
-    match state.0.relays.lock().unwrap_or_else(|e| e.into_inner()).faults.register_status {
-        Some(401) => return Err(ApiError::unauthorized()),
-        Some(_) => return Err(ApiError::not_found("environment", &environment_id)),
-        None => {}
-    }
-    check(&state, &headers, &environment_id)?;
+    check(&state, &headers, &environment_id, true)?;
     if body.get("security_profile").and_then(Value::as_str) != Some(SECURITY_PROFILE) {
         return Err(ApiError::invalid(
             format!("security_profile must be {SECURITY_PROFILE}."),
@@ -108,9 +119,13 @@ async fn register(
     let token = state.0.ids.hex("rdv_");
     {
         let mut relays = state.0.relays.lock().unwrap_or_else(|e| e.into_inner());
-        relays.registrations.insert(registration_id.clone(), registration);
+        relays
+            .registrations
+            .insert(registration_id.clone(), registration);
         relays.tokens.insert(token.clone(), registration_id.clone());
-        relays.register_count += 1;
+    }
+    if let Some(e) = state.lock().environments.get_mut(&environment_id) {
+        e.registrations += 1;
     }
     let ws_root = state.0.root_url.replacen("http://", "ws://", 1);
     tracing::info!(environment_id = %environment_id, registration_id = %registration_id, "executor registered");
@@ -128,35 +143,28 @@ async fn validate(
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Result<Json<Value>, ApiError> {
-    check(&state, &headers, &environment_id)?;
-    let stream_id = headers
+    check(&state, &headers, &environment_id, false)?;
+    // codex 0.171.0 sends no `x-codex-noise-stream-id` (measured); when present it must
+    // name the stream the authorization was issued for.
+    let stream_header = headers
         .get("x-codex-noise-stream-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
+        .and_then(|v| v.to_str().ok());
     let registration_id = body.get("executor_registration_id").and_then(Value::as_str);
-    let authorization = body.get("harness_key_authorization").and_then(Value::as_str);
+    let authorization = body
+        .get("harness_key_authorization")
+        .and_then(Value::as_str);
+    let harness_x25519 = body
+        .pointer("/harness_public_key/x25519_public_key")
+        .and_then(Value::as_str)
+        .and_then(|k| B64.decode(k).ok());
     let relays = state.0.relays.lock().unwrap_or_else(|e| e.into_inner());
-    let issued = relays.authorizations.get(stream_id);
-    let valid = !relays.faults.refuse_validate
-        && matches!((issued, registration_id, authorization),
-            (Some((reg, auth)), Some(r), Some(a)) if reg == r && authorization_matches(a, auth));
+    let issued = authorization.and_then(|a| relays.authorizations.get(a));
+    let stream_id = issued.map(|i| i.stream_id.clone()).unwrap_or_default();
+    let valid = issued.is_some_and(|i| {
+        Some(i.registration_id.as_str()) == registration_id
+            && harness_x25519.as_deref() == Some(i.harness_x25519.as_slice())
+            && stream_header.is_none_or(|h| h == i.stream_id)
+    });
     tracing::info!(environment_id = %environment_id, stream_id, valid, "harness validated");
     Ok(Json(json!({"valid": valid})))
-}
-
-/// The executor forwards msg1's payload as a string: the token itself or its base64.
-fn authorization_matches(sent: &str, issued: &str) -> bool {
-    sent == issued || B64.decode(sent).is_ok_and(|b| b == issued.as_bytes())
-}
-
-async fn set_faults(State(state): State<SimState>, Json(body): Json<Value>) -> Json<Value> {
-    let mut relays = state.0.relays.lock().unwrap_or_else(|e| e.into_inner());
-    relays.faults = Faults {
-        register_status: body
-            .get("register_status")
-            .and_then(Value::as_u64)
-            .and_then(|s| u16::try_from(s).ok()),
-        refuse_validate: body.get("refuse_validate").and_then(Value::as_bool) == Some(true),
-    };
-    Json(json!({"register_status": relays.faults.register_status, "refuse_validate": relays.faults.refuse_validate}))
 }

@@ -234,18 +234,32 @@ mod tests {
     #[test]
     fn every_body_survives_a_round_trip() {
         for body in [
-            Body::Data { seq: 300, payload: vec![1, 2, 3] },
+            Body::Data {
+                seq: 300,
+                payload: vec![1, 2, 3],
+            },
             Body::Ack,
             Body::Resume { next_seq: 0 },
-            Body::Reset { reason: "noise_relay_protocol_error".into() },
+            Body::Reset {
+                reason: "noise_relay_protocol_error".into(),
+            },
             Body::Heartbeat,
-            Body::Handshake { payload: vec![9; 4000] },
+            Body::Handshake {
+                payload: vec![9; 4000],
+            },
         ] {
-            let f = Frame { stream_id: "s1".into(), body };
+            let f = Frame {
+                stream_id: "s1".into(),
+                body,
+            };
             assert_eq!(Frame::decode(&f.encode()).unwrap(), f);
         }
         // Resume{} is an empty message on field 7, not an absent body.
-        let bytes = Frame { stream_id: "s".into(), body: Body::Resume { next_seq: 0 } }.encode();
+        let bytes = Frame {
+            stream_id: "s".into(),
+            body: Body::Resume { next_seq: 0 },
+        }
+        .encode();
         assert_eq!(bytes, [0x08, 1, 0x12, 1, b's', 0x3a, 0]);
         assert!(Frame::decode(&[0x08, 2]).is_err());
         assert!(Frame::decode(&[0x12, 5, b'a']).is_err());

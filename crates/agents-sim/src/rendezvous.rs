@@ -18,7 +18,7 @@
 
 use crate::exec_protocol::{CommandResult, Pipe};
 use crate::noise_session::{self, Reassembler, StaticKeys};
-use crate::registration::{Faults, Registration};
+use crate::registration::Registration;
 use crate::relay_frame::{Body, Frame};
 use crate::state::SimState;
 use crate::turns::{ensure_driver, step};
@@ -42,12 +42,18 @@ pub(crate) struct Relays {
     pub registrations: HashMap<String, Registration>,
     /// Rendezvous token → registration id.
     pub tokens: HashMap<String, String>,
-    /// Stream id → (registration id, authorization token) issued in msg1.
-    pub authorizations: HashMap<String, (String, String)>,
+    /// Authorization token (msg1's payload) → what it was issued for.
+    pub authorizations: HashMap<String, Issued>,
     /// Open sockets by connection id.
     sockets: HashMap<String, Socket>,
-    pub faults: Faults,
-    pub register_count: u64,
+}
+
+/// What one harness authorization was issued for: a stream of a registration, by a
+/// harness with this static X25519 key.
+pub(crate) struct Issued {
+    pub registration_id: String,
+    pub stream_id: String,
+    pub harness_x25519: Vec<u8>,
 }
 
 struct Socket {
@@ -58,14 +64,14 @@ struct Socket {
 
 type OpenStream = oneshot::Sender<Result<Pipe, String>>;
 
-/// The prefix of the harness target a relay connection puts in `executor_urls`.
-pub(crate) const RELAY_PREFIX: &str = "relay:";
-
 /// Routes: the rendezvous socket and the drop knob.
 pub(crate) fn routes() -> Router<SimState> {
     Router::new()
         .route("/v1/cloud/rendezvous/{token}", get(rendezvous))
-        .route("/sim/environments/{environment_id}/drop-executor", post(drop_executor))
+        .route(
+            "/sim/environments/{environment_id}/drop-executor",
+            post(drop_executor),
+        )
 }
 
 fn relays(state: &SimState) -> std::sync::MutexGuard<'_, Relays> {
@@ -95,7 +101,11 @@ async fn serve(state: SimState, socket: WebSocket, registration_id: String, reg:
     let kill = Arc::new(Notify::new());
     relays(&state).sockets.insert(
         conn.clone(),
-        Socket { environment_id: reg.environment_id.clone(), open: open_tx, kill: kill.clone() },
+        Socket {
+            environment_id: reg.environment_id.clone(),
+            open: open_tx,
+            kill: kill.clone(),
+        },
     );
     set_connection(&state, &reg.environment_id, &conn, true);
     let (mut sink, mut incoming) = socket.split();
@@ -153,11 +163,11 @@ fn set_connection(state: &SimState, environment_id: &str, conn: &str, open: bool
         };
         if open {
             env.connections.insert(conn.to_owned());
-            env.executor_urls.insert(conn.to_owned(), format!("{RELAY_PREFIX}{conn}"));
+            env.relay_connections.insert(conn.to_owned());
             env.connect_count += 1;
             env.status = EnvironmentStatus::Connected;
         } else {
-            env.executor_urls.remove(conn);
+            env.relay_connections.remove(conn);
             env.disconnect_count += u64::from(env.connections.remove(conn));
             if env.connections.is_empty() && env.status == EnvironmentStatus::Connected {
                 env.status = EnvironmentStatus::Disconnected;
@@ -183,7 +193,10 @@ struct StreamCtx {
 impl StreamCtx {
     async fn send(&self, body: Body) -> Result<(), String> {
         self.out
-            .send(Frame { stream_id: self.stream_id.clone(), body })
+            .send(Frame {
+                stream_id: self.stream_id.clone(),
+                body,
+            })
             .await
             .map_err(|_| "the rendezvous socket closed".to_owned())
     }
@@ -193,21 +206,21 @@ impl StreamCtx {
 async fn harness_stream(ctx: StreamCtx, mut rx: mpsc::Receiver<Body>, reply: OpenStream) {
     let handshake = async {
         let authorization = ctx.state.0.ids.hex("hka_");
+        let own = StaticKeys::generate()?;
         relays(&ctx.state).authorizations.insert(
-            ctx.stream_id.clone(),
-            (ctx.registration_id.clone(), authorization.clone()),
+            authorization.clone(),
+            Issued {
+                registration_id: ctx.registration_id.clone(),
+                stream_id: ctx.stream_id.clone(),
+                harness_x25519: own.x25519_public(),
+            },
         );
         let prologue = noise_session::prologue(
             &ctx.reg.environment_id,
             &ctx.registration_id,
             &ctx.stream_id,
         );
-        let mut hs = noise_session::initiator(
-            StaticKeys::generate()?,
-            &ctx.reg.x25519,
-            &ctx.reg.mlkem,
-            &prologue,
-        )?;
+        let mut hs = noise_session::initiator(own, &ctx.reg.x25519, &ctx.reg.mlkem, &prologue)?;
         let msg1 = noise_session::write(&mut hs, authorization.as_bytes())?;
         ctx.send(Body::Resume { next_seq: 0 }).await?;
         ctx.send(Body::Handshake { payload: msg1 }).await?;
@@ -235,7 +248,13 @@ async fn harness_stream(ctx: StreamCtx, mut rx: mpsc::Receiver<Body>, reply: Ope
     };
     let (to_rpc, pipe_rx) = mpsc::channel::<String>(64);
     let (pipe_tx, mut from_rpc) = mpsc::channel::<String>(64);
-    if reply.send(Ok(Pipe { tx: pipe_tx, rx: pipe_rx })).is_err() {
+    if reply
+        .send(Ok(Pipe {
+            tx: pipe_tx,
+            rx: pipe_rx,
+        }))
+        .is_err()
+    {
         return;
     }
     let (mut send_seq, mut recv_seq) = (0u64, 0u64);
@@ -267,13 +286,17 @@ async fn harness_stream(ctx: StreamCtx, mut rx: mpsc::Receiver<Body>, reply: Ope
             }
         }
     }
-    let _ = ctx.send(Body::Reset { reason: "closed".to_owned() }).await;
+    let _ = ctx
+        .send(Body::Reset {
+            reason: "closed".to_owned(),
+        })
+        .await;
 }
 
 /// Runs `command` through connection `conn`'s rendezvous socket (a new stream).
 ///
 /// # Errors
-/// The socket is gone, the handshake failed, or [`crate::exec_protocol::run_over`]'s errors.
+/// The socket is gone, the handshake failed, or [`crate::exec_protocol::run_command`]'s errors.
 pub(crate) async fn run_command(
     state: &SimState,
     conn: &str,
@@ -283,9 +306,13 @@ pub(crate) async fn run_command(
     let open = relays(state).sockets.get(conn).map(|s| s.open.clone());
     let open = open.ok_or("the executor's rendezvous socket is closed")?;
     let (tx, rx) = oneshot::channel();
-    open.send(tx).await.map_err(|_| "the executor's rendezvous socket is closed")?;
-    let pipe = rx.await.map_err(|_| "the executor's rendezvous socket closed")??;
-    crate::exec_protocol::run_over(pipe, command, timeout).await
+    open.send(tx)
+        .await
+        .map_err(|_| "the executor's rendezvous socket is closed")?;
+    let pipe = rx
+        .await
+        .map_err(|_| "the executor's rendezvous socket closed")??;
+    crate::exec_protocol::run_command(pipe, command, timeout).await
 }
 
 async fn drop_executor(
