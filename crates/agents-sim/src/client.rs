@@ -352,9 +352,10 @@ impl SimClient {
         Ok(())
     }
 
-    /// Closes every rendezvous socket of the environment from the simulator's side
-    /// (`POST /sim/environments/{id}/drop-executor`), as a lost network would; returns how
-    /// many were open. A real forwarder reopens its socket after 1–30 s.
+    /// Closes every rendezvous socket of the environment from the simulator's side and
+    /// keeps refusing new ones with 503 (`POST /sim/environments/{id}/drop-executor`), as
+    /// a lost network would while the executor process lives on; returns how many were
+    /// open.
     ///
     /// # Errors
     /// See [`ClientError`].

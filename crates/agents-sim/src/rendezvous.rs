@@ -14,7 +14,9 @@
 //! records of `u32 BE length ‖ JSON-RPC`; the JSON-RPC itself (`initialize`,
 //! `initialized`, `process/start`, `process/read`) is [`crate::exec_protocol`]'s.
 //! `POST /sim/environments/{id}/drop-executor` (no auth, loopback) closes every rendezvous
-//! socket of an environment, as a dying forwarder would.
+//! socket of an environment and cuts it off: its upgrades answer 503 from then on, so a
+//! forwarder that lives on retries without reconnecting (a network partition; the
+//! executor process keeps running).
 
 use crate::exec_protocol::{CommandResult, Pipe};
 use crate::noise_session::{self, Reassembler, StaticKeys};
@@ -42,6 +44,8 @@ pub(crate) struct Relays {
     pub registrations: HashMap<String, Registration>,
     /// Rendezvous token → registration id.
     pub tokens: HashMap<String, String>,
+    /// Environments cut off by `drop-executor`: their rendezvous upgrades answer 503.
+    partitioned: std::collections::HashSet<String>,
     /// Authorization token (msg1's payload) → what it was issued for.
     pub authorizations: HashMap<String, Issued>,
     /// Open sockets by connection id.
@@ -92,6 +96,13 @@ async fn rendezvous(
     let Some((registration_id, registration)) = registration else {
         return crate::error::ApiError::not_found("rendezvous", &token).into_response();
     };
+    if relays(&state)
+        .partitioned
+        .contains(&registration.environment_id)
+    {
+        // Not a 4xx: the forwarder keeps its registration and retries with backoff.
+        return axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
     ws.on_upgrade(move |socket| serve(state, socket, registration_id, registration))
 }
 
@@ -320,7 +331,9 @@ async fn drop_executor(
     Path(environment_id): Path<String>,
 ) -> Json<Value> {
     let mut dropped = 0;
-    for s in relays(&state).sockets.values() {
+    let mut relays = relays(&state);
+    relays.partitioned.insert(environment_id.clone());
+    for s in relays.sockets.values() {
         if s.environment_id == environment_id {
             s.kill.notify_one();
             dropped += 1;

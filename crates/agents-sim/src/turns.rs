@@ -194,15 +194,13 @@ pub(crate) fn step(sh: &Shared, inner: &mut Inner, sid: &str, now: f64) -> Next 
                 t.started = Some(now);
                 t.run_until = Some(now + cfg.turn_secs);
                 // A forwarder's rendezvous socket is up: the command runs in its executor
-                // (the driver starts the harness task) and the turn ends with it.
+                // (the driver starts the harness task); the turn ends after it and
+                // `turn_secs`.
                 t.harness_connection = s
                     .env_id
                     .as_ref()
                     .and_then(|e| environments.get(e))
                     .and_then(|e| e.relay_connections.iter().next_back().cloned());
-                if t.harness_connection.is_some() {
-                    t.run_until = None;
-                }
                 t.items = user_items(t);
                 if s.env_kind != EnvKind::None {
                     t.items.push(objects::command_started(
@@ -218,15 +216,14 @@ pub(crate) fn step(sh: &Shared, inner: &mut Inner, sid: &str, now: f64) -> Next 
             }
             TurnStatus::InProgress => {
                 let interrupted = needs_executor && !connected;
-                if t.harness_connection.is_some() {
-                    if !interrupted && t.harness_result.is_none() {
-                        return Next::OnChange;
-                    }
-                } else {
-                    let due = t.run_until.is_none_or(|until| now >= until);
-                    if !interrupted && !due {
-                        return Next::Until(t.run_until.unwrap_or(now));
-                    }
+                // A turn lasts `turn_secs` and, when its command runs in an executor,
+                // until that command ended too.
+                if !interrupted && t.harness_connection.is_some() && t.harness_result.is_none() {
+                    return Next::OnChange;
+                }
+                let due = t.run_until.is_none_or(|until| now >= until);
+                if !interrupted && !due {
+                    return Next::Until(t.run_until.unwrap_or(now));
                 }
                 finish_turn(sh, t, now, interrupted);
                 s.usage = Some(s.usage.unwrap_or_default().add(TURN_USAGE));

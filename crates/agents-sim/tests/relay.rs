@@ -53,6 +53,7 @@ async fn sim(nonce: &str) -> SimHandle {
         SimConfig::default()
             .with_keys("sk-test-api-key-for-sim", EXECUTOR_KEY)
             .with_time_scale(0.0)
+            .with_turn_secs(0.0)
             .with_connect_deadline_secs(3600.0)
             .with_turn_command(format!("echo {nonce} ppid=$PPID")),
     )
