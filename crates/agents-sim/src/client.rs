@@ -113,7 +113,8 @@ impl fmt::Debug for SimClient {
 impl SimClient {
     /// A client for the simulator at `base_url` (`http://127.0.0.1:PORT/v1`; the root
     /// without `/v1` is accepted too), using `api_key` on agents endpoints and
-    /// `executor_key` on the executor endpoints. Proxies are never used.
+    /// keeping `executor_key` for the forwarders a test starts ([`Self::executor_key`]).
+    /// Proxies are never used.
     pub fn new(base_url: &str, api_key: &str, executor_key: &str) -> Self {
         let trimmed = base_url.trim_end_matches('/');
         let root = trimmed.strip_suffix("/v1").unwrap_or(trimmed).to_owned();
@@ -142,10 +143,10 @@ impl SimClient {
             .header("OpenAI-Beta", "agents=v1")
     }
 
-    fn executor(&self, method: Method, path: &str) -> RequestBuilder {
-        self.http
-            .request(method, format!("{}/v1{path}", self.root))
-            .bearer_auth(&self.executor_key)
+    /// The executor key this client was built with: what a forwarder it starts presents
+    /// at registration (`CODEX_API_KEY`). Never logged.
+    pub fn executor_key(&self) -> &str {
+        &self.executor_key
     }
 
     fn control(&self, method: Method, path: &str) -> RequestBuilder {
@@ -311,16 +312,15 @@ impl SimClient {
         .await
     }
 
-    /// Connects an executor to the environment (as the executor stand-in does); returns
-    /// the connection id.
+    /// Opens a simulated executor connection (`POST /sim/environments/{id}/connect`: the
+    /// environment is `connected`, no command really runs); returns the connection id.
     ///
     /// # Errors
-    /// [`ClientError::Status`] 401 for a wrong executor key, 404 for an unknown or deleted
-    /// environment.
+    /// [`ClientError::Status`] 404 for an unknown or deleted environment.
     pub async fn connect(&self, environment_id: &str) -> Result<String, ClientError> {
-        let v: Value = Self::json(self.executor(
+        let v: Value = Self::json(self.control(
             Method::POST,
-            &format!("/agents/environments/{environment_id}/connect"),
+            &format!("/sim/environments/{environment_id}/connect"),
         ))
         .await?;
         Ok(v.get("id")
@@ -329,7 +329,9 @@ impl SimClient {
             .to_owned())
     }
 
-    /// Disconnects one connection, or every connection when `connection_id` is `None`.
+    /// Closes one simulated connection, or every simulated connection when
+    /// `connection_id` is `None` (a relay socket closes only with its forwarder, or
+    /// through [`Self::drop_executor`]).
     ///
     /// # Errors
     /// See [`ClientError`].
@@ -340,14 +342,30 @@ impl SimClient {
     ) -> Result<(), ClientError> {
         let body = json!({"connection_id": connection_id});
         Self::send(
-            self.executor(
+            self.control(
                 Method::POST,
-                &format!("/agents/environments/{environment_id}/disconnect"),
+                &format!("/sim/environments/{environment_id}/disconnect"),
             )
             .json(&body),
         )
         .await?;
         Ok(())
+    }
+
+    /// Closes every rendezvous socket of the environment from the simulator's side and
+    /// keeps refusing new ones with 503 (`POST /sim/environments/{id}/drop-executor`), as
+    /// a lost network would while the executor process lives on; returns how many were
+    /// open.
+    ///
+    /// # Errors
+    /// See [`ClientError`].
+    pub async fn drop_executor(&self, environment_id: &str) -> Result<u64, ClientError> {
+        let v: Value = Self::json(self.control(
+            Method::POST,
+            &format!("/sim/environments/{environment_id}/drop-executor"),
+        ))
+        .await?;
+        Ok(v.get("dropped").and_then(Value::as_u64).unwrap_or_default())
     }
 
     /// `POST /sim/sessions/{id}/fail` (webhook `agent.session.failed`).

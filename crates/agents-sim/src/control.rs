@@ -136,7 +136,7 @@ async fn function_call(
             usage: None,
             started: Some(now),
             run_until: None,
-            harness_url: None,
+            harness_connection: None,
             harness_started: false,
             harness_result: None,
         };

@@ -1,12 +1,11 @@
-//! The executor's own protocol (issue 26): JSON-RPC 2.0 over a WebSocket, as served by
-//! `codex exec-server --listen ws://127.0.0.1:PORT` (and by the `sim-executor` stand-in's
-//! `--listen`). Both sides live here:
+//! The executor's own protocol: JSON-RPC 2.0 messages, as served by `codex exec-server
+//! --listen ws://127.0.0.1:PORT` (and by the `sim-executor` stand-in's `--listen`). Both
+//! sides live here:
 //!
-//! - [`run_command`]: the simulator as the **harness**. For a turn of an environment whose
-//!   executor connected through a forwarder that named its local executor
-//!   (`executor_url`, see [`crate::executor_connect`]), the simulator connects to that
-//!   WebSocket and runs the turn's command there, so the command really executes in the
-//!   executor (the real pinned `codex` or the stand-in).
+//! - [`run_command`]: the simulator as the **harness**, over a [`Pipe`] of JSON-RPC
+//!   messages. The pipe is a Noise stream of a forwarder's rendezvous socket
+//!   ([`crate::rendezvous`]); the forwarder passes each message to its listening executor
+//!   (the real pinned `codex` or the stand-in), so the command really executes there.
 //! - [`serve`]: the stand-in's listener, the same methods for the subset the harness uses.
 //!
 //! Methods (from `codex-rs/exec-server/src/protocol.rs` of openai/codex, checked against
@@ -18,10 +17,6 @@
 //! closed, failure}` (chunks with `seq > afterSeq`); `process/terminate` `{processId}` →
 //! `{running}`. The real executor also pushes `process/output`, `process/exited` and
 //! `process/closed` notifications; [`run_command`] takes output from both, by `seq`.
-//!
-//! What this does not do: the Noise-encrypted rendezvous of the real registration
-//! (`noise_hybrid_ik_v1`, X25519 + ML-KEM-768 handshake, per-stream `/validate`); the
-//! simulator talks to the executor's loopback socket directly instead.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -73,11 +68,21 @@ pub fn is_loopback_ws(url: &str) -> bool {
 }
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+#[cfg(test)]
 type ClientWs =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
+/// A JSON-RPC message pipe to an executor: text messages out (`tx`) and in (`rx`; `None`
+/// once closed), built over a Noise stream of the rendezvous relay ([`crate::rendezvous`]).
+pub struct Pipe {
+    /// Messages to the executor.
+    pub tx: tokio::sync::mpsc::Sender<String>,
+    /// Messages from the executor.
+    pub rx: tokio::sync::mpsc::Receiver<String>,
+}
+
 struct Rpc {
-    ws: ClientWs,
+    pipe: Pipe,
     next_id: u64,
     /// `process/output` chunks seen in notifications, by seq.
     chunks: BTreeMap<u64, Vec<u8>>,
@@ -85,10 +90,11 @@ struct Rpc {
 
 impl Rpc {
     async fn send(&mut self, msg: Value) -> Result<(), String> {
-        self.ws
-            .send(Message::Text(msg.to_string().into()))
+        self.pipe
+            .tx
+            .send(msg.to_string())
             .await
-            .map_err(|e| format!("executor websocket send: {e}"))
+            .map_err(|_| "executor connection closed".to_owned())
     }
 
     /// Sends a request and waits for its response, recording notifications meanwhile.
@@ -98,20 +104,12 @@ impl Rpc {
         self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
             .await?;
         loop {
-            let msg = self
-                .ws
-                .next()
+            let text = self
+                .pipe
+                .rx
+                .recv()
                 .await
-                .ok_or_else(|| format!("executor closed the connection during {method}"))?
-                .map_err(|e| format!("executor websocket: {e}"))?;
-            let text = match msg {
-                Message::Text(t) => t.to_string(),
-                Message::Binary(b) => String::from_utf8_lossy(&b).into_owned(),
-                Message::Close(_) => {
-                    return Err(format!("executor closed the connection during {method}"));
-                }
-                _ => continue,
-            };
+                .ok_or_else(|| format!("executor closed the connection during {method}"))?;
             let Ok(v) = serde_json::from_str::<Value>(&text) else {
                 continue;
             };
@@ -142,42 +140,65 @@ impl Rpc {
     }
 }
 
-/// Runs `command` (`/bin/sh -c command`) in the executor listening at `url` as the
-/// harness would: `initialize`, `initialized`, `process/start` in the executor's own
+/// Bridges a WebSocket to a [`Pipe`] (text and binary messages in, text out): the
+/// harness talking to a listener directly, for this module's tests.
+#[cfg(test)]
+fn bridge(ws: ClientWs) -> Pipe {
+    let (in_tx, in_rx) = tokio::sync::mpsc::channel::<String>(64);
+    let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<String>(64);
+    let (mut sink, mut stream) = ws.split();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                out = out_rx.recv() => match out {
+                    Some(text) => {
+                        if sink.send(Message::Text(text.into())).await.is_err() {
+                            return;
+                        }
+                    }
+                    None => {
+                        let _ = sink.close().await;
+                        return;
+                    }
+                },
+                msg = stream.next() => match msg {
+                    Some(Ok(Message::Text(t))) => {
+                        if in_tx.send(t.to_string()).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(Ok(Message::Binary(b))) => {
+                        if in_tx.send(String::from_utf8_lossy(&b).into_owned()).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(Ok(Message::Close(_)) | Err(_)) | None => return,
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+    });
+    Pipe {
+        tx: out_tx,
+        rx: in_rx,
+    }
+}
+
+/// Runs `command` (`/bin/sh -c command`) in the executor at the other end of `pipe` as
+/// the harness would: `initialize`, `initialized`, `process/start` in the executor's own
 /// working directory (from `initialize`), then `process/read` until the process has
 /// exited and its output is closed. The process gets an empty environment (`env: {}`).
 ///
 /// # Errors
-/// A message naming the step: connection refused, a JSON-RPC error, a closed socket, or
-/// `timeout` (then a `process/terminate` is attempted).
+/// A message naming the step: a JSON-RPC error, a closed pipe, or `timeout` (then a
+/// `process/terminate` is attempted).
 pub async fn run_command(
-    url: &str,
+    pipe: Pipe,
     command: &str,
     timeout: Duration,
 ) -> Result<CommandResult, String> {
-    if !is_loopback_ws(url) {
-        return Err("the executor URL must be ws:// on a loopback address".to_owned());
-    }
-    // The executor may still be starting (the real codex takes a moment): connection
-    // errors are retried every 100 ms for up to 20 s.
-    let started = tokio::time::Instant::now();
-    let ws = loop {
-        match tokio::time::timeout(
-            Duration::from_secs(10),
-            tokio_tungstenite::connect_async(url),
-        )
-        .await
-        {
-            Ok(Ok((ws, _))) => break ws,
-            Ok(Err(e)) if started.elapsed() > Duration::from_secs(20) => {
-                return Err(format!("executor websocket connect: {e}"));
-            }
-            Err(_) => return Err("executor websocket connect timed out".to_owned()),
-            Ok(Err(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    };
     let mut rpc = Rpc {
-        ws,
+        pipe,
         next_id: 0,
         chunks: BTreeMap::new(),
     };
@@ -253,7 +274,7 @@ pub async fn run_command(
             return Err("timeout".to_owned());
         }
     };
-    let _ = rpc.ws.close(None).await;
+    drop(rpc.pipe);
     let mut bytes = Vec::new();
     for chunk in rpc.chunks.values() {
         bytes.extend_from_slice(chunk);
@@ -429,6 +450,8 @@ async fn handle(ws: Ws) {
     while let Some(Ok(msg)) = rx.next().await {
         let text = match msg {
             Message::Text(t) => t.to_string(),
+            // What a relay forwarder passes through (binary messages of JSON-RPC text).
+            Message::Binary(b) => String::from_utf8_lossy(&b).into_owned(),
             Message::Close(_) => break,
             _ => continue,
         };
@@ -571,8 +594,11 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("ws://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(serve(listener, None));
+        let (ws, _) = tokio_tungstenite::connect_async(url.as_str())
+            .await
+            .unwrap();
         let r = run_command(
-            &url,
+            bridge(ws),
             "echo out; echo err >&2; exit 7",
             Duration::from_secs(20),
         )

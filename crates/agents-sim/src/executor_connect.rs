@@ -1,33 +1,26 @@
-//! The executor stand-in endpoints: `POST /v1/agents/environments/{id}/connect` and
-//! `POST .../disconnect` (or `DELETE .../connect`).
+//! Simulated executor connections, a control knob for tests that need an environment
+//! `connected` without running an executor: `POST /sim/environments/{id}/connect` and
+//! `POST /sim/environments/{id}/disconnect` (no auth, loopback only, like the rest of
+//! `/sim`). The one real executor path is the relay ([`crate::registration`],
+//! [`crate::rendezvous`]); a connection opened here runs no command: the turn's command
+//! item is simulated and completes after [`SimConfig::turn_secs`](crate::SimConfig).
 //!
-//! A real `codex exec-server --remote <remote_url>` registers over HTTPS and then keeps a
-//! WebSocket open; it cannot talk to this simulator. Here "an executor is connected" is
-//! one HTTP call with `Authorization: Bearer <executor key>` (the restricted
-//! `CODEX_API_KEY` of the sandbox; the API key is refused): each connect opens one
-//! *connection* (`conn_...`) that stays open until a disconnect names it (or a disconnect
-//! without a connection id closes them all). The environment is `connected` while at least
-//! one connection is open and `disconnected` after the last one closes; two open
-//! connections mean two executors (duplicate compute), visible in
+//! Each connect opens one *connection* (`conn_...`) that stays open until a disconnect
+//! names it (or a disconnect without a connection id closes them all, relay sockets
+//! excepted). The environment is `connected` while at least one connection is open and
+//! `disconnected` after the last one closes; two open connections mean two executors
+//! (duplicate compute), visible in
 //! [`EnvironmentSummary::connections`](crate::EnvironmentSummary::connections).
 //!
 //! A connect lets a waiting input run at once; a disconnect while a turn runs fails its
 //! command item and completes the turn (agents-api.md). Connecting to the environment of a
-//! deleted session answers 404; disconnecting from it is still accepted, so an executor
-//! being stopped can always say goodbye.
+//! deleted session answers 404 (400 for an environment that is not `self_hosted`);
+//! disconnecting from it is still accepted.
 //!
 //! Answer of both: `{object: "agent.environment.connection", id, environment_id, status,
 //! connections}` where `id` is the connection affected (connect) or `null` (disconnect of
 //! all), `status` the environment's status and `connections` how many remain open.
-//!
-//! Issue 26, the split executor: a connect may carry a JSON body `{"executor_url":
-//! "ws://127.0.0.1:PORT"}`, sent by the forwarder (`sim-executor ... forward --connect
-//! URL`, the only process holding the key) to name the listening executor it serves. The
-//! simulator then plays the harness: each turn's command runs on that executor over its
-//! own protocol ([`crate::exec_protocol`]). Only a loopback `ws://` URL is accepted (400
-//! otherwise); a connect without a body keeps the old behaviour (a simulated command).
 
-use crate::auth::bearer_matches;
 use crate::error::ApiError;
 use crate::routes::parse_object;
 use crate::state::{EnvKind, SimState};
@@ -36,21 +29,17 @@ use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
 use axum::routing::post;
 use sandbox_core::environment::EnvironmentStatus;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 
-/// Routes of the executor stand-in (executor key required).
+/// Routes of the simulated connections (control: no auth).
 pub(crate) fn routes() -> Router<SimState> {
     Router::new()
+        .route("/sim/environments/{environment_id}/connect", post(connect))
         .route(
-            "/v1/agents/environments/{environment_id}/connect",
-            post(connect).delete(disconnect),
-        )
-        .route(
-            "/v1/agents/environments/{environment_id}/disconnect",
+            "/sim/environments/{environment_id}/disconnect",
             post(disconnect),
         )
 }
@@ -58,28 +47,11 @@ pub(crate) fn routes() -> Router<SimState> {
 async fn connect(
     State(state): State<SimState>,
     Path(environment_id): Path<String>,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    if !bearer_matches(&headers, &state.config().executor_key) {
-        return Err(ApiError::unauthorized());
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        parse_object(&body)?;
     }
-    let executor_url = if body.iter().all(u8::is_ascii_whitespace) {
-        None
-    } else {
-        match parse_object(&body)?.get("executor_url") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(url)) if crate::exec_protocol::is_loopback_ws(url) => {
-                Some(url.clone())
-            }
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    "executor_url must be a ws:// URL on a loopback address with a port.",
-                    Some("executor_url"),
-                ));
-            }
-        }
-    };
     let sh = &state.0;
     let (answer, session_id) = {
         let mut inner = state.lock();
@@ -97,9 +69,6 @@ async fn connect(
         }
         let conn = sh.ids.hex("conn_");
         env.connections.insert(conn.clone());
-        if let Some(url) = &executor_url {
-            env.executor_urls.insert(conn.clone(), url.clone());
-        }
         env.connect_count += 1;
         env.status = EnvironmentStatus::Connected;
         let answer = json!({
@@ -113,7 +82,7 @@ async fn connect(
         step(sh, &mut inner, &session_id, now);
         (answer, session_id)
     };
-    tracing::info!(environment_id = %environment_id, "executor connected");
+    tracing::info!(environment_id = %environment_id, "simulated executor connected");
     state.bump();
     ensure_driver(&state, &session_id);
     Ok(Json(answer))
@@ -123,12 +92,8 @@ async fn disconnect(
     State(state): State<SimState>,
     Path(environment_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    if !bearer_matches(&headers, &state.config().executor_key) {
-        return Err(ApiError::unauthorized());
-    }
     let req = parse_object(&body)?;
     let connection_id = query.get("connection_id").cloned().or_else(|| {
         req.get("connection_id")
@@ -143,16 +108,20 @@ async fn disconnect(
             .environments
             .get_mut(&environment_id)
             .ok_or_else(|| ApiError::not_found("environment", &environment_id))?;
+        // A relay socket's connection closes with the socket, not here.
         let removed = match &connection_id {
-            Some(c) => {
-                env.executor_urls.remove(c);
-                u64::from(env.connections.remove(c))
-            }
+            Some(c) if env.relay_connections.contains(c) => 0,
+            Some(c) => u64::from(env.connections.remove(c)),
             None => {
-                let n = env.connections.len() as u64;
-                env.connections.clear();
-                env.executor_urls.clear();
-                n
+                let simulated: Vec<String> = env
+                    .connections
+                    .difference(&env.relay_connections)
+                    .cloned()
+                    .collect();
+                for c in &simulated {
+                    env.connections.remove(c);
+                }
+                simulated.len() as u64
             }
         };
         env.disconnect_count += removed;
@@ -170,7 +139,7 @@ async fn disconnect(
         step(sh, &mut inner, &session_id, now);
         (answer, session_id)
     };
-    tracing::info!(environment_id = %environment_id, "executor disconnected");
+    tracing::info!(environment_id = %environment_id, "simulated executor disconnected");
     state.bump();
     ensure_driver(&state, &session_id);
     Ok(Json(answer))

@@ -86,6 +86,8 @@ pub fn router(state: SimState) -> Router {
             require_api_key,
         ));
     api.merge(executor_connect::routes())
+        .merge(crate::registration::routes())
+        .merge(crate::rendezvous::routes())
         .merge(control::routes())
         .fallback(not_found)
         .with_state(state)
@@ -304,7 +306,7 @@ fn queue_turn(
         usage: None,
         started: None,
         run_until: None,
-        harness_url: None,
+        harness_connection: None,
         harness_started: false,
         harness_result: None,
     };
@@ -391,13 +393,9 @@ async fn create_session(
         let now_i = now.floor() as i64;
         let sid = sh.ids.hex("sess_");
         let env_id = (kind != EnvKind::None).then(|| sh.ids.hex("env_"));
-        let remote_url = (kind == EnvKind::SelfHosted).then(|| {
-            format!(
-                "{}/v1/agents/environments/{}/connect",
-                sh.root_url,
-                env_id.as_deref().unwrap_or("")
-            )
-        });
+        // The executor's `--remote`: codex appends `/cloud/environment/{id}/register`
+        // (../shared/reference/executor-protocol.md, "Registration and rendezvous").
+        let remote_url = (kind == EnvKind::SelfHosted).then(|| format!("{}/v1", sh.root_url));
         let session = SessionRec {
             id: sid.clone(),
             agent: objects::agent_object(&agent_id, agent_req),
@@ -433,9 +431,11 @@ async fn create_session(
                         EnvironmentStatus::Ready
                     },
                     connections: BTreeSet::new(),
-                    executor_urls: Default::default(),
+                    relay_connections: BTreeSet::new(),
                     connect_count: 0,
                     disconnect_count: 0,
+                    registrations: 0,
+                    refused_registrations: 0,
                     deleted: false,
                 },
             );

@@ -86,6 +86,12 @@ pub struct EnvironmentSummary {
     pub connect_count: u64,
     /// Disconnects so far.
     pub disconnect_count: u64,
+    /// Executor registrations accepted (`POST .../cloud/environment/{id}/register`).
+    #[serde(default)]
+    pub registrations: u64,
+    /// Registrations refused with 401 (a wrong or missing executor key).
+    #[serde(default)]
+    pub refused_registrations: u64,
     /// The owning session was deleted (the API answers 404; connections may linger).
     pub deleted: bool,
 }

@@ -94,11 +94,14 @@ pub(crate) struct EnvRec {
     pub session_id: String,
     pub status: EnvironmentStatus,
     pub connections: BTreeSet<String>,
-    /// Issue 26: the local executor a forwarder named at connect (`executor_url`), per
-    /// connection; a turn's command runs there ([`crate::exec_protocol`]).
-    pub executor_urls: std::collections::BTreeMap<String, String>,
+    /// The connections that are a registered forwarder's rendezvous socket
+    /// ([`crate::rendezvous`]); a turn's command runs through the newest one.
+    pub relay_connections: BTreeSet<String>,
     pub connect_count: u64,
     pub disconnect_count: u64,
+    /// Executor registrations accepted, and refused for the key (401).
+    pub registrations: u64,
+    pub refused_registrations: u64,
     pub deleted: bool,
 }
 
@@ -127,10 +130,10 @@ pub(crate) struct TurnRec {
     /// Simulated start time (fractional) and planned end.
     pub started: Option<f64>,
     pub run_until: Option<f64>,
-    /// Issue 26: the executor WebSocket this turn's command runs on (set when the turn
-    /// starts on an environment whose connection named one), whether the harness task
-    /// was started, and its outcome.
-    pub harness_url: Option<String>,
+    /// The relay connection (`conn_...`, a forwarder's rendezvous socket) this turn's
+    /// command runs through (set when the turn starts on an environment that has one),
+    /// whether the harness task was started, and its outcome.
+    pub harness_connection: Option<String>,
     pub harness_started: bool,
     pub harness_result: Option<Result<crate::exec_protocol::CommandResult, String>>,
 }
@@ -200,6 +203,8 @@ pub(crate) struct Shared {
     /// Bumped after every state change, so drivers re-evaluate.
     pub version: watch::Sender<u64>,
     pub shutdown: watch::Sender<bool>,
+    /// Executor registrations and rendezvous sockets ([`crate::rendezvous`]).
+    pub relays: Mutex<crate::rendezvous::Relays>,
 }
 
 /// A handle on one simulator's state; cheap to clone. Build it with [`SimState::new`] and
@@ -236,6 +241,7 @@ impl SimState {
             clock,
             ids: IdGen::new(),
             inner: Mutex::new(Inner::default()),
+            relays: Mutex::new(crate::rendezvous::Relays::default()),
             webhooks,
             version: watch::Sender::new(0),
             shutdown,
@@ -305,6 +311,8 @@ impl SimState {
                 connections: e.connections.len(),
                 connect_count: e.connect_count,
                 disconnect_count: e.disconnect_count,
+                registrations: e.registrations,
+                refused_registrations: e.refused_registrations,
                 deleted: e.deleted,
             })
             .collect();

@@ -193,16 +193,14 @@ pub(crate) fn step(sh: &Shared, inner: &mut Inner, sid: &str, now: f64) -> Next 
                 t.started_at = Some(now_i);
                 t.started = Some(now);
                 t.run_until = Some(now + cfg.turn_secs);
-                // Issue 26: the connection named its listening executor; the command runs
-                // there (the driver starts the harness task) and the turn ends with it.
-                t.harness_url = s
+                // A forwarder's rendezvous socket is up: the command runs in its executor
+                // (the driver starts the harness task); the turn ends after it and
+                // `turn_secs`.
+                t.harness_connection = s
                     .env_id
                     .as_ref()
                     .and_then(|e| environments.get(e))
-                    .and_then(|e| e.executor_urls.values().next_back().cloned());
-                if t.harness_url.is_some() {
-                    t.run_until = None;
-                }
+                    .and_then(|e| e.relay_connections.iter().next_back().cloned());
                 t.items = user_items(t);
                 if s.env_kind != EnvKind::None {
                     t.items.push(objects::command_started(
@@ -218,15 +216,14 @@ pub(crate) fn step(sh: &Shared, inner: &mut Inner, sid: &str, now: f64) -> Next 
             }
             TurnStatus::InProgress => {
                 let interrupted = needs_executor && !connected;
-                if t.harness_url.is_some() {
-                    if !interrupted && t.harness_result.is_none() {
-                        return Next::OnChange;
-                    }
-                } else {
-                    let due = t.run_until.is_none_or(|until| now >= until);
-                    if !interrupted && !due {
-                        return Next::Until(t.run_until.unwrap_or(now));
-                    }
+                // A turn lasts `turn_secs` and, when its command runs in an executor,
+                // until that command ended too.
+                if !interrupted && t.harness_connection.is_some() && t.harness_result.is_none() {
+                    return Next::OnChange;
+                }
+                let due = t.run_until.is_none_or(|until| now >= until);
+                if !interrupted && !due {
+                    return Next::Until(t.run_until.unwrap_or(now));
                 }
                 finish_turn(sh, t, now, interrupted);
                 s.usage = Some(s.usage.unwrap_or_default().add(TURN_USAGE));
@@ -424,10 +421,10 @@ pub(crate) fn ensure_driver(state: &SimState, sid: &str) {
 /// How long a turn's command may run in the executor (real time).
 const HARNESS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// Issue 26: starts the harness task of the session's running turn when it has an
-/// executor URL and none was started: it runs [`SimConfig::turn_command`](crate::SimConfig)
-/// on the executor ([`crate::exec_protocol::run_command`]), stores the outcome in the turn
-/// and wakes the drivers; [`step`] then completes the turn with it.
+/// Starts the harness task of the session's running turn when it runs through a relay
+/// connection and none was started: it runs [`SimConfig::turn_command`](crate::SimConfig)
+/// in the executor over a new Noise stream ([`crate::rendezvous::run_command`]), stores
+/// the outcome in the turn and wakes the drivers; [`step`] then completes the turn with it.
 fn start_harness(state: &SimState, inner: &mut Inner, sid: &str) {
     let Some(tid) = inner.active_turn(sid) else {
         return;
@@ -438,20 +435,22 @@ fn start_harness(state: &SimState, inner: &mut Inner, sid: &str) {
     if t.status != TurnStatus::InProgress || t.harness_started {
         return;
     }
-    let Some(url) = t.harness_url.clone() else {
+    let Some(conn) = t.harness_connection.clone() else {
         return;
     };
     t.harness_started = true;
     let state = state.clone();
     let command = state.config().turn_command.clone();
     tokio::spawn(async move {
-        let result = crate::exec_protocol::run_command(&url, &command, HARNESS_TIMEOUT).await;
+        let result = crate::rendezvous::run_command(&state, &conn, &command, HARNESS_TIMEOUT).await;
         match &result {
             Ok(r) => {
                 tracing::info!(turn_id = %tid, exit_code = ?r.exit_code, executor_version = ?r.executor_version, "turn command ran in the executor")
             }
             Err(e) => {
-                tracing::warn!(turn_id = %tid, error = %e, "turn command failed in the executor")
+                // The turn records it (a failed command item); an executor stopped on
+                // purpose ends its commands this way, so it is no warning.
+                tracing::info!(turn_id = %tid, error = %e, "turn command failed in the executor")
             }
         }
         if let Some(t) = state.lock().turns.get_mut(&tid) {

@@ -7,6 +7,8 @@ mod common;
 use agents_sim::{SessionEnvironment, SimConfig, SimState, router, spawn};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
 use sandbox_agents_api::{AgentsClient, ApiError, ClientConfig, PageParams, SessionsApi};
 use sandbox_core::environment::{EnvironmentInfo, EnvironmentStatus};
 use sandbox_core::session::{Session, SessionStatus};
@@ -135,18 +137,28 @@ async fn agents_endpoints_require_the_api_key_and_the_beta_header() {
     .await;
     assert_eq!(s, StatusCode::OK);
     let remote_url = session["environment"]["remote_url"].as_str().unwrap();
-    assert_eq!(
-        remote_url,
-        format!(
-            "http://127.0.0.1:9/v1/agents/environments/{}/connect",
-            session["environment"]["id"].as_str().unwrap()
-        )
-    );
-    let connect = remote_url.trim_start_matches("http://127.0.0.1:9");
-
-    let (s, _) = call(
+    assert_eq!(remote_url, "http://127.0.0.1:9/v1");
+    // The executor's registration (../shared/reference/executor-protocol.md): codex posts
+    // to `{remote_url}/cloud/environment/{id}/register` with the executor key.
+    let env_id = session["environment"]["id"].as_str().unwrap().to_owned();
+    let register = &format!("/v1/cloud/environment/{env_id}/register");
+    let keys = json!({
+        "security_profile": "noise_hybrid_ik_v1",
+        "executor_public_key": {
+            "suite": "Noise_hybridIK_X25519+MLKEM768_AESGCM_SHA256",
+            "x25519_public_key": B64.encode([7u8; 32]),
+            "mlkem768_public_key": B64.encode([9u8; 1184]),
+        },
+    });
+    let (s, b) = call(
         &state,
-        req("POST", connect, Some("sk-test-api"), true, None),
+        req(
+            "POST",
+            register,
+            Some("sk-test-api"),
+            false,
+            Some(keys.clone()),
+        ),
     )
     .await;
     assert_eq!(
@@ -154,11 +166,75 @@ async fn agents_endpoints_require_the_api_key_and_the_beta_header() {
         StatusCode::UNAUTHORIZED,
         "the API key is not an executor key"
     );
-    let (s, _) = call(&state, req("POST", connect, None, false, None)).await;
+    assert_error_shape(&b);
+    let (s, _) = call(
+        &state,
+        req("POST", register, None, false, Some(keys.clone())),
+    )
+    .await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, b) = call(
+        &state,
+        req(
+            "POST",
+            "/v1/cloud/environment/env_unknown/register",
+            Some("sk-test-exec"),
+            false,
+            Some(keys.clone()),
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_error_shape(&b);
+    let (s, b) = call(
+        &state,
+        req(
+            "POST",
+            register,
+            Some("sk-test-exec"),
+            false,
+            Some(json!({"security_profile": "plain"})),
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_error_shape(&b);
     let (s, c) = call(
         &state,
-        req("POST", connect, Some("sk-test-exec"), false, None),
+        req("POST", register, Some("sk-test-exec"), false, Some(keys)),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(c["environment_id"], json!(env_id));
+    assert_eq!(c["security_profile"], json!("noise_hybrid_ik_v1"));
+    assert!(
+        c["url"]
+            .as_str()
+            .unwrap()
+            .starts_with("ws://127.0.0.1:9/v1/cloud/rendezvous/"),
+        "{c}"
+    );
+    assert!(
+        c["executor_registration_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("exreg_")
+    );
+    // Registered is not connected: that takes the rendezvous socket.
+    let (_, snap) = call(&state, req("GET", "/sim/state", None, false, None)).await;
+    assert_eq!(snap["environments"][0]["connected"], json!(false));
+    assert_eq!(snap["environments"][0]["registrations"], json!(1));
+    assert_eq!(snap["environments"][0]["refused_registrations"], json!(2));
+    // The simulated connection (control, no auth).
+    let (s, c) = call(
+        &state,
+        req(
+            "POST",
+            &format!("/sim/environments/{env_id}/connect"),
+            None,
+            false,
+            None,
+        ),
     )
     .await;
     assert_eq!(s, StatusCode::OK);

@@ -30,10 +30,7 @@ async fn action_required_then_connect_runs_the_turn_and_goes_idle() {
     let env = session.self_hosted().expect("self_hosted").clone();
     assert!(env.id.as_str().starts_with("env_"));
     assert_eq!(env.workspace_directory, "/workspace");
-    assert_eq!(
-        env.remote_url,
-        format!("{}/agents/environments/{}/connect", sim.base_url(), env.id)
-    );
+    assert_eq!(env.remote_url, sim.base_url());
     assert!(env.remote_url.starts_with("http://127.0.0.1:"));
 
     let created = rx.wait_for(&sid, "agent.session.created").await;

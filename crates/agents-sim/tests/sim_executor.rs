@@ -1,5 +1,6 @@
-//! The `sim-executor` binary end to end: a child process that connects with the executor
-//! key, keeps the environment connected, and disconnects and exits 0 on SIGTERM.
+//! The `sim-executor` binary end to end: a child process that registers with the executor
+//! key, keeps the environment connected through its rendezvous socket, and exits 0 on
+//! SIGTERM (the socket closing disconnects the environment).
 
 mod common;
 
@@ -110,8 +111,9 @@ async fn sim_executor_connects_and_disconnects_on_sigterm() {
     assert_eq!(status.code(), Some(0), "{out}");
     assert!(out.contains("SIGTERM"), "{out}");
     assert!(!out.contains(EXECUTOR_KEY), "the key is never printed");
+    // The simulator sees the rendezvous socket close just after the process ends.
+    wait_connected(&sim, env.id.as_str(), false).await;
     let e = sim.state().environment(env.id.as_str()).unwrap().clone();
-    assert!(!e.connected);
     assert_eq!((e.connect_count, e.disconnect_count), (1, 1));
     assert_eq!(
         client
@@ -176,26 +178,36 @@ async fn sim_executor_refuses_bad_keys_and_bad_environment() {
         .unwrap();
     let env = session.self_hosted().unwrap().clone();
 
-    // The application's API key is not the executor key: 401, exit 3.
+    // The application's API key is not the executor key: 401, exit 1 (as codex).
     let (status, out) = output_of(
         executor(&env.remote_url, env.id.as_str(), "sk-test-api-key-for-sim")
             .spawn()
             .unwrap(),
     )
     .await;
-    assert_eq!(status.code(), Some(3), "{out}");
-    assert!(out.contains("401"), "{out}");
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("environment registry authentication failed (401 Unauthorized)"),
+        "{out}"
+    );
     assert!(!out.contains("sk-test-api-key-for-sim"));
 
-    // ENVIRONMENT_ID must match REMOTE_URL: exit 2 before any request.
+    // An environment the simulator does not know: 404, exit 1.
     let (status, out) = output_of(
         executor(&env.remote_url, "env_other", EXECUTOR_KEY)
             .spawn()
             .unwrap(),
     )
     .await;
-    assert_eq!(status.code(), Some(2), "{out}");
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("environment registry request failed (404 Not Found)"),
+        "{out}"
+    );
     let e = sim.state().environment(env.id.as_str()).unwrap().clone();
-    assert_eq!(e.connect_count, 0);
+    assert_eq!(
+        (e.connect_count, e.registrations, e.refused_registrations),
+        (0, 0, 1)
+    );
     sim.shutdown().await;
 }

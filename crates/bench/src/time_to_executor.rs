@@ -8,9 +8,9 @@
 //! executor plus a forwarder spawned at the start (or the claim) with the key. The
 //! executor is the real pinned `codex exec-server --listen` (`infra/executor`, `npm ci`)
 //! when it is installed, else (said loudly) only the simulator's stand-in
-//! `sim-executor exec-server --listen`; the forwarder is always the stand-in's
-//! `sim-executor ... forward --connect`, as in the real-codex end-to-end rows: the real
-//! `forward` speaks the real Agents API's Noise rendezvous, which the simulator does not.
+//! `sim-executor exec-server --listen`; the forwarder is the stand-in's
+//! `sim-executor ... forward --connect`, which speaks the same registration and Noise
+//! rendezvous as the real `forward` (../shared/reference/executor-protocol.md).
 //!
 //! The stack's worker loops are replaced by the same loop (`consume_once` on the events
 //! queue with a 200 ms wait, then the timers queue, a 50 ms sleep when both were empty;
@@ -23,9 +23,9 @@
 //! claim takes) is listening (its loopback port in `LISTEN` in `/proc/net/tcp`, read
 //! passively). Then **t0**: the bench submits the session's input, upon which the
 //! simulator requests the executor connection (`agent.session.action_required`,
-//! delivered signed to the webhook). **Connected**: the simulator answered the
-//! forwarder's connect with 2xx (it set the environment `connected` in that handler; the
-//! layer stamps the answer). Per sample: total = connected − t0; controller = the
+//! delivered signed to the webhook). **Connected**: the simulator accepted the
+//! forwarder's rendezvous WebSocket (101, after its registration; the environment is
+//! `connected` from then; the layer stamps the answer). Per sample: total = connected − t0; controller = the
 //! start's job; pickup = job start − t0 (simulator emission and delivery, intake, queue);
 //! rest = total − controller. Warm samples must be claims (the record's
 //! `instance_from_pool`) and cold ones must not: otherwise the run fails. Each session's
@@ -242,39 +242,70 @@ pub struct TimeToExecutor {
     pub rows: Vec<Row>,
 }
 
-/// Connect answers the simulator gave, by environment id.
+/// Rendezvous upgrades the simulator accepted, by environment id.
 #[derive(Default)]
 struct Stamps {
     connected: Mutex<HashMap<String, Instant>>,
+    /// Rendezvous path (`/v1/cloud/rendezvous/{token}`) → environment, from the
+    /// registration answers.
+    rendezvous: Mutex<HashMap<String, String>>,
     notify: tokio::sync::Notify,
 }
 
+/// The forwarder registers (`POST /v1/cloud/environment/{id}/register`, whose answer
+/// names the rendezvous URL), then opens that WebSocket; the simulator sets the
+/// environment `connected` when it accepts the upgrade (101), which is stamped.
 async fn stamp(
     axum::extract::State(stamps): axum::extract::State<Arc<Stamps>>,
     req: Request,
     next: Next,
 ) -> Response {
-    let env = (req.method() == axum::http::Method::POST)
+    let path = req.uri().path().to_owned();
+    let registering = (req.method() == axum::http::Method::POST)
         .then(|| {
-            req.uri()
-                .path()
-                .strip_prefix("/v1/agents/environments/")?
-                .strip_suffix("/connect")
+            path.strip_prefix("/v1/cloud/environment/")?
+                .strip_suffix("/register")
                 .map(str::to_owned)
         })
         .flatten();
     let response = next.run(req).await;
-    if let Some(env) = env
-        && response.status().is_success()
-    {
-        let now = Instant::now();
-        stamps
-            .connected
+    if let Some(env) = registering {
+        if !response.status().is_success() {
+            return response;
+        }
+        let (parts, body) = response.into_parts();
+        let bytes = axum::body::to_bytes(body, 1 << 20)
+            .await
+            .unwrap_or_default();
+        let url = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("url")?.as_str().map(str::to_owned));
+        if let Some(p) = url.and_then(|u| u.find("/v1/").map(|i| u[i..].to_owned())) {
+            stamps
+                .rendezvous
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(p, env);
+        }
+        return Response::from_parts(parts, axum::body::Body::from(bytes));
+    }
+    if response.status() == axum::http::StatusCode::SWITCHING_PROTOCOLS {
+        let env = stamps
+            .rendezvous
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .entry(env)
-            .or_insert(now);
-        stamps.notify.notify_waiters();
+            .get(&path)
+            .cloned();
+        if let Some(env) = env {
+            let now = Instant::now();
+            stamps
+                .connected
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(env)
+                .or_insert(now);
+            stamps.notify.notify_waiters();
+        }
     }
     response
 }

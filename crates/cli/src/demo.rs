@@ -189,6 +189,8 @@ impl Demo {
         // forwarder child alone does (no single-mode fallback warning).
         cfg.forwarder = Some(ExecutorCommand::forward(executor.display().to_string()));
         cfg.supervisor = Some(crate::supervisor_command()?);
+        // The executor's socket admits only its forwarder (as `serve` runs it).
+        cfg.relay = true;
         cfg.sweep_interval = SWEEP_EVERY;
         cfg.stop_grace = Duration::from_secs(5);
         let stack = EmbeddedStack::start_on(cfg, listener).await?;

@@ -307,6 +307,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Every executor runs under this binary's supervisor: a stop ends all its descendants,
     // also those that left its process group (sandbox_local::supervise).
     cfg.supervisor = Some(crate::supervisor_command()?);
+    // In the split mode the executor's socket admits only its forwarder: a capability
+    // token on the listener, and the forwarder behind its supervisor's relay
+    // (sandbox_local::executor_relay).
+    cfg.relay = cfg.forwarder.is_some();
     cfg.previous_webhook_secrets = previous_webhook_secrets;
     cfg.webhook_tolerance_secs = args.webhook_tolerance_secs;
     cfg.workers = args.workers;

@@ -593,8 +593,8 @@ async fn row20_mid_turn_disconnect_is_held_with_its_evidence_until_an_owner_reso
         .await
         .unwrap();
     }
-    // The executor drops its connection mid-command; its process (its task) lives on.
-    h.client().disconnect(&env, None).await.unwrap();
+    // The executor loses its connection mid-command; its process (its task) lives on.
+    h.client().drop_executor(&env).await.unwrap();
     wait_idle(&h, &s).await;
     h.wait_until("evidence recorded", H::STEP_TIMEOUT, || async {
         Ok(h.record(&env)

@@ -1,72 +1,61 @@
-//! `sim-executor`: the executor stand-in for the agents simulator.
+//! `sim-executor`: the executor stand-in for the agents simulator, the real
+//! `codex exec-server` CLI, smaller.
 //!
-//! It plays the part of `codex exec-server --remote "$REMOTE_URL" --environment-id
-//! "$ENVIRONMENT_ID"` against `agents-sim` (a real `codex exec-server` cannot register with
-//! the simulator: it speaks the real registration + WebSocket protocol):
+//! The same two halves as the pinned codex 0.171.0
+//! (../shared/reference/executor-protocol.md, "Command lines"):
 //!
-//! 1. `POST $REMOTE_URL` (the session's `remote_url`,
-//!    `http://127.0.0.1:PORT/v1/agents/environments/{id}/connect`) with
-//!    `Authorization: Bearer $CODEX_API_KEY`, retrying connection errors, 429 and 5xx up to
-//!    6 attempts (200 ms doubling, at most 2 s apart); any other refusal exits 3;
-//! 2. stays alive until SIGTERM or SIGINT (or, with `--exit-on-stdin-close` /
-//!    `EXIT_ON_STDIN_CLOSE=1`, until stdin closes, like the real flag);
-//! 3. then `POST .../disconnect` for its connection (best effort) and exits 0.
+//! - `sim-executor exec-server --listen ws://127.0.0.1:PORT`: the **listening executor**. No
+//!   key, no remote; it serves the executor's JSON-RPC over WebSocket (`initialize`,
+//!   `process/start`, `process/read`, ...; `agents_sim::exec_protocol`) and runs the
+//!   commands it is given, until SIGTERM.
+//! - `sim-executor exec-server forward --remote URL --environment-id ID --connect
+//!   ws://127.0.0.1:PORT`: the **forwarder**, the only key holder. It registers at
+//!   `{URL}/cloud/environment/{ID}/register`, holds the rendezvous WebSocket, answers the
+//!   harness's Noise handshakes and relays each stream to `--connect`
+//!   (`agents_sim::forwarder`), exactly the protocol the real forwarder speaks.
+//! - `sim-executor exec-server --remote URL --environment-id ID`: both in one process (a
+//!   listener on an ephemeral loopback port and a forwarder to it).
 //!
-//! Issue 26, the split executor, the same two modes as the real `codex exec-server`:
-//!
-//! - `sim-executor exec-server --listen ws://127.0.0.1:PORT`: the **listening executor**. It
-//!   needs no key, no `REMOTE_URL` and no `ENVIRONMENT_ID`; it serves the executor protocol
-//!   (JSON-RPC over WebSocket: `initialize`, `process/start`, `process/read`, ...; see
-//!   `agents_sim::exec_protocol`) and runs the commands it is given, until SIGTERM.
-//! - `sim-executor exec-server --remote URL --environment-id ID forward --connect
-//!   ws://127.0.0.1:PORT`: the **forwarder**, the only key holder. It connects as above with
-//!   the body `{"executor_url": "ws://127.0.0.1:PORT"}`, so the simulator (as the harness)
-//!   runs each turn's command on that executor. (The real forwarder relays Noise-encrypted
-//!   rendezvous traffic instead; the simulator does not implement that handshake.)
-//!
-//! Arguments mirror the real executor so a local compute provider can swap the command:
-//! `sim-executor [exec-server] [--remote URL] [--environment-id ID] [--name NAME]
-//! [--exit-on-stdin-close] [--remote-transport T]`; `--remote` and `--environment-id`
-//! default to the `REMOTE_URL` and `ENVIRONMENT_ID` environment variables. The key comes
-//! only from `CODEX_API_KEY` and is never printed. Exit codes: 0 after a clean stop, 2 for
-//! bad arguments or environment, 3 when the connect is refused or never succeeds.
+//! The key comes from `CODEX_API_KEY`, or with `--registration-bearer-stdin` from the first
+//! line of stdin, and is never printed. `--remote` and `--environment-id` default to the
+//! `REMOTE_URL` and `ENVIRONMENT_ID` environment variables. It runs until SIGTERM or SIGINT
+//! (or, with `--exit-on-stdin-close` / `EXIT_ON_STDIN_CLOSE=1`, until stdin closes) and
+//! then exits 0; the rendezvous socket closing is what makes the environment
+//! `disconnected`. Exit codes: 2 for bad arguments or environment, 1 when registration
+//! fails (as codex: no retry; an authentication failure says so).
 #![deny(clippy::all)]
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+use agents_sim::forwarder::ForwardConfig;
 use std::process::ExitCode;
-use std::time::Duration;
 
-/// Connect attempts before giving up.
-const CONNECT_ATTEMPTS: u32 = 6;
-/// First retry delay; doubles per attempt up to [`MAX_RETRY_DELAY`].
-const FIRST_RETRY_DELAY: Duration = Duration::from_millis(200);
-/// Largest retry delay.
-const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
-/// Timeout of one HTTP request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest bearer line `--registration-bearer-stdin` reads (as codex: 16 KiB).
+const MAX_BEARER_LINE: usize = 16 * 1024;
 
 struct Args {
     /// `--connect` of `forward`: the listening executor this forwarder serves.
     forward_to: Option<String>,
     remote_url: String,
     environment_id: String,
-    key: String,
     name: Option<String>,
+    bearer_stdin: bool,
     exit_on_stdin_close: bool,
 }
 
 const USAGE: &str = "usage: sim-executor [exec-server] [--remote URL] [--environment-id ID] [--name NAME] \
-[--exit-on-stdin-close] [forward --connect ws://127.0.0.1:PORT] (env: REMOTE_URL, ENVIRONMENT_ID, CODEX_API_KEY) \
-| sim-executor exec-server --listen ws://127.0.0.1:PORT";
+[--exit-on-stdin-close] [--registration-bearer-stdin] (env: REMOTE_URL, ENVIRONMENT_ID, CODEX_API_KEY) \
+| sim-executor exec-server forward --remote URL --environment-id ID --connect ws://127.0.0.1:PORT \
+| sim-executor exec-server --listen ws://127.0.0.1:PORT [--ws-auth capability-token --ws-token-file PATH]";
 
 /// What to run.
 enum Mode {
     /// `--listen URL`: the listening executor (no key), with the capability token of
-    /// `--ws-auth capability-token --ws-token-file F` when given.
+    /// `--ws-auth capability-token --ws-token-file F` when given (as codex 0.171.0: an
+    /// upgrade request without `Authorization: Bearer <token>` is answered 401).
     Listen(String, Option<String>),
-    /// Connect (single mode) or forward (with `forward --connect`).
-    Connect(Args),
+    /// Single mode (no `forward`) or the forwarder (`forward --connect`).
+    Register(Args),
 }
 
 fn parse_args() -> Result<Mode, String> {
@@ -76,9 +65,9 @@ fn parse_args() -> Result<Mode, String> {
     let mut remote = std::env::var("REMOTE_URL").ok();
     let mut env_id = std::env::var("ENVIRONMENT_ID").ok();
     let mut name = None;
+    let mut bearer_stdin = false;
     let mut ws_auth: Option<String> = None;
     let mut ws_token_file: Option<String> = None;
-    let mut bearer_stdin = false;
     let mut exit_on_stdin_close = std::env::var("EXIT_ON_STDIN_CLOSE")
         .is_ok_and(|v| matches!(v.as_str(), "1" | "true" | "yes"));
     let mut args = std::env::args().skip(1).peekable();
@@ -104,12 +93,12 @@ fn parse_args() -> Result<Mode, String> {
                 value("--remote-transport")?;
             }
             "--exit-on-stdin-close" => exit_on_stdin_close = true,
+            "--registration-bearer-stdin" => bearer_stdin = true,
             "--listen" => listen = Some(value("--listen")?),
             "forward" => forward = true,
             "--connect" => connect = Some(value("--connect")?),
             "--ws-auth" => ws_auth = Some(value("--ws-auth")?),
             "--ws-token-file" => ws_token_file = Some(value("--ws-token-file")?),
-            "--registration-bearer-stdin" => bearer_stdin = true,
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}; {USAGE}")),
         }
@@ -121,38 +110,10 @@ fn parse_args() -> Result<Mode, String> {
         if !agents_sim::exec_protocol::is_loopback_ws(&url) {
             return Err("--listen must be ws://127.0.0.1:PORT (loopback)".into());
         }
-        let token = match (ws_auth.as_deref(), ws_token_file) {
-            (None, None) => None,
-            (Some("capability-token"), Some(path)) => {
-                if !path.starts_with('/') {
-                    return Err("--ws-token-file must be an absolute path".into());
-                }
-                let token = std::fs::read_to_string(&path)
-                    .map_err(|e| format!("--ws-token-file {path}: {e}"))?;
-                Some(token.trim().to_owned())
-                    .filter(|t| !t.is_empty())
-                    .ok_or("--ws-token-file is empty")?
-                    .into()
-            }
-            (Some("capability-token"), None) => {
-                return Err("--ws-auth capability-token needs --ws-token-file".into());
-            }
-            (Some(other), _) => {
-                return Err(format!(
-                    "--ws-auth {other:?} is not supported by this stand-in"
-                ));
-            }
-            (None, Some(_)) => {
-                return Err("--ws-token-file needs --ws-auth capability-token".into());
-            }
-        };
-        return Ok(Mode::Listen(url, token));
+        return Ok(Mode::Listen(url, listener_token(ws_auth, ws_token_file)?));
     }
     if ws_auth.is_some() || ws_token_file.is_some() {
         return Err("--ws-auth and --ws-token-file belong to --listen".into());
-    }
-    if bearer_stdin && !forward {
-        return Err("--registration-bearer-stdin belongs to forward".into());
     }
     let forward_to = match (forward, connect) {
         (true, Some(url)) if agents_sim::exec_protocol::is_loopback_ws(&url) => Some(url),
@@ -172,128 +133,82 @@ fn parse_args() -> Result<Mode, String> {
         .ok_or("ENVIRONMENT_ID (or --environment-id) is required")?
         .trim()
         .to_owned();
-    let key = if bearer_stdin {
-        // One bearer line on stdin, newline-terminated, at most 16 KiB (as codex reads it).
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(std::io::Read::take(std::io::stdin(), 16 * 1024)),
-            &mut line,
-        )
-        .map_err(|e| format!("--registration-bearer-stdin: {e}"))?;
-        Some(line)
-    } else {
-        std::env::var("CODEX_API_KEY").ok()
-    }
-    .filter(|k| !k.trim().is_empty())
-    .ok_or(
-        "CODEX_API_KEY (or a bearer line on stdin with --registration-bearer-stdin) is required",
-    )?
-    .trim()
-    .to_owned();
     if !remote_url.starts_with("http://") && !remote_url.starts_with("https://") {
-        return Err(
-            "REMOTE_URL must be an http(s) URL (this stand-in speaks HTTP to agents-sim only)"
-                .into(),
-        );
+        return Err("REMOTE_URL must be an http(s) URL".into());
     }
-    if !remote_url.ends_with(&format!("/environments/{environment_id}/connect")) {
-        return Err("REMOTE_URL does not end with /environments/$ENVIRONMENT_ID/connect".into());
-    }
-    Ok(Mode::Connect(Args {
+    Ok(Mode::Register(Args {
         forward_to,
         remote_url,
         environment_id,
-        key,
         name,
+        bearer_stdin,
         exit_on_stdin_close,
     }))
 }
 
+/// The listener's capability token from `--ws-auth capability-token --ws-token-file F`
+/// (an absolute path; the file's content, trimmed, not empty); `None` without `--ws-auth`.
+fn listener_token(
+    ws_auth: Option<String>,
+    ws_token_file: Option<String>,
+) -> Result<Option<String>, String> {
+    match (ws_auth.as_deref(), ws_token_file) {
+        (None, None) => Ok(None),
+        (Some("capability-token"), Some(path)) => {
+            if !path.starts_with('/') {
+                return Err("--ws-token-file must be an absolute path".into());
+            }
+            let token = std::fs::read_to_string(&path)
+                .map_err(|e| format!("--ws-token-file {path}: {e}"))?;
+            let token = token.trim();
+            if token.is_empty() {
+                return Err("--ws-token-file is empty".into());
+            }
+            Ok(Some(token.to_owned()))
+        }
+        (Some("capability-token"), None) => {
+            Err("--ws-auth capability-token needs --ws-token-file".into())
+        }
+        (Some(other), _) => Err(format!(
+            "--ws-auth {other:?} is not supported by this stand-in"
+        )),
+        (None, Some(_)) => Err("--ws-token-file needs --ws-auth capability-token".into()),
+    }
+}
+
+/// The executor key: `CODEX_API_KEY`, or the first stdin line with
+/// `--registration-bearer-stdin`.
+async fn read_key(from_stdin: bool) -> Result<String, String> {
+    if !from_stdin {
+        return std::env::var("CODEX_API_KEY")
+            .ok()
+            .map(|k| k.trim().to_owned())
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| "CODEX_API_KEY is required".to_owned());
+    }
+    use tokio::io::AsyncReadExt;
+    let mut stdin = tokio::io::stdin();
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while line.len() <= MAX_BEARER_LINE {
+        match stdin.read(&mut byte).await {
+            Ok(1) if byte[0] == b'\n' => break,
+            Ok(1) => line.push(byte[0]),
+            _ => {
+                return Err("--registration-bearer-stdin: stdin ended before a bearer line".into());
+            }
+        }
+    }
+    let key = String::from_utf8(line).map_err(|_| "the bearer line is not UTF-8")?;
+    let key = key.trim().to_owned();
+    if key.is_empty() || key.len() > MAX_BEARER_LINE {
+        return Err("--registration-bearer-stdin: empty or too long bearer line".into());
+    }
+    Ok(key)
+}
+
 fn log(msg: &str) {
     eprintln!("sim-executor: {msg}");
-}
-
-enum ConnectError {
-    Refused(u16),
-    Unreachable(String),
-}
-
-async fn connect(http: &reqwest::Client, args: &Args) -> Result<String, ConnectError> {
-    let mut delay = FIRST_RETRY_DELAY;
-    let mut last = String::new();
-    for attempt in 1..=CONNECT_ATTEMPTS {
-        let mut request = http
-            .post(&args.remote_url)
-            .bearer_auth(&args.key)
-            .header("OpenAI-Beta", "agents=v1");
-        if let Some(url) = &args.forward_to {
-            request = request.json(&serde_json::json!({"executor_url": url}));
-        }
-        let result = request.send().await;
-        match result {
-            Ok(resp) if resp.status().is_success() => {
-                let body: serde_json::Value = resp.json().await.unwrap_or_default();
-                let id = body
-                    .get("id")
-                    .and_then(serde_json::Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned();
-                return Ok(id);
-            }
-            Ok(resp) => {
-                let status = resp.status();
-                if !(status.is_server_error() || status.as_u16() == 429) {
-                    return Err(ConnectError::Refused(status.as_u16()));
-                }
-                last = format!("HTTP {}", status.as_u16());
-            }
-            Err(err) => last = err.without_url().to_string(),
-        }
-        if attempt < CONNECT_ATTEMPTS {
-            log(&format!(
-                "connect attempt {attempt} failed ({last}); retrying in {delay:?}"
-            ));
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(MAX_RETRY_DELAY);
-        }
-    }
-    Err(ConnectError::Unreachable(last))
-}
-
-async fn disconnect(http: &reqwest::Client, args: &Args, connection_id: &str) {
-    let url = format!(
-        "{}/disconnect",
-        args.remote_url.trim_end_matches("/connect")
-    );
-    for attempt in 1..=2 {
-        let result = http
-            .post(&url)
-            .bearer_auth(&args.key)
-            .header("OpenAI-Beta", "agents=v1")
-            .json(&serde_json::json!({"connection_id": connection_id}))
-            .send()
-            .await;
-        match result {
-            Ok(resp) if resp.status().is_success() => {
-                log(&format!(
-                    "disconnected from environment {}",
-                    args.environment_id
-                ));
-                return;
-            }
-            Ok(resp) => {
-                log(&format!(
-                    "disconnect answered HTTP {}",
-                    resp.status().as_u16()
-                ));
-                return;
-            }
-            Err(err) if attempt == 2 => {
-                log(&format!("disconnect failed: {}", err.without_url()));
-            }
-            Err(_) => tokio::time::sleep(FIRST_RETRY_DELAY).await,
-        }
-    }
 }
 
 async fn stdin_closed() {
@@ -331,18 +246,23 @@ async fn terminated() -> &'static str {
     "Ctrl-C"
 }
 
-async fn listen(url: &str, token: Option<String>) -> ExitCode {
+/// Binds `url`'s address and serves the executor protocol there.
+async fn bind(url: &str) -> Result<tokio::net::TcpListener, ExitCode> {
     let addr = url
         .trim_start_matches("ws://")
         .split('/')
         .next()
         .unwrap_or_default();
-    let listener = match tokio::net::TcpListener::bind(addr).await {
+    tokio::net::TcpListener::bind(addr).await.map_err(|err| {
+        log(&format!("cannot listen on {url}: {err}"));
+        ExitCode::from(2)
+    })
+}
+
+async fn listen(url: &str, token: Option<String>) -> ExitCode {
+    let listener = match bind(url).await {
         Ok(l) => l,
-        Err(err) => {
-            log(&format!("cannot listen on {url}: {err}"));
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     log(&format!(
         "listening on {url} (no key{})",
@@ -362,79 +282,78 @@ async fn listen(url: &str, token: Option<String>) -> ExitCode {
 
 async fn run() -> ExitCode {
     let args = match parse_args() {
-        Ok(Mode::Connect(a)) => a,
+        Ok(Mode::Register(a)) => a,
         Ok(Mode::Listen(url, token)) => return listen(&url, token).await,
         Err(msg) => {
             log(&msg);
             return ExitCode::from(2);
         }
     };
-    let http = match reqwest::Client::builder()
-        .no_proxy()
-        .timeout(REQUEST_TIMEOUT)
-        .build()
-    {
-        Ok(c) => c,
-        Err(err) => {
-            log(&format!("cannot build the HTTP client: {err}"));
+    let key = match read_key(args.bearer_stdin).await {
+        Ok(k) => k,
+        Err(msg) => {
+            log(&msg);
             return ExitCode::from(2);
         }
     };
-    if let Some(url) = &args.forward_to {
-        // Like a readiness check: the environment is reported connected only once the
-        // executor this forwarder serves accepts connections (at most 30 s).
-        let addr = url
-            .trim_start_matches("ws://")
-            .split('/')
-            .next()
-            .unwrap_or_default();
-        let started = std::time::Instant::now();
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            if started.elapsed() > Duration::from_secs(30) {
-                log(&format!(
-                    "the executor at {url} never accepted a connection"
-                ));
-                return ExitCode::from(3);
+    let connect = match &args.forward_to {
+        Some(url) => url.clone(),
+        None => {
+            // Single mode: the listening half in this process, on an ephemeral port.
+            let listener = match bind("127.0.0.1:0").await {
+                Ok(l) => l,
+                Err(code) => return code,
+            };
+            let url = match listener.local_addr() {
+                Ok(a) => format!("ws://{a}"),
+                Err(err) => {
+                    log(&format!("no local address: {err}"));
+                    return ExitCode::from(2);
+                }
+            };
+            tokio::spawn(agents_sim::exec_protocol::serve(listener, None));
+            url
+        }
+    };
+    let cfg = ForwardConfig {
+        remote: args.remote_url.clone(),
+        environment_id: args.environment_id.clone(),
+        key,
+        connect,
+    };
+    let name = args
+        .name
+        .as_deref()
+        .map(|n| format!(", name {n}"))
+        .unwrap_or_default();
+    let env = args.environment_id.clone();
+    let on_connected = move |registration: &str| {
+        log(&format!(
+            "connected environment {env} (registration {registration}{name})"
+        ));
+    };
+    let stop = async {
+        if args.exit_on_stdin_close {
+            tokio::select! {
+                r = terminated() => r,
+                () = stdin_closed() => "stdin closed",
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        } else {
+            terminated().await
+        }
+    };
+    tokio::select! {
+        reason = stop => {
+            log(&format!("{reason}: stopping"));
+            ExitCode::SUCCESS
+        }
+        result = agents_sim::forwarder::run(cfg, on_connected) => {
+            if let Err(e) = result {
+                log(&format!("environment {}: {e}", args.environment_id));
+            }
+            ExitCode::from(1)
         }
     }
-    let connection_id = match connect(&http, &args).await {
-        Ok(id) => id,
-        Err(ConnectError::Refused(status)) => {
-            log(&format!(
-                "connect to environment {} refused with HTTP {status}",
-                args.environment_id
-            ));
-            return ExitCode::from(3);
-        }
-        Err(ConnectError::Unreachable(why)) => {
-            log(&format!(
-                "could not connect environment {} after {CONNECT_ATTEMPTS} attempts: {why}",
-                args.environment_id
-            ));
-            return ExitCode::from(3);
-        }
-    };
-    log(&format!(
-        "connected environment {} (connection {connection_id}{})",
-        args.environment_id,
-        args.name
-            .as_deref()
-            .map(|n| format!(", name {n}"))
-            .unwrap_or_default()
-    ));
-    let reason = if args.exit_on_stdin_close {
-        tokio::select! {
-            r = terminated() => r,
-            () = stdin_closed() => "stdin closed",
-        }
-    } else {
-        terminated().await
-    };
-    log(&format!("{reason}: disconnecting"));
-    disconnect(&http, &args, &connection_id).await;
-    ExitCode::SUCCESS
 }
 
 fn main() -> ExitCode {
