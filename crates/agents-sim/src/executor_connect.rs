@@ -100,13 +100,28 @@ async fn disconnect(
             .and_then(Value::as_str)
             .map(str::to_owned)
     });
+    disconnect_simulated(&state, &environment_id, connection_id.as_deref()).map(Json)
+}
+
+/// Closes the simulated connection `connection_id` of the environment, or all of them
+/// (`None`; relay sockets excepted: they close with their socket), and lets its session's
+/// turn see it. Answer as the route's.
+///
+/// # Errors
+/// 404 for an unknown environment.
+pub(crate) fn disconnect_simulated(
+    state: &SimState,
+    environment_id: &str,
+    connection_id: Option<&str>,
+) -> Result<Value, ApiError> {
+    let connection_id = connection_id.map(str::to_owned);
     let sh = &state.0;
     let (answer, session_id) = {
         let mut inner = state.lock();
         let now = sh.clock.now();
         let env = inner
             .environments
-            .get_mut(&environment_id)
+            .get_mut(environment_id)
             .ok_or_else(|| ApiError::not_found("environment", &environment_id))?;
         // A relay socket's connection closes with the socket, not here.
         let removed = match &connection_id {
@@ -141,6 +156,6 @@ async fn disconnect(
     };
     tracing::info!(environment_id = %environment_id, "simulated executor disconnected");
     state.bump();
-    ensure_driver(&state, &session_id);
-    Ok(Json(answer))
+    ensure_driver(state, &session_id);
+    Ok(answer)
 }

@@ -339,5 +339,19 @@ async fn drop_executor(
             dropped += 1;
         }
     }
+    drop(relays);
+    // Simulated connections (the control route's) are dropped too.
+    let simulated = state
+        .lock()
+        .environments
+        .get(&environment_id)
+        .map_or(0, |e| {
+            e.connections.difference(&e.relay_connections).count()
+        });
+    if simulated > 0
+        && crate::executor_connect::disconnect_simulated(&state, &environment_id, None).is_ok()
+    {
+        dropped += simulated;
+    }
     Json(json!({"environment_id": environment_id, "dropped": dropped}))
 }

@@ -451,10 +451,11 @@ where
     }
 }
 
-/// Issue 26: the embedded harness with the real pinned `codex exec-server --listen` as
-/// every instance's executor (the forwarder is the stand-in's: the simulator does not play
-/// the real `forward`'s Noise rendezvous). The simulator runs each turn's command in the
-/// real codex over its own protocol. Fails, never skips, when the binary is missing.
+/// The embedded harness with the real pinned codex as both halves of every instance:
+/// `codex exec-server --listen` the executor, `codex exec-server forward` the forwarder,
+/// which registers with the simulator and relays each turn's Noise stream to the executor
+/// (../shared/reference/executor-protocol.md). Fails, never skips, when the binary is
+/// missing.
 pub struct RealCodexHarness(Harness);
 
 /// The turn command the real-codex harness sets when a row sets none: it prints the
@@ -472,10 +473,10 @@ impl LifecycleHarness for RealCodexHarness {
     const TURN_RUNS_IN: Option<&'static str> = Some("codex exec-server --listen ws://127.0.0.1:");
 
     async fn start(mut opts: Options) -> anyhow::Result<Self> {
-        let codex = pinned_codex()?;
+        let codex = pinned_codex()?.display().to_string();
         opts.split_executor = Some((
-            ExecutorCommand::listen(codex.display().to_string()),
-            stand_in_forwarder()?,
+            ExecutorCommand::listen(codex.clone()),
+            ExecutorCommand::forward(codex),
         ));
         opts.turn_command
             .get_or_insert_with(|| REAL_CODEX_PROBE.to_owned());
@@ -504,11 +505,30 @@ impl LifecycleHarness for RealCodexHarness {
 
     /// `REMOTE_URL` and `ENVIRONMENT_ID` as the instance got them: in the split only the
     /// forwarder (the stand-in's `sim-executor ... forward`) holds them.
+    /// `REMOTE_URL` and `ENVIRONMENT_ID` as the instance's forwarder (the real codex, the
+    /// only process given them) holds them in its environment.
     async fn executor_vars(
         &self,
         instance: &ComputeInstance,
     ) -> anyhow::Result<Vec<(String, String)>> {
-        self.0.executor_vars(instance).await
+        let pid = self
+            .0
+            .controller()
+            .compute
+            .forwarder_pid(&instance.instance_id)
+            .await?
+            .with_context(|| format!("no forwarder for {}", instance.instance_id))?;
+        let environ = std::fs::read(format!("/proc/{pid}/environ"))?;
+        let environ = String::from_utf8_lossy(&environ);
+        Ok(["REMOTE_URL", "ENVIRONMENT_ID"]
+            .into_iter()
+            .filter_map(|name| {
+                environ
+                    .split('\0')
+                    .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                    .map(|value| (name.to_owned(), value.to_owned()))
+            })
+            .collect())
     }
 
     /// The listening real-codex executors of `env`: group leaders (an instance's recorded

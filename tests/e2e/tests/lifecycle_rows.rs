@@ -224,10 +224,15 @@ async fn row01_connection_request_starts_one_executor_with_the_sessions_remote_u
     // run 60× faster, so the simulator's 300 s connect deadline (5 real seconds) could
     // pass before a slow start connects (the input fails, the session goes idle and the
     // lease stops the executor): give the connection and the turn a day.
-    // Where turn commands run for real the turn ends with its command: a day of grace
-    // keeps the executor running after it.
+    // Where turn commands run for real the turn ends with its command and a simulated
+    // minute (the first turn is checked to complete there): a day of grace keeps the
+    // executor running after it.
     let h = H::start(Options {
-        turn_secs: 86_400.0,
+        turn_secs: if H::TURN_RUNS_IN.is_some() {
+            60.0
+        } else {
+            86_400.0
+        },
         sim_connect_deadline_secs: 86_400.0,
         grace_secs: 86_400,
         ..Options::default()

@@ -6,15 +6,36 @@
 use sandbox_controller::ports::{Compute, Registry};
 use sandbox_core::ids::EnvironmentId;
 use sandbox_core::session::SessionStatus;
-use sandbox_e2e::{Harness, LifecycleHarness, Options, stand_in_split, wait_until};
+use sandbox_e2e::{Harness, LifecycleHarness, Options, pinned_codex, stand_in_split, wait_until};
+use sandbox_local::process_compute::ExecutorCommand;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_executor_comes_from_the_pool_and_connects() {
+    executor_comes_from_the_pool(stand_in_split().unwrap(), false).await;
+}
+
+/// The same with the real pinned codex as both halves, the forwarder behind the relay as
+/// `serve` runs it: the pre-started member is `codex exec-server --listen`, the claim
+/// spawns `codex exec-server forward`, which registers with the simulator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_codex_pool_member_is_claimed_and_relays_a_turn() {
+    let codex = pinned_codex().unwrap().display().to_string();
+    let split = (
+        ExecutorCommand::listen(codex.clone()),
+        ExecutorCommand::forward(codex),
+    );
+    executor_comes_from_the_pool(split, true).await;
+}
+
+async fn executor_comes_from_the_pool(split: (ExecutorCommand, ExecutorCommand), relay: bool) {
     sandbox_e2e::init_test_logs();
     let h = Harness::start(Options {
-        split_executor: Some(stand_in_split().unwrap()),
+        split_executor: Some(split),
         pool_size: 1,
+        relay,
+        // Starting the real codex on a loaded 2-core machine can take seconds.
+        sim_connect_deadline_secs: 3600.0,
         ..Options::default()
     })
     .await
