@@ -122,7 +122,7 @@ pub(crate) fn disconnect_simulated(
         let env = inner
             .environments
             .get_mut(environment_id)
-            .ok_or_else(|| ApiError::not_found("environment", &environment_id))?;
+            .ok_or_else(|| ApiError::not_found("environment", environment_id))?;
         // A relay socket's connection closes with the socket, not here.
         let removed = match &connection_id {
             Some(c) if env.relay_connections.contains(c) => 0,
