@@ -263,3 +263,62 @@ async fn an_executor_that_connected_and_died_is_replaced() {
     );
     h.shutdown().await.unwrap();
 }
+
+/// The real pinned codex, both halves, given a key the Agents API refuses: its forwarder
+/// registers, is answered 401 and exits 1 (../shared/reference/executor-protocol.md,
+/// "Registration and rendezvous"); no more starts than the policy allows, then the hold,
+/// and `explain` names the 401 the forwarder reported (never the key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_forwarder_s_rejected_key_is_named_in_explain() {
+    const WRONG_KEY: &str = "sk-wrong-executor-key-0123456789";
+    let codex = sandbox_e2e::pinned_codex().unwrap().display().to_string();
+    let h = Harness::start(Options {
+        sim_connect_deadline_secs: 86_400.0,
+        split_executor: Some((
+            ExecutorCommand::listen(codex.clone()),
+            ExecutorCommand::forward(codex),
+        )),
+        ceilings: |p| {
+            p.start_retry_base_secs = 1;
+            p.start_retry_max_secs = 2;
+            p.max_start_attempts = 3;
+            p.no_work_secs = 0;
+            p.max_lifetime_secs = 0;
+        },
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    // The key file is read at every start: from now on the executors get a wrong key.
+    std::fs::write(h.dir.path().join("executor.key"), WRONG_KEY).unwrap();
+    let (s, env) = h.session_with_input().await.unwrap();
+    h.wait_until("held with executor_never_connects", T, || async {
+        Ok(held(&h, &env).await)
+    })
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        h.controller().sweep().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let audit = h.audit(&env).await.unwrap();
+    let starts = audit.iter().filter(|a| a.outcome == "start").count();
+    assert_eq!(starts, 3, "exactly the allowed attempts: {audit:?}");
+    assert!(h.live(&env).await.unwrap().is_empty());
+    let dir = h.dir.path().to_str().unwrap().to_owned();
+    let text = sandboxctl(&ctl_args(&dir, &["explain", s.id.as_str()]), &[]).await;
+    assert!(
+        text.stdout.contains("executor_never_connects"),
+        "{}",
+        text.stdout
+    );
+    // What the real forwarder printed when the registration was refused.
+    assert!(
+        text.stdout.contains("401 Unauthorized"),
+        "the forwarder's 401: {}",
+        text.stdout
+    );
+    assert!(!text.stdout.contains(WRONG_KEY), "the key is never shown");
+    assert!(!text.stdout.contains(KEY), "the key is never shown");
+    h.shutdown().await.unwrap();
+}
