@@ -53,9 +53,10 @@ pub struct SimConfig {
     /// Bearer key required on every `/v1/agents/...` call except the executor endpoints.
     /// Default [`DEFAULT_API_KEY`].
     pub api_key: String,
-    /// Restricted key the executor stand-in must present on
-    /// `/v1/agents/environments/{id}/connect` (the `CODEX_API_KEY` of the sandbox; the API
-    /// key is refused there and this key is refused everywhere else). Default
+    /// Restricted key an executor must present as the bearer of
+    /// `/v1/cloud/environment/{id}/register` and `/validate` (the `CODEX_API_KEY` the
+    /// forwarder holds; the API key is refused there and this key is refused everywhere
+    /// else). Default
     /// [`DEFAULT_EXECUTOR_KEY`].
     pub executor_key: String,
     /// Where webhooks are delivered (`POST`); `None` records events without sending them.

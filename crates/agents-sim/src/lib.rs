@@ -25,8 +25,9 @@
 //! # What is simulated
 //!
 //! - **Sessions** (`POST/GET/DELETE /v1/agents/sessions[/{id}]`, list): `self_hosted`
-//!   sessions get a fresh `env_...` environment whose `remote_url` is
-//!   `http://127.0.0.1:PORT/v1/agents/environments/{env_id}/connect`; `openai_hosted` and
+//!   sessions get a fresh `env_...` environment whose `remote_url` is the API base
+//!   `http://127.0.0.1:PORT/v1` (codex appends `/cloud/environment/{id}/register`);
+//!   `openai_hosted` and
 //!   `none` exist for the controller's ignore cases. Deleting answers
 //!   `agent.session.deleted`, emits **no** webhook and leaves any executor connection
 //!   alone (agents-api.md); the session and its environment answer 404 afterwards.
@@ -36,12 +37,15 @@
 //!   [`SimConfig::turn_secs`] → `completed` + `idle`; no connection within
 //!   [`SimConfig::connect_deadline_secs`] → the input fails; a mid-turn disconnect fails the
 //!   command item while the turn completes.
-//! - **The executor stand-in**: see [`executor_connect`]. A real `codex exec-server`
-//!   **cannot** register with this simulator: it speaks the real registration and WebSocket
-//!   protocol. The stand-in is one HTTP call, `POST {remote_url}` with the restricted
-//!   executor key, made by the `sim-executor` binary of this crate (which takes the same
-//!   `REMOTE_URL`, `ENVIRONMENT_ID` and `CODEX_API_KEY` as the real executor, and the same
-//!   `--remote` / `--environment-id` flags) or by [`SimClient::connect`].
+//! - **The executor**: the Agents API side of the real protocol of `codex exec-server
+//!   forward` 0.171.0 (../shared/reference/executor-protocol.md): `registration`
+//!   (`register`, `validate`; the restricted executor key as bearer, 401 for a wrong one,
+//!   404 for an unknown environment), `rendezvous` (one WebSocket per registration; the
+//!   environment is `connected` while it is up) and the harness as the Noise initiator
+//!   running each turn's command through the forwarder. The real pinned codex and the
+//!   `sim-executor` stand-in ([`forwarder`]) both register and relay this way;
+//!   [`executor_connect`] is a control route that marks an environment connected without
+//!   an executor (the moto harness, the simulator's own tests).
 //! - **Webhooks**: see [`webhooks`]: Standard Webhooks signatures with
 //!   [`sandbox_core::WebhookVerifier::sign`], `webhook-timestamp` from the real clock,
 //!   retries with backoff, and the faults `duplicates`, `reorder` and `delay_ms`.
