@@ -46,17 +46,20 @@ async fn harness(script: &Path) -> Harness {
         // The simulator's own connection wait is a day: the session keeps asking.
         sim_connect_deadline_secs: 86_400.0,
         executor_command: Some(ExecutorCommand::new("sh", [script.display().to_string()])),
-        ceilings: |p| {
-            p.start_retry_base_secs = 1;
-            p.start_retry_max_secs = 2;
-            p.max_start_attempts = 3;
-            p.no_work_secs = 0;
-            p.max_lifetime_secs = 0;
-        },
+        ceilings: three_fast_attempts,
         ..Options::default()
     })
     .await
     .unwrap()
+}
+
+/// A fast start backoff and three attempts before the hold; no lifetime ceilings.
+fn three_fast_attempts(p: &mut sandbox_core::observed::Policy) {
+    p.start_retry_base_secs = 1;
+    p.start_retry_max_secs = 2;
+    p.max_start_attempts = 3;
+    p.no_work_secs = 0;
+    p.max_lifetime_secs = 0;
 }
 
 fn script_path(dir: &tempfile::TempDir) -> PathBuf {
@@ -278,13 +281,7 @@ async fn the_real_forwarder_s_rejected_key_is_named_in_explain() {
             ExecutorCommand::listen(codex.clone()),
             ExecutorCommand::forward(codex),
         )),
-        ceilings: |p| {
-            p.start_retry_base_secs = 1;
-            p.start_retry_max_secs = 2;
-            p.max_start_attempts = 3;
-            p.no_work_secs = 0;
-            p.max_lifetime_secs = 0;
-        },
+        ceilings: three_fast_attempts,
         ..Options::default()
     })
     .await
