@@ -24,11 +24,23 @@ async fn sim() -> SimHandle {
     .unwrap()
 }
 
+/// Single mode, as codex: `exec-server --remote URL --environment-id ID`, the key in
+/// `CODEX_API_KEY`.
 fn executor(remote_url: &str, env_id: &str, key: &str) -> Command {
+    let mut cmd = executor_with_key(key);
+    cmd.args([
+        "exec-server",
+        "--remote",
+        remote_url,
+        "--environment-id",
+        env_id,
+    ]);
+    cmd
+}
+
+fn executor_with_key(key: &str) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sim-executor"));
     cmd.env_clear()
-        .env("REMOTE_URL", remote_url)
-        .env("ENVIRONMENT_ID", env_id)
         .env("CODEX_API_KEY", key)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -144,20 +156,18 @@ async fn sim_executor_takes_the_codex_flags_and_exits_when_stdin_closes() {
         .await
         .unwrap();
     let env = session.self_hosted().unwrap().clone();
-    let mut cmd = executor("", "", EXECUTOR_KEY);
-    cmd.env_remove("REMOTE_URL")
-        .env_remove("ENVIRONMENT_ID")
-        .args([
-            "exec-server",
-            "--remote",
-            &env.remote_url,
-            "--environment-id",
-            env.id.as_str(),
-            "--name",
-            "test-executor",
-            "--exit-on-stdin-close",
-        ])
-        .stdin(Stdio::piped());
+    let mut cmd = executor_with_key(EXECUTOR_KEY);
+    cmd.args([
+        "exec-server",
+        "--remote",
+        &env.remote_url,
+        "--environment-id",
+        env.id.as_str(),
+        "--name",
+        "test-executor",
+        "--exit-on-stdin-close",
+    ])
+    .stdin(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
     wait_connected(&sim, env.id.as_str(), true).await;
     drop(child.stdin.take());

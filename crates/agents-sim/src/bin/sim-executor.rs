@@ -17,12 +17,14 @@
 //!   listener on an ephemeral loopback port and a forwarder to it).
 //!
 //! The key comes from `CODEX_API_KEY`, or with `--registration-bearer-stdin` from the first
-//! line of stdin, and is never printed. `--remote` and `--environment-id` default to the
-//! `REMOTE_URL` and `ENVIRONMENT_ID` environment variables. It runs until SIGTERM or SIGINT
-//! (or, with `--exit-on-stdin-close` / `EXIT_ON_STDIN_CLOSE=1`, until stdin closes) and
-//! then exits 0; the rendezvous socket closing is what makes the environment
-//! `disconnected`. Exit codes: 2 for bad arguments or environment, 1 when registration
-//! fails (as codex: no retry; an authentication failure says so).
+//! line of stdin, and is never printed. It runs until SIGTERM or SIGINT (or, with
+//! `--exit-on-stdin-close` / `CODEX_EXEC_SERVER_EXIT_ON_STDIN_CLOSE=1`, until stdin closes)
+//! and then exits 0; the rendezvous socket closing is what makes the environment
+//! `disconnected`. Exit codes as codex's: 2 for a command line codex refuses (clap's usage
+//! error, the same table of accepted and refused lines: `agents-sim`'s
+//! `the_stand_in_accepts_exactly_what_codex_accepts`), 1 for what codex refuses once
+//! running (no key, a non-loopback remote, a `--connect` that is not `ws://`, a failed
+//! registration: no retry; an authentication failure says so).
 #![deny(clippy::all)]
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
@@ -33,6 +35,118 @@ use std::process::ExitCode;
 /// The longest bearer line `--registration-bearer-stdin` reads (as codex: 16 KiB).
 const MAX_BEARER_LINE: usize = 16 * 1024;
 
+/// `sim-executor`: the `exec-server` subcommand of `codex`, shaped as codex 0.171.0's
+/// clap definition (../shared/reference/executor-protocol.md, "Command lines"), so a
+/// command line is a usage error (exit 2) here exactly when it is one there: the options
+/// of `forward` belong to `forward` (written before it they are the parent's, and
+/// `forward` then misses its required `--remote`, `--environment-id` and `--connect`),
+/// `--remote` requires `--environment-id`, and the enumerated values (`--ws-auth`,
+/// `--remote-transport`) refuse anything else. Smaller: codex's configuration and sandbox
+/// options (`-c`, `--enable`, proxies, SigV4, JWT listener auth) are not taken.
+#[derive(clap::Parser)]
+#[command(
+    name = "sim-executor",
+    version,
+    about = "The codex exec-server stand-in"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: TopCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum TopCommand {
+    /// The standalone exec-server (`codex exec-server`).
+    ExecServer(ExecServer),
+}
+
+/// The options both `exec-server` and `exec-server forward` take for registration.
+#[derive(clap::Args)]
+struct Registration {
+    /// Register this exec-server as a remote environment using the given base URL.
+    #[arg(long, value_name = "URL", requires = "environment_id")]
+    remote: Option<String>,
+    /// Transport used for the remote executor connection (only `noise` is served).
+    #[arg(long, value_enum, default_value_t = RemoteTransport::Noise)]
+    remote_transport: RemoteTransport,
+    /// Environment id to attach to when registering remotely.
+    #[arg(long, value_name = "ID")]
+    environment_id: Option<String>,
+    /// Human-readable environment name.
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// Read one registration bearer from stdin (with `--remote`, as codex).
+    #[arg(long, requires_all = ["remote", "environment_id"])]
+    registration_bearer_stdin: bool,
+    /// Exit when the parent-owned standard-input pipe closes (with `--remote`, as codex;
+    /// also `CODEX_EXEC_SERVER_EXIT_ON_STDIN_CLOSE=1`).
+    #[arg(long, requires_all = ["remote", "environment_id"])]
+    exit_on_stdin_close: bool,
+}
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = false)]
+struct ExecServer {
+    #[command(subcommand)]
+    forward: Option<ExecServerCommand>,
+    /// Transport endpoint URL: `ws://127.0.0.1:PORT` (this stand-in listens on loopback
+    /// only; default: an ephemeral port, printed on stdout as codex does).
+    #[arg(long, value_name = "URL")]
+    listen: Option<String>,
+    /// Authentication mode for incoming WebSocket connections.
+    #[arg(long, value_enum, value_name = "MODE")]
+    ws_auth: Option<WsAuth>,
+    /// Absolute path to the capability-token file.
+    #[arg(long, value_name = "PATH")]
+    ws_token_file: Option<String>,
+    #[command(flatten)]
+    registration: Registration,
+}
+
+#[derive(clap::Subcommand)]
+enum ExecServerCommand {
+    /// Register an existing WebSocket exec-server as a remote environment.
+    Forward(Forward),
+}
+
+#[derive(clap::Args)]
+struct Forward {
+    /// Destination exec-server WebSocket URL.
+    #[arg(long, value_name = "URL")]
+    connect: String,
+    /// Register this exec-server as a remote environment using the given base URL.
+    #[arg(long, value_name = "URL")]
+    remote: String,
+    /// Transport used for the remote executor connection (only `noise` is served).
+    #[arg(long, value_enum, default_value_t = RemoteTransport::Noise)]
+    remote_transport: RemoteTransport,
+    /// Environment id to attach to when registering remotely.
+    #[arg(long, value_name = "ID")]
+    environment_id: String,
+    /// Human-readable environment name.
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// Read one registration bearer from stdin.
+    #[arg(long)]
+    registration_bearer_stdin: bool,
+    /// Exit when the parent-owned standard-input pipe closes.
+    #[arg(long)]
+    exit_on_stdin_close: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RemoteTransport {
+    Noise,
+    Direct,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum WsAuth {
+    CapabilityToken,
+    SignedBearerToken,
+}
+
+/// A registering half: the forwarder (`forward_to` set) or single mode.
 struct Args {
     /// `--connect` of `forward`: the listening executor this forwarder serves.
     forward_to: Option<String>,
@@ -43,136 +157,148 @@ struct Args {
     exit_on_stdin_close: bool,
 }
 
-const USAGE: &str = "usage: sim-executor [exec-server] [--remote URL] [--environment-id ID] [--name NAME] \
-[--exit-on-stdin-close] [--registration-bearer-stdin] (env: REMOTE_URL, ENVIRONMENT_ID, CODEX_API_KEY) \
-| sim-executor exec-server forward --remote URL --environment-id ID --connect ws://127.0.0.1:PORT \
-| sim-executor exec-server --listen ws://127.0.0.1:PORT [--ws-auth capability-token --ws-token-file PATH]";
-
 /// What to run.
 enum Mode {
-    /// `--listen URL`: the listening executor (no key), with the capability token of
-    /// `--ws-auth capability-token --ws-token-file F` when given (as codex 0.171.0: an
-    /// upgrade request without `Authorization: Bearer <token>` is answered 401).
+    /// `--listen URL` (or neither `--remote` nor `forward`): the listening executor (no
+    /// key), with the capability token of `--ws-auth capability-token --ws-token-file F`
+    /// when given (as codex 0.171.0: an upgrade request without `Authorization: Bearer
+    /// <token>` is answered 401).
     Listen(String, Option<String>),
-    /// Single mode (no `forward`) or the forwarder (`forward --connect`).
+    /// Single mode (`--remote` without `forward`) or the forwarder (`forward --connect`).
     Register(Args),
 }
 
-fn parse_args() -> Result<Mode, String> {
-    let mut listen: Option<String> = None;
-    let mut forward = false;
-    let mut connect: Option<String> = None;
-    let mut remote = std::env::var("REMOTE_URL").ok();
-    let mut env_id = std::env::var("ENVIRONMENT_ID").ok();
-    let mut name = None;
-    let mut bearer_stdin = false;
-    let mut ws_auth: Option<String> = None;
-    let mut ws_token_file: Option<String> = None;
-    let mut exit_on_stdin_close = std::env::var("EXIT_ON_STDIN_CLOSE")
+/// The parsed command line checked as codex checks it once clap has accepted it: every
+/// `Err` here is a runtime refusal, exit 1 as codex (`unsupported --listen URL`, `forward
+/// destination must be a ws:// or wss:// URL`, the API-key host restriction, listener auth
+/// flags without `--ws-auth`), never a usage error.
+fn mode_of(cli: Cli) -> Result<Mode, String> {
+    let TopCommand::ExecServer(server) = cli.command;
+    let stdin_close_env = std::env::var("CODEX_EXEC_SERVER_EXIT_ON_STDIN_CLOSE")
         .is_ok_and(|v| matches!(v.as_str(), "1" | "true" | "yes"));
-    let mut args = std::env::args().skip(1).peekable();
-    if args.peek().is_some_and(|a| a == "exec-server") {
-        args.next();
-    }
-    while let Some(arg) = args.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = |flag: &str| {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "--remote" => remote = Some(value("--remote")?),
-            "--environment-id" => env_id = Some(value("--environment-id")?),
-            "--name" => name = Some(value("--name")?),
-            "--remote-transport" => {
-                value("--remote-transport")?;
+    let args = match server.forward {
+        Some(ExecServerCommand::Forward(f)) => {
+            if !f.connect.starts_with("ws://") && !f.connect.starts_with("wss://") {
+                return Err("failed to configure exec-server websocket: forward destination must be a ws:// or wss:// URL".into());
             }
-            "--exit-on-stdin-close" => exit_on_stdin_close = true,
-            "--registration-bearer-stdin" => bearer_stdin = true,
-            "--listen" => listen = Some(value("--listen")?),
-            "forward" => forward = true,
-            "--connect" => connect = Some(value("--connect")?),
-            "--ws-auth" => ws_auth = Some(value("--ws-auth")?),
-            "--ws-token-file" => ws_token_file = Some(value("--ws-token-file")?),
-            "-h" | "--help" => return Err(USAGE.to_owned()),
-            other => return Err(format!("unknown argument {other:?}; {USAGE}")),
+            if !agents_sim::exec_protocol::is_loopback_ws(&f.connect) {
+                return Err(
+                    "--connect must be ws://127.0.0.1:PORT (this stand-in relays to loopback only)"
+                        .into(),
+                );
+            }
+            transport_is_served(f.remote_transport)?;
+            Args {
+                forward_to: Some(f.connect),
+                remote_url: f.remote,
+                environment_id: f.environment_id,
+                name: f.name,
+                bearer_stdin: f.registration_bearer_stdin,
+                exit_on_stdin_close: f.exit_on_stdin_close || stdin_close_env,
+            }
         }
-    }
-    if let Some(url) = listen {
-        if forward {
-            return Err("--listen and forward exclude each other".into());
+        None => {
+            let token = listener_token(server.ws_auth, server.ws_token_file)?;
+            let r = server.registration;
+            match (r.remote, r.environment_id) {
+                (Some(remote), Some(environment_id)) => {
+                    transport_is_served(r.remote_transport)?;
+                    if server.listen.is_some() || token.is_some() {
+                        return Err("single mode listens on its own ephemeral port: --listen and --ws-auth are not served with --remote by this stand-in".into());
+                    }
+                    Args {
+                        forward_to: None,
+                        remote_url: remote,
+                        environment_id,
+                        name: r.name,
+                        bearer_stdin: r.registration_bearer_stdin,
+                        exit_on_stdin_close: r.exit_on_stdin_close || stdin_close_env,
+                    }
+                }
+                _ => {
+                    let url = server
+                        .listen
+                        .unwrap_or_else(|| "ws://127.0.0.1:0".to_owned());
+                    if !url.starts_with("ws://") {
+                        return Err(format!(
+                            "unsupported --listen URL `{url}`; expected `ws://IP:PORT`"
+                        ));
+                    }
+                    if !is_loopback_listen(&url) {
+                        return Err("--listen must be ws://127.0.0.1:PORT (this stand-in listens on loopback only)".into());
+                    }
+                    return Ok(Mode::Listen(url, token));
+                }
+            }
         }
-        if !agents_sim::exec_protocol::is_loopback_ws(&url) {
-            return Err("--listen must be ws://127.0.0.1:PORT (loopback)".into());
-        }
-        return Ok(Mode::Listen(url, listener_token(ws_auth, ws_token_file)?));
-    }
-    if ws_auth.is_some() || ws_token_file.is_some() {
-        return Err("--ws-auth and --ws-token-file belong to --listen".into());
-    }
-    let forward_to = match (forward, connect) {
-        (true, Some(url)) if agents_sim::exec_protocol::is_loopback_ws(&url) => Some(url),
-        (true, Some(_)) => return Err("--connect must be ws://127.0.0.1:PORT (loopback)".into()),
-        (true, None) => return Err("forward needs --connect URL".into()),
-        (false, Some(_)) => return Err("--connect belongs to forward".into()),
-        (false, None) => None,
     };
-    let remote_url = remote
-        .filter(|r| !r.trim().is_empty())
-        .ok_or("REMOTE_URL (or --remote) is required")?
-        .trim()
-        .trim_end_matches('/')
-        .to_owned();
-    let environment_id = env_id
-        .filter(|e| !e.trim().is_empty())
-        .ok_or("ENVIRONMENT_ID (or --environment-id) is required")?
-        .trim()
-        .to_owned();
-    if !remote_url.starts_with("http://") && !remote_url.starts_with("https://") {
-        return Err("REMOTE_URL must be an http(s) URL".into());
+    let remote_url = args.remote_url.trim().trim_end_matches('/').to_owned();
+    if !is_loopback_http(&remote_url) {
+        return Err("remote exec-server API-key authentication is restricted to HTTPS openai.com and openai.org hosts and subdomains or loopback hosts (this stand-in: loopback only)".into());
     }
-    Ok(Mode::Register(Args {
-        forward_to,
-        remote_url,
-        environment_id,
-        name,
-        bearer_stdin,
-        exit_on_stdin_close,
-    }))
+    Ok(Mode::Register(Args { remote_url, ..args }))
+}
+
+/// Only the Noise relay is served (the protocol the simulator's rendezvous speaks).
+fn transport_is_served(transport: RemoteTransport) -> Result<(), String> {
+    match transport {
+        RemoteTransport::Noise => Ok(()),
+        RemoteTransport::Direct => {
+            Err("--remote-transport direct is not served by this stand-in".into())
+        }
+    }
+}
+
+/// `ws://` on a loopback host, any port (0: ephemeral).
+fn is_loopback_listen(url: &str) -> bool {
+    let Some((base, port)) = url.rsplit_once(':') else {
+        return false;
+    };
+    port.parse::<u16>().is_ok() && agents_sim::exec_protocol::is_loopback_ws(&format!("{base}:1"))
+}
+
+/// `http(s)://` on a loopback host (with a path or not).
+fn is_loopback_http(url: &str) -> bool {
+    let Some(rest) = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    agents_sim::exec_protocol::is_loopback_ws(&format!("ws://{authority}"))
 }
 
 /// The listener's capability token from `--ws-auth capability-token --ws-token-file F`
-/// (an absolute path; the file's content, trimmed, not empty); `None` without `--ws-auth`.
+/// (the file's content, trimmed, not empty); `None` without `--ws-auth`. Errors as codex
+/// 0.171.0's (exit 1): a token file without `--ws-auth`, `capability-token` without a file,
+/// an unreadable file. `signed-bearer-token` is not served by this stand-in.
 fn listener_token(
-    ws_auth: Option<String>,
+    ws_auth: Option<WsAuth>,
     ws_token_file: Option<String>,
 ) -> Result<Option<String>, String> {
-    match (ws_auth.as_deref(), ws_token_file) {
+    match (ws_auth, ws_token_file) {
         (None, None) => Ok(None),
-        (Some("capability-token"), Some(path)) => {
-            if !path.starts_with('/') {
-                return Err("--ws-token-file must be an absolute path".into());
-            }
+        (Some(WsAuth::CapabilityToken), Some(path)) => {
             let token = std::fs::read_to_string(&path)
-                .map_err(|e| format!("--ws-token-file {path}: {e}"))?;
+                .map_err(|e| format!("failed to read websocket auth secret {path}: {e}"))?;
             let token = token.trim();
             if token.is_empty() {
-                return Err("--ws-token-file is empty".into());
+                return Err(format!("websocket auth secret {path} is empty"));
             }
             Ok(Some(token.to_owned()))
         }
-        (Some("capability-token"), None) => {
-            Err("--ws-auth capability-token needs --ws-token-file".into())
+        (Some(WsAuth::CapabilityToken), None) => Err(
+            "`--ws-token-file` or `--ws-token-sha256` is required when `--ws-auth capability-token` is set"
+                .into(),
+        ),
+        (Some(WsAuth::SignedBearerToken), _) => {
+            Err("--ws-auth signed-bearer-token is not served by this stand-in".into())
         }
-        (Some(other), _) => Err(format!(
-            "--ws-auth {other:?} is not supported by this stand-in"
-        )),
-        (None, Some(_)) => Err("--ws-token-file needs --ws-auth capability-token".into()),
+        (None, Some(_)) => Err(
+            "websocket auth flags require `--ws-auth capability-token` or `--ws-auth signed-bearer-token`"
+                .into(),
+        ),
     }
 }
 
@@ -184,7 +310,10 @@ async fn read_key(from_stdin: bool) -> Result<String, String> {
             .ok()
             .map(|k| k.trim().to_owned())
             .filter(|k| !k.is_empty())
-            .ok_or_else(|| "CODEX_API_KEY is required".to_owned());
+            .ok_or_else(|| {
+                "remote exec-server registration requires API key authentication: set CODEX_API_KEY"
+                    .to_owned()
+            });
     }
     use tokio::io::AsyncReadExt;
     let mut stdin = tokio::io::stdin();
@@ -255,7 +384,7 @@ async fn bind(url: &str) -> Result<tokio::net::TcpListener, ExitCode> {
         .unwrap_or_default();
     tokio::net::TcpListener::bind(addr).await.map_err(|err| {
         log(&format!("cannot listen on {url}: {err}"));
-        ExitCode::from(2)
+        ExitCode::FAILURE
     })
 }
 
@@ -264,8 +393,14 @@ async fn listen(url: &str, token: Option<String>) -> ExitCode {
         Ok(l) => l,
         Err(code) => return code,
     };
+    // As codex: the bound URL on stdout (the only way to learn an ephemeral port).
+    let bound = match listener.local_addr() {
+        Ok(a) => format!("ws://{a}"),
+        Err(_) => url.to_owned(),
+    };
+    println!("{bound}");
     log(&format!(
-        "listening on {url} (no key{})",
+        "listening on {bound} (no key{})",
         if token.is_some() {
             ", capability token required"
         } else {
@@ -280,20 +415,20 @@ async fn listen(url: &str, token: Option<String>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn run() -> ExitCode {
-    let args = match parse_args() {
+async fn run(cli: Cli) -> ExitCode {
+    let args = match mode_of(cli) {
         Ok(Mode::Register(a)) => a,
         Ok(Mode::Listen(url, token)) => return listen(&url, token).await,
         Err(msg) => {
             log(&msg);
-            return ExitCode::from(2);
+            return ExitCode::FAILURE;
         }
     };
     let key = match read_key(args.bearer_stdin).await {
         Ok(k) => k,
         Err(msg) => {
             log(&msg);
-            return ExitCode::from(2);
+            return ExitCode::FAILURE;
         }
     };
     let connect = match &args.forward_to {
@@ -308,7 +443,7 @@ async fn run() -> ExitCode {
                 Ok(a) => format!("ws://{a}"),
                 Err(err) => {
                     log(&format!("no local address: {err}"));
-                    return ExitCode::from(2);
+                    return ExitCode::FAILURE;
                 }
             };
             tokio::spawn(agents_sim::exec_protocol::serve(listener, None));
@@ -357,6 +492,8 @@ async fn run() -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // Usage errors exit 2 with clap's message, as codex's do; --help and --version exit 0.
+    let cli = <Cli as clap::Parser>::parse();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -364,10 +501,10 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(err) => {
             log(&format!("cannot start the runtime: {err}"));
-            return ExitCode::from(2);
+            return ExitCode::FAILURE;
         }
     };
-    let code = runtime.block_on(run());
+    let code = runtime.block_on(run(cli));
     // A pending stdin read runs on a blocking thread that would hold up runtime shutdown.
     runtime.shutdown_background();
     code
