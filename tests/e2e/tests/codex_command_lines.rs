@@ -15,7 +15,8 @@
 //! [`ExecutorCommand::arguments`]) and the Fargate entrypoint (`infra/executor/entrypoint.sh`,
 //! roles `executor`, `forwarder`, `single`), with the real codex first on `PATH`. The
 //! warm-pool path of the entrypoint (the assignment read from DynamoDB) runs the real codex
-//! in infra/tests/test_await_assignment.py.
+//! in infra/tests/test_await_assignment.py; `fargate_entrypoint.rs` relays a turn through both
+//! roles, cold and warm, with the simulator.
 
 use anyhow::{Context, bail};
 use sandbox_core::ids::{EnvironmentId, Generation, SessionId, idempotency_token};
