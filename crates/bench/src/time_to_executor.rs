@@ -1,4 +1,4 @@
-//! Issue 27 step 5: time to executor, measured in local mode, warm and cold.
+//! Time to executor, measured in local mode, warm and cold (docs/PERFORMANCE.md).
 //!
 //! What runs, per row (executor × path), on 127.0.0.1 only: the Agents API simulator
 //! (`agents-sim`, served by this process with a stamping layer, see below) delivering
@@ -7,10 +7,11 @@
 //! pool's refill loop and child-process executors) in the split mode: a key-free listening
 //! executor plus a forwarder spawned at the start (or the claim) with the key. The
 //! executor is the real pinned `codex exec-server --listen` (`infra/executor`, `npm ci`)
-//! when it is installed, else (said loudly) only the simulator's stand-in
-//! `sim-executor exec-server --listen`; the forwarder is the stand-in's
-//! `sim-executor ... forward --connect`, which speaks the same registration and Noise
-//! rendezvous as the real `forward` (../shared/reference/executor-protocol.md).
+//! and its forwarder the real `codex exec-server forward --connect` (registration, the
+//! rendezvous WebSocket and the Noise hybrid IK handshake with the simulator:
+//! ../shared/reference/executor-protocol.md) when codex is installed, else (said loudly)
+//! only the simulator's stand-in `sim-executor` as both halves, which speaks the same
+//! protocol.
 //!
 //! The stack's worker loops are replaced by the same loop (`consume_once` on the events
 //! queue with a 200 ms wait, then the timers queue, a 50 ms sleep when both were empty;
@@ -92,10 +93,9 @@ impl StartPath {
 /// Options of [`measure`].
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// Sessions per row (≥ 100 for the README table).
+    /// Sessions per row (≥ 200 for docs/PERFORMANCE.md).
     pub sessions: usize,
-    /// The stand-in binary (`sim-executor`): the forwarder of every row, the executor of
-    /// the stand-in rows.
+    /// The stand-in binary (`sim-executor`): both halves of the stand-in rows.
     pub sim_executor: PathBuf,
     /// The pinned codex (`infra/executor/node_modules/.bin/codex`); rows with it are
     /// skipped (loudly, and said so in the output) when it is missing.
@@ -437,20 +437,25 @@ pub async fn measure(opts: &Options) -> anyhow::Result<TimeToExecutor> {
             continue;
         }
         for &path in &opts.paths {
-            let (executor, label) = match kind {
+            // Both halves are the row's executor: the real codex listens *and* forwards
+            // (registration, rendezvous and the Noise handshake included), or the stand-in
+            // does both.
+            let (program, label) = match kind {
                 ExecutorKind::Codex => (
-                    ExecutorCommand::listen(codex.display().to_string()),
+                    codex.display().to_string(),
                     format!(
-                        "real `codex exec-server --listen` ({}) + stand-in forwarder",
+                        "real codex both halves ({}): `exec-server --listen` + `exec-server forward`",
                         version.as_deref().unwrap_or("?")
                     ),
                 ),
                 ExecutorKind::StandIn => (
-                    ExecutorCommand::listen(sim_executor.display().to_string()),
-                    "stand-in `sim-executor exec-server --listen` + stand-in forwarder".to_owned(),
+                    sim_executor.display().to_string(),
+                    "stand-in `sim-executor` both halves: `exec-server --listen` + `exec-server forward`"
+                        .to_owned(),
                 ),
             };
-            let forwarder = ExecutorCommand::forward(sim_executor.display().to_string());
+            let executor = ExecutorCommand::listen(program.clone());
+            let forwarder = ExecutorCommand::forward(program);
             eprintln!(
                 "time-to-executor: {} sessions, {} path, {label}",
                 opts.sessions,
