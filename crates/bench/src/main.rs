@@ -3,7 +3,9 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use sandbox_bench::time_to_executor::{self, ExecutorKind, StartPath};
-use sandbox_bench::{cold_start, deliveries, pool_refill, report, scale, throughput, transitions};
+use sandbox_bench::{
+    cold_start, deliveries, pool_refill, recheck_delay, report, scale, throughput, transitions,
+};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -81,6 +83,16 @@ enum Command {
         /// Members claimed, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
         claimed: Vec<usize>,
+    },
+    /// The delay of due lease rechecks while a sweep of N environments is in flight, with
+    /// the sweep queue and with the sweep's jobs on the timers queue, on the twins.
+    RecheckDelay {
+        /// Output file (JSON).
+        #[arg(long)]
+        out: PathBuf,
+        /// Deployment sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "10000")]
+        environments: Vec<usize>,
     },
     /// Issue 27: connection request → environment `connected` in local mode, warm and
     /// cold, per executor (the real pinned codex when installed, and the stand-in), with
@@ -263,6 +275,22 @@ fn main() -> anyhow::Result<()> {
                 eprintln!(
                     "pool refill: {} claimed: {} calls {:?}",
                     r.claimed, r.total, r.calls
+                );
+            }
+            write_json(&out, &rows)?;
+        }
+        Command::RecheckDelay { out, environments } => {
+            let rows = runtime(1)?.block_on(recheck_delay::measure(&environments));
+            for r in &rows {
+                eprintln!(
+                    "recheck delay: N = {}, {}: {} rechecks, p50 {} s, p99 {} s, max {} s ({} sweep jobs)",
+                    r.environments,
+                    r.arrangement,
+                    r.rechecks,
+                    r.p50_secs,
+                    r.p99_secs,
+                    r.max_secs,
+                    r.sweep_jobs
                 );
             }
             write_json(&out, &rows)?;

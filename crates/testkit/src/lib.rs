@@ -26,6 +26,7 @@ pub mod counting;
 pub mod faulty;
 pub mod interleave;
 pub mod queue;
+pub mod recheck_delay;
 pub mod registry;
 pub mod rng;
 pub mod scale;

@@ -204,6 +204,11 @@ impl AwsResources {
         self.queues.timers(&aws_sdk_sqs::Client::new(&self.sdk))
     }
 
+    /// The sweep queue.
+    pub fn sweep(&self) -> SqsQueue {
+        self.queues.sweep(&aws_sdk_sqs::Client::new(&self.sdk))
+    }
+
     /// The registry.
     pub fn registry(&self) -> DynamoRegistry {
         DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&self.sdk), &self.table)
@@ -332,15 +337,18 @@ impl AwsHarness {
             )
             .with_provision_on(config.policy.provision_on),
         );
-        let controller = Arc::new(Controller::new(
-            events,
-            resources.timers(),
-            resources.registry(),
-            resources.compute(),
-            AgentsClient::new(api)?,
-            clock,
-            config,
-        ));
+        let controller = Arc::new(
+            Controller::new(
+                events,
+                resources.timers(),
+                resources.registry(),
+                resources.compute(),
+                AgentsClient::new(api)?,
+                clock,
+                config,
+            )
+            .with_sweep_queue(resources.sweep()),
+        );
 
         let (stop, stopped) = watch::channel(false);
         let mut tasks = Vec::new();
@@ -433,6 +441,7 @@ impl LifecycleHarness for AwsHarness {
             ("AWS_SECRET_ACCESS_KEY", "test".into()),
             ("EVENTS_QUEUE_URL", r.queues.events_url.clone()),
             ("TIMERS_QUEUE_URL", r.queues.timers_url.clone()),
+            ("SWEEP_QUEUE_URL", r.queues.sweep_url.clone()),
             ("TABLE_NAME", r.table.clone()),
             ("ECS_CLUSTER", r.ecs.cluster.clone()),
             ("TASK_DEFINITION", r.ecs.task_definition.clone()),
