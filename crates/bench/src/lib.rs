@@ -28,6 +28,7 @@ pub mod cold_start;
 pub mod decide_cases;
 pub mod deliveries;
 pub mod doubles;
+pub mod fargate_time;
 pub mod pool_refill;
 pub mod recheck_delay;
 pub mod report;

@@ -4,7 +4,8 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use sandbox_bench::time_to_executor::{self, ExecutorKind, StartPath};
 use sandbox_bench::{
-    cold_start, deliveries, pool_refill, recheck_delay, report, scale, throughput, transitions,
+    cold_start, deliveries, fargate_time, pool_refill, recheck_delay, report, scale, throughput,
+    transitions,
 };
 use std::path::PathBuf;
 
@@ -93,6 +94,19 @@ enum Command {
         /// Deployment sizes, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "10000")]
         environments: Vec<usize>,
+    },
+    /// Simulated Fargate time to executor, warm (a claimed pool member) and cold, on the
+    /// twins with Fargate's timings.
+    FargateTime {
+        /// Output file (JSON).
+        #[arg(long)]
+        out: PathBuf,
+        /// Sessions per path.
+        #[arg(long, default_value_t = 1000)]
+        sessions: usize,
+        /// Seed of the draws.
+        #[arg(long, default_value_t = 35)]
+        seed: u64,
     },
     /// Issue 27: connection request → environment `connected` in local mode, warm and
     /// cold, per executor (the real pinned codex when installed, and the stand-in), with
@@ -291,6 +305,20 @@ fn main() -> anyhow::Result<()> {
                     r.p99_secs,
                     r.max_secs,
                     r.sweep_jobs
+                );
+            }
+            write_json(&out, &rows)?;
+        }
+        Command::FargateTime {
+            out,
+            sessions,
+            seed,
+        } => {
+            let rows = runtime(1)?.block_on(fargate_time::measure(sessions, seed));
+            for r in &rows {
+                eprintln!(
+                    "fargate time to executor (simulated): {} x{}: p50 {} ms, p99 {} ms, max {} ms, misses {}",
+                    r.path, r.sessions, r.p50_ms, r.p99_ms, r.max_ms, r.misses
                 );
             }
             write_json(&out, &rows)?;

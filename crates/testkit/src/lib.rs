@@ -23,6 +23,7 @@ pub mod budgets;
 pub mod clock;
 pub mod compute;
 pub mod counting;
+pub mod fargate_time;
 pub mod faulty;
 pub mod interleave;
 pub mod queue;
