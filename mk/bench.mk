@@ -7,7 +7,10 @@
 #              embedded backend, and time to executor (issue 27: connection request →
 #              environment connected, warm and cold, real pinned codex and the stand-in,
 #              in local mode), and the warm pool refill's calls after 100 / 1,000 / 10,000
-#              members claimed. Details: crates/bench.
+#              members claimed, and the delay of due rechecks while a sweep of 10,000
+#              environments is in flight (sweep queue vs one queue, simulated), and the
+#              simulated Fargate time to executor, warm and cold. Details:
+#              crates/bench.
 # make fuzz    cargo-fuzz on the webhook entry point for FUZZ_SECONDS (default 600).
 # make soak    the long simulation (crates/testkit): 1,000,000 schedules.
 .PHONY: bench bench-build fuzz fuzz-seeds soak
@@ -55,6 +58,8 @@ bench: venv infra-node-check $(INFRA)/executor/node_modules/.installed bench-bui
 	$(BENCH_BIN) transitions --out $(BENCH_DIR)/transitions.json
 	$(BENCH_BIN) scale --sizes $(BENCH_SCALE_SIZES) --out $(BENCH_DIR)/scale.json
 	$(BENCH_BIN) pool-refill --claimed $(BENCH_SCALE_SIZES) --out $(BENCH_DIR)/pool_refill.json
+	$(BENCH_BIN) recheck-delay --environments 10000 --out $(BENCH_DIR)/recheck_delay.json
+	$(BENCH_BIN) fargate-time --sessions 1000 --out $(BENCH_DIR)/fargate_time.json
 	$(BENCH_BIN) time-to-executor --sessions $(BENCH_TTE_SESSIONS) --codex $(BENCH_CODEX) \
 		--sim-executor $(TARGET_DIR)/release/sim-executor --out $(BENCH_DIR)/time_to_executor.json
 	@$(BENCH_BIN) report --dir $(BENCH_DIR) --criterion $(BENCH_DIR)/criterion

@@ -132,7 +132,7 @@ deploy-help:
 	@echo "  POOL_SIZE (warm pool of idle executors, 0 = off; needs EXECUTOR_MODE split), POOL_MAX_AGE_SECS (>= 60, default 3600),"
 	@echo "  EXECUTOR_EGRESS (open/allowlist, docs/EGRESS.md), EXECUTOR_EGRESS_EXTRA_DOMAINS (comma-separated, allowlist only),"
 	@echo "  WORKER_BATCH_SIZE, WORKER_MAXIMUM_CONCURRENCY, EXECUTOR_CPU_ARCHITECTURE (ARM64/X86_64),"
-	@echo "  WEBHOOK_RESERVED_CONCURRENCY (default 10), WORKER_RESERVED_CONCURRENCY (default 20),"
+	@echo "  WORKER_SWEEP_MAXIMUM_CONCURRENCY (default 2), WEBHOOK_RESERVED_CONCURRENCY (default 10),"
 	@echo "  EXECUTOR_CPU, EXECUTOR_MEMORY, EXECUTOR_MODE (split/single), LOG_RETENTION_DAYS, ALARM_TOPIC_ARN."
 	@echo "See README.md, section Deploy."
 
@@ -187,7 +187,7 @@ SAM_PARAMETERS = 'ExecutorImage=$(EXECUTOR_IMAGE)' 'VpcId=$(VPC_ID)' 'SubnetIds=
 	$(call sam-param,WorkerBatchSize,WORKER_BATCH_SIZE) \
 	$(call sam-param,WorkerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
 	$(call sam-param,WebhookReservedConcurrency,WEBHOOK_RESERVED_CONCURRENCY) \
-	$(call sam-param,WorkerReservedConcurrency,WORKER_RESERVED_CONCURRENCY) \
+	$(call sam-param,WorkerSweepMaximumConcurrency,WORKER_SWEEP_MAXIMUM_CONCURRENCY) \
 	$(call sam-param,ExecutorCpuArchitecture,EXECUTOR_CPU_ARCHITECTURE) \
 	$(call sam-param,ExecutorCpu,EXECUTOR_CPU) $(call sam-param,ExecutorMemory,EXECUTOR_MEMORY) \
 	$(call sam-param,ExecutorMode,EXECUTOR_MODE) \
@@ -243,7 +243,7 @@ CDK_CONTEXT = -c 'stackName=$(STACK_NAME)' -c 'executorImage=$(EXECUTOR_IMAGE)' 
 	$(call cdk-context,workerBatchSize,WORKER_BATCH_SIZE) \
 	$(call cdk-context,workerMaximumConcurrency,WORKER_MAXIMUM_CONCURRENCY) \
 	$(call cdk-context,webhookReservedConcurrency,WEBHOOK_RESERVED_CONCURRENCY) \
-	$(call cdk-context,workerReservedConcurrency,WORKER_RESERVED_CONCURRENCY) \
+	$(call cdk-context,workerSweepMaximumConcurrency,WORKER_SWEEP_MAXIMUM_CONCURRENCY) \
 	$(call cdk-context,executorCpuArchitecture,EXECUTOR_CPU_ARCHITECTURE) \
 	$(call cdk-context,executorCpu,EXECUTOR_CPU) $(call cdk-context,executorMemory,EXECUTOR_MEMORY) \
 	$(call cdk-context,logRetentionDays,LOG_RETENTION_DAYS) $(call cdk-context,alarmTopicArn,ALARM_TOPIC_ARN) \

@@ -129,7 +129,7 @@ FUNCTIONS = {
         "always": {
             # aws_wiring::controller -> read_api_key (the Agents API key)
             ("secrets.rs", "get_secret_value"),
-            # timers re-enqueue, retries, dead-letter depth (SqsQueue)
+            # timers re-enqueue, a sweep record's deferral, retries, dead-letter depth (SqsQueue)
             ("sqs_queue.rs", "send_message"),
             ("sqs_queue.rs", "change_message_visibility"),
             ("sqs_queue.rs", "get_queue_attributes"),
@@ -175,8 +175,8 @@ FUNCTIONS = {
     },
     "sweeper": {
         "always": {
-            # sweep_fan_out -> timers.send_batch (SendMessageBatch, 10 a call) and
-            # timers.send; sweeper_handler -> events.dead_letter_count
+            # sweep_fan_out -> sweep_queue().send_batch (SendMessageBatch, 10 a call)
+            # and .send; sweeper_handler -> events.dead_letter_count
             ("sqs_queue.rs", "send_message"),
             ("sqs_queue.rs", "send_message_batch"),
             ("sqs_queue.rs", "get_queue_attributes"),
@@ -191,8 +191,8 @@ FUNCTIONS = {
             for op in ("describe_volumes", "describe_snapshots", "delete_volume", "delete_snapshot")
         },
         # list / find resolve claimed pool members (BatchGetItem of member items, Query
-        # by_environment); the sweep never runs, tags or stops a member (its refill is a
-        # timers-queue message to the worker, already sqs:SendMessage above).
+        # by_environment); the sweep never runs, tags or stops a member (the worker
+        # refills, on its schedule).
         "pool": {("pool_table.rs", "query"), ("pool_table.rs", "batch_get_item")},
         "extra": set(),
     },

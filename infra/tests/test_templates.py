@@ -276,13 +276,96 @@ def test_webhook_and_worker_have_reserved_concurrency(sam_cfn, cdk_cfn):
     # Issue 24: a flood of unsigned POSTs is throttled at the webhook's own limit and cannot
     # take the regional concurrency the worker and the sweeper need.
     sam = {b: function_by_binary(sam_cfn, b).get("ReservedConcurrentExecutions") for b in ("webhook", "worker")}
-    assert sam == {"webhook": {"Ref": "WebhookReservedConcurrency"}, "worker": {"Ref": "WorkerReservedConcurrency"}}
+    assert sam == {
+        "webhook": {"Ref": "WebhookReservedConcurrency"},
+        "worker": {"Fn::FindInMap": [
+            "WorkerReservedConcurrency",
+            {"Ref": "WorkerMaximumConcurrency"},
+            {"Ref": "WorkerSweepMaximumConcurrency"},
+        ]},
+    }
     assert sam_cfn["Parameters"]["WebhookReservedConcurrency"]["Default"] == 10
-    assert sam_cfn["Parameters"]["WorkerReservedConcurrency"]["Default"] == 20
+    assert "WorkerReservedConcurrency" not in sam_cfn["Parameters"], "computed, never a free parameter"
     cdk = {b: function_by_binary(cdk_cfn, b).get("ReservedConcurrentExecutions") for b in ("webhook", "worker")}
-    assert cdk == {"webhook": 10, "worker": 20}
-    # The worker's reservation covers both SQS sources at their default MaximumConcurrency.
-    assert sam_cfn["Parameters"]["WorkerMaximumConcurrency"]["Default"] * 2 <= 20
+    # 2 x 10 (events, timers) + 2 (sweep) + 1 (the refill), as SAM's defaults look it up.
+    assert cdk == {"webhook": 10, "worker": 23}
+    params = sam_cfn["Parameters"]
+    looked_up = sam_cfn["Mappings"]["WorkerReservedConcurrency"][
+        str(params["WorkerMaximumConcurrency"]["Default"])][str(params["WorkerSweepMaximumConcurrency"]["Default"])]
+    assert looked_up == cdk["worker"]
+
+
+def worker_reservation_sam(sam_cfn, max_concurrency, sweep_max_concurrency):
+    """The worker's ReservedConcurrentExecutions SAM deploys for these two parameter values,
+    evaluated as CloudFormation does: each value must be one of the parameter's
+    AllowedValues (else the stack is refused before any change) and Fn::FindInMap must
+    find the pair (else the stack is refused too). Raises ValueError for a refusal."""
+    params = sam_cfn["Parameters"]
+    for name, value in (("WorkerMaximumConcurrency", max_concurrency),
+                        ("WorkerSweepMaximumConcurrency", sweep_max_concurrency)):
+        if str(value) not in [str(v) for v in params[name]["AllowedValues"]]:
+            raise ValueError(f"{name}={value} is not an allowed value")
+    table = sam_cfn["Mappings"]["WorkerReservedConcurrency"]
+    try:
+        return table[str(max_concurrency)][str(sweep_max_concurrency)]
+    except KeyError as e:
+        raise ValueError(f"no reservation for {max_concurrency}/{sweep_max_concurrency}") from e
+
+
+def test_worker_reservation_covers_every_source_and_the_refill_in_sam(sam_cfn):
+    """Every allowed pair looks up 2 x WorkerMaximumConcurrency (events, timers) +
+    WorkerSweepMaximumConcurrency + 1 (the refill): the sum CloudFormation cannot compute,
+    tabulated. Each source's ScalingConfig names exactly these parameters, so the
+    reservation can never fall below the sources' sum; a value outside the table (a
+    reservation that would not cover them) is refused."""
+    params = sam_cfn["Parameters"]
+    for m in params["WorkerMaximumConcurrency"]["AllowedValues"]:
+        assert 2 <= int(m) <= 1000, m  # Lambda's MaximumConcurrency range
+        for sweep in params["WorkerSweepMaximumConcurrency"]["AllowedValues"]:
+            assert 2 <= int(sweep) <= 1000, sweep
+            assert worker_reservation_sam(sam_cfn, m, sweep) == 2 * int(m) + int(sweep) + 1, (m, sweep)
+    # The table has no entry beyond the allowed values (nothing unreachable, nothing stale).
+    table = sam_cfn["Mappings"]["WorkerReservedConcurrency"]
+    assert sorted(table, key=int) == [str(v) for v in params["WorkerMaximumConcurrency"]["AllowedValues"]]
+    for row in table.values():
+        assert sorted(row, key=int) == [str(v) for v in params["WorkerSweepMaximumConcurrency"]["AllowedValues"]]
+    # Misconfigured combinations are refused, not deployed with too small a reservation.
+    for m, sweep in ((11, 2), (10, 3), (1, 2), (10, 1), (2000, 2)):
+        with pytest.raises(ValueError):
+            worker_reservation_sam(sam_cfn, m, sweep)
+    assert source_concurrency(sam_cfn) == {
+        "EventsQueue": {"Ref": "WorkerMaximumConcurrency"},
+        "TimersQueue": {"Ref": "WorkerMaximumConcurrency"},
+        "SweepQueue": {"Ref": "WorkerSweepMaximumConcurrency"},
+    }
+
+
+def source_concurrency(cfn: dict) -> dict[str, object]:
+    """{queue logical id: MaximumConcurrency} of every SQS event source mapping."""
+    return {
+        ref_target(m["Properties"]["EventSourceArn"]): m["Properties"]["ScalingConfig"]["MaximumConcurrency"]
+        for m in resources(cfn, "AWS::Lambda::EventSourceMapping").values()
+    }
+
+
+def test_sweep_jobs_have_a_queue_and_a_source_of_their_own(any_cfn):
+    """Three sources on the worker, one per queue: the sweep queue's with its own (lower by
+    default) MaximumConcurrency, so a sweep's jobs never share the timers queue's source;
+    the sweeper sends to the sweep queue and to no other."""
+    sources = source_concurrency(any_cfn)
+    names = {q: next(n for n in ("Events", "Timers", "Sweep") if f"{n}Queue" in q) for q in sources}
+    assert sorted(names.values()) == ["Events", "Sweep", "Timers"], sources
+    by_name = {names[q]: c for q, c in sources.items()}
+    if all(isinstance(c, int) for c in by_name.values()):  # CDK: the defaults, resolved
+        assert by_name == {"Events": 10, "Timers": 10, "Sweep": 2}
+    sweeper = roles_by_purpose(any_cfn)["sandbox-lifecycle sweeper (scheduled reconciliation)"]
+    sent_to = {
+        ref_target(r)
+        for st in role_statements(any_cfn, sweeper)
+        if st["Effect"] == "Allow" and "sqs:SendMessage" in as_list(st["Action"])
+        for r in as_list(st["Resource"])
+    }
+    assert len(sent_to) == 1 and "SweepQueue" in next(iter(sent_to)), sent_to
 
 
 def test_worker_role_is_scoped_to_the_executor(any_workspaces_cfn):
@@ -599,7 +682,7 @@ def test_consumed_queues_outlast_six_worker_timeouts(any_cfn):
     worker = function_by_binary(any_cfn, "worker")
     mappings = resources(any_cfn, "AWS::Lambda::EventSourceMapping").values()
     queues = any_cfn["Resources"]
-    assert len(mappings) == 2
+    assert len(mappings) == 3
     for m in mappings:
         props = m["Properties"]
         assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
@@ -1179,13 +1262,13 @@ def test_the_pool_is_refilled_by_a_schedule_that_invokes_the_worker(any_cfn, any
 # ----------------------------------------------------------------------------- who may send (README.md, "Security")
 def test_only_the_roles_that_send_may_send_to_the_queues(any_cfn):
     """Each queue's policy denies sqs:SendMessage to every principal but the roles whose own
-    policies send to it (webhook: events; worker and sweeper: timers) and, when given,
+    policies send to it (webhook: events; worker: timers; worker and sweeper: sweep) and, when given,
     QueueSenderArns / queueSenderArns: the set in the deny's ArnNotLike is computed from the
     role statements, so a new sender without a queue-policy entry (or the reverse) fails."""
     queues = {k for k in resources(any_cfn, "AWS::SQS::Queue") if "RedrivePolicy" in any_cfn["Resources"][k]["Properties"]}
-    assert len(queues) == 2, queues
+    assert len(queues) == 3, queues
     policies = resources(any_cfn, "AWS::SQS::QueuePolicy")
-    assert len(policies) == 2
+    assert len(policies) == 3
     for queue in queues:
         senders = {
             role_id

@@ -45,7 +45,7 @@ pub const EXECUTOR_IMAGE: &str = "public.ecr.aws/docker/library/node:22-slim";
 pub const EXECUTOR_KEY_SECRET_ARN: &str =
     "arn:aws:secretsmanager:us-east-1:123456789012:secret:executor-key-AbCdEf";
 
-/// The URLs of the four queues [`create_queues`] creates.
+/// The URLs of the six queues [`create_queues`] creates.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Queues {
     /// The FIFO events queue (`{prefix}-events.fifo`): webhook jobs.
@@ -56,6 +56,10 @@ pub struct Queues {
     pub timers_url: String,
     /// Its standard dead-letter queue (`{prefix}-timers-dlq`).
     pub timers_dlq_url: String,
+    /// The standard sweep queue (`{prefix}-sweep`): a fanned-out sweep's jobs.
+    pub sweep_url: String,
+    /// Its standard dead-letter queue (`{prefix}-sweep-dlq`).
+    pub sweep_dlq_url: String,
 }
 
 impl Queues {
@@ -80,6 +84,19 @@ impl Queues {
             SqsQueueOptions {
                 fifo: false,
                 dead_letter_queue_url: Some(self.timers_dlq_url.clone()),
+            },
+        )
+    }
+
+    /// The sweep queue as the controller's queue port (standard, with its dead-letter
+    /// queue; `Controller::with_sweep_queue`).
+    pub fn sweep(&self, client: &aws_sdk_sqs::Client) -> SqsQueue {
+        SqsQueue::new(
+            client.clone(),
+            &self.sweep_url,
+            SqsQueueOptions {
+                fifo: false,
+                dead_letter_queue_url: Some(self.sweep_dlq_url.clone()),
             },
         )
     }
@@ -132,7 +149,9 @@ async fn queue_arn(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<String, PortE
 ///   de-duplication off: the webhook id is the de-duplication id), redriven to it after
 ///   [`MAX_RECEIVE_COUNT`] receives;
 /// - `{prefix}-timers-dlq` (standard) and `{prefix}-timers` (standard: per-message
-///   `DelaySeconds` works only there), redriven likewise.
+///   `DelaySeconds` works only there), redriven likewise;
+/// - `{prefix}-sweep-dlq` and `{prefix}-sweep` (standard, the sweep's delayed jobs),
+///   redriven likewise.
 ///
 /// `CreateQueue` with the same name and attributes is idempotent on SQS.
 ///
@@ -158,11 +177,17 @@ pub async fn create_queues(sqs: &aws_sdk_sqs::Client, prefix: &str) -> Result<Qu
         Some(&timers_dlq_arn),
     )
     .await?;
+    let sweep_dlq_url = create_queue(sqs, &format!("{prefix}-sweep-dlq"), false, None).await?;
+    let sweep_dlq_arn = queue_arn(sqs, &sweep_dlq_url).await?;
+    let sweep_url =
+        create_queue(sqs, &format!("{prefix}-sweep"), false, Some(&sweep_dlq_arn)).await?;
     Ok(Queues {
         events_url,
         events_dlq_url,
         timers_url,
         timers_dlq_url,
+        sweep_url,
+        sweep_dlq_url,
     })
 }
 

@@ -8,6 +8,7 @@
 //! | `EVENTS_QUEUE_URL` | all | yes | URL of the events queue (FIFO, `.fifo`): webhook jobs |
 //! | `EVENTS_DLQ_URL` | worker, sweeper | no | URL of the events queue's dead-letter queue (for the dead-letter count) |
 //! | `TIMERS_QUEUE_URL` | worker, sweeper | yes | URL of the timers queue (standard, never `.fifo`: it delays messages) |
+//! | `SWEEP_QUEUE_URL` | worker, sweeper | yes | URL of the sweep queue (standard, never `.fifo`): a fanned-out sweep's jobs, one per environment, on a queue of their own so rechecks on the timers queue never wait behind them; the worker consumes it with its own, lower, maximum concurrency |
 //! | `TABLE_NAME` | worker, sweeper | yes | DynamoDB registry table name |
 //! | `ECS_CLUSTER` | worker, sweeper | yes | ECS cluster name or ARN |
 //! | `TASK_DEFINITION` | worker, sweeper | yes | executor task definition (`family`, `family:revision` or ARN) |
@@ -423,6 +424,8 @@ pub struct ControllerSettings {
     pub events_dlq_url: Option<String>,
     /// `TIMERS_QUEUE_URL` (standard queue).
     pub timers_queue_url: String,
+    /// `SWEEP_QUEUE_URL` (standard queue, never the timers queue).
+    pub sweep_queue_url: String,
     /// `TABLE_NAME`.
     pub table_name: String,
     /// ECS settings.
@@ -675,6 +678,19 @@ impl ControllerSettings {
                 reason: "a standard queue (FIFO queues reject per-message delays)",
             });
         }
+        let sweep_queue_url = vars.queue_url("SWEEP_QUEUE_URL")?;
+        if sweep_queue_url.ends_with(".fifo") {
+            return Err(SettingsError::Invalid {
+                var: "SWEEP_QUEUE_URL",
+                reason: "a standard queue (FIFO queues reject per-message delays)",
+            });
+        }
+        if sweep_queue_url == timers_queue_url {
+            return Err(SettingsError::Invalid {
+                var: "SWEEP_QUEUE_URL",
+                reason: "a queue of its own, not the timers queue (rechecks would wait behind a sweep's jobs)",
+            });
+        }
         let table_name = vars.required("TABLE_NAME")?;
         let subnets = vars.list("SUBNETS")?;
         if subnets.is_empty() {
@@ -786,6 +802,7 @@ impl ControllerSettings {
             events_queue_url,
             events_dlq_url,
             timers_queue_url,
+            sweep_queue_url,
             table_name,
             ecs,
             agents_api_base_url,

@@ -3,7 +3,10 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use sandbox_bench::time_to_executor::{self, ExecutorKind, StartPath};
-use sandbox_bench::{cold_start, deliveries, pool_refill, report, scale, throughput, transitions};
+use sandbox_bench::{
+    cold_start, deliveries, fargate_time, pool_refill, recheck_delay, report, scale, throughput,
+    transitions,
+};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -81,6 +84,29 @@ enum Command {
         /// Members claimed, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
         claimed: Vec<usize>,
+    },
+    /// The delay of due lease rechecks while a sweep of N environments is in flight, with
+    /// the sweep queue and with the sweep's jobs on the timers queue, on the twins.
+    RecheckDelay {
+        /// Output file (JSON).
+        #[arg(long)]
+        out: PathBuf,
+        /// Deployment sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "10000")]
+        environments: Vec<usize>,
+    },
+    /// Simulated Fargate time to executor, warm (a claimed pool member) and cold, on the
+    /// twins with Fargate's timings.
+    FargateTime {
+        /// Output file (JSON).
+        #[arg(long)]
+        out: PathBuf,
+        /// Sessions per path.
+        #[arg(long, default_value_t = 1000)]
+        sessions: usize,
+        /// Seed of the draws.
+        #[arg(long, default_value_t = 35)]
+        seed: u64,
     },
     /// Issue 27: connection request → environment `connected` in local mode, warm and
     /// cold, per executor (the real pinned codex when installed, and the stand-in), with
@@ -263,6 +289,36 @@ fn main() -> anyhow::Result<()> {
                 eprintln!(
                     "pool refill: {} claimed: {} calls {:?}",
                     r.claimed, r.total, r.calls
+                );
+            }
+            write_json(&out, &rows)?;
+        }
+        Command::RecheckDelay { out, environments } => {
+            let rows = runtime(1)?.block_on(recheck_delay::measure(&environments));
+            for r in &rows {
+                eprintln!(
+                    "recheck delay: N = {}, {}: {} rechecks, p50 {} s, p99 {} s, max {} s ({} sweep jobs)",
+                    r.environments,
+                    r.arrangement,
+                    r.rechecks,
+                    r.p50_secs,
+                    r.p99_secs,
+                    r.max_secs,
+                    r.sweep_jobs
+                );
+            }
+            write_json(&out, &rows)?;
+        }
+        Command::FargateTime {
+            out,
+            sessions,
+            seed,
+        } => {
+            let rows = runtime(1)?.block_on(fargate_time::measure(sessions, seed));
+            for r in &rows {
+                eprintln!(
+                    "fargate time to executor (simulated): {} x{}: p50 {} ms, p99 {} ms, max {} ms, misses {}",
+                    r.path, r.sessions, r.p50_ms, r.p99_ms, r.max_ms, r.misses
                 );
             }
             write_json(&out, &rows)?;

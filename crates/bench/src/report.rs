@@ -3,7 +3,9 @@
 //! still printed), and every ratio is computed here, from the same run's numbers.
 
 use crate::cold_start::ColdStart;
+use crate::fargate_time::FargatePath;
 use crate::pool_refill::RefillCalls;
+use crate::recheck_delay::RecheckDelayRow;
 use crate::scale::Scaled;
 use crate::throughput::Throughput;
 use crate::time_to_executor::{StartPath, TimeToExecutor};
@@ -310,6 +312,26 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
         _ => rows.push(missing("pool refill calls", "pool_refill.json")),
     }
 
+    let recheck: Option<Vec<RecheckDelayRow>> =
+        read_json(&dir.join("recheck_delay.json")).and_then(|v| serde_json::from_value(v).ok());
+    match &recheck {
+        Some(list) if !list.is_empty() => rows.extend(recheck_delay_rows(list)),
+        _ => rows.push(missing(
+            "recheck delay with a sweep in flight",
+            "recheck_delay.json",
+        )),
+    }
+
+    let fargate: Option<Vec<FargatePath>> =
+        read_json(&dir.join("fargate_time.json")).and_then(|v| serde_json::from_value(v).ok());
+    match &fargate {
+        Some(list) if !list.is_empty() => rows.extend(fargate_rows(list)),
+        _ => rows.push(missing(
+            "simulated Fargate time to executor",
+            "fargate_time.json",
+        )),
+    }
+
     let tte: Option<TimeToExecutor> =
         read_json(&dir.join("time_to_executor.json")).and_then(|v| serde_json::from_value(v).ok());
     match &tte {
@@ -327,6 +349,8 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
             "transitions": transitions,
             "scale": scale,
             "pool_refill": refill,
+            "recheck_delay": recheck,
+            "fargate_time": fargate,
             "time_to_executor": tte,
             "criterion_median_ns": {
                 "hmac_sha256": hmac,
@@ -335,6 +359,66 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
             },
         }),
     }
+}
+
+/// The simulated Fargate time to executor rows: per path, p50 / p99 / max (target warm:
+/// p99 ≤ 2 s and no miss; cold is information).
+fn fargate_rows(all: &[FargatePath]) -> Vec<Row> {
+    all.iter()
+        .map(|r| {
+            let measured = row(
+                &format!(
+                    "time to executor, Fargate simulated, {} ({} sessions)",
+                    r.path, r.sessions
+                ),
+                format!(
+                    "p50 {:.1} s, p99 {:.1} s, max {:.1} s{}",
+                    r.p50_ms as f64 / 1e3,
+                    r.p99_ms as f64 / 1e3,
+                    r.max_ms as f64 / 1e3,
+                    if r.path == "warm" {
+                        format!(", {} misses", r.misses)
+                    } else {
+                        String::new()
+                    }
+                ),
+                Some(r.p99_ms as f64 / 1e3),
+                "s",
+            );
+            if r.path == "warm" {
+                with_target(measured, "p99 ≤ 2 s", r.p99_ms <= 2_000 && r.misses == 0)
+            } else {
+                measured
+            }
+        })
+        .collect()
+}
+
+/// The recheck delay rows: per size and arrangement, the simulated delay of lease
+/// rechecks due while a sweep is in flight (target with the sweep queue: 0 s, every
+/// recheck handled at its due time; the single-queue control is information).
+fn recheck_delay_rows(all: &[RecheckDelayRow]) -> Vec<Row> {
+    all.iter()
+        .map(|r| {
+            let measured = row(
+                &format!(
+                    "recheck delay, sweep of {} environments in flight ({}; {} jobs/s per queue, simulated)",
+                    r.environments, r.arrangement, r.jobs_per_sec
+                ),
+                format!(
+                    "p50 {} s, p99 {} s, max {} s ({} rechecks)",
+                    r.p50_secs, r.p99_secs, r.max_secs, r.rechecks
+                ),
+                Some(r.max_secs as f64),
+                "s",
+            );
+            if r.arrangement == "sweep queue" {
+                with_target(measured, "0 s (at its due time)", r.max_secs == 0 && r.rechecks > 0)
+            } else {
+                measured
+            }
+        })
+        .collect()
 }
 
 /// The pool refill rows: per number of members handed out, one refill's remote calls

@@ -5,7 +5,7 @@
 //!   (registry and executor table) and `queues.db` (events and timers queues).
 //! - `aws`: the deployment's DynamoDB table, ECS cluster and SQS queues, named by the same
 //!   environment variables the worker and the sweeper read (`sandbox_aws::settings`:
-//!   `TABLE_NAME`, `ECS_CLUSTER`, `EVENTS_QUEUE_URL`, `TIMERS_QUEUE_URL`, `DEPLOYMENT_ID`,
+//!   `TABLE_NAME`, `ECS_CLUSTER`, `EVENTS_QUEUE_URL`, `TIMERS_QUEUE_URL`, `SWEEP_QUEUE_URL`, `DEPLOYMENT_ID`,
 //!   ...), with the default AWS credential chain (`AWS_ENDPOINT_URL` for moto). The
 //!   dead-letter queues are found through each queue's redrive policy.
 //!
@@ -30,7 +30,7 @@ use sandbox_controller::ports::{AuditEntry, Compute, PortError, Queue, Registry}
 use sandbox_core::ids::{DeploymentId, EffectKey};
 use sandbox_core::operator_proof::OperatorKey;
 use sandbox_local::SqliteRegistry;
-use sandbox_local::embedded::{EVENTS_QUEUE, TIMERS_QUEUE};
+use sandbox_local::embedded::{EVENTS_QUEUE, SWEEP_QUEUE, TIMERS_QUEUE};
 use sandbox_local::process_compute::{
     ExecutorCommand, KeySource, ProcessCompute, ProcessComputeConfig,
 };
@@ -136,6 +136,9 @@ pub trait Ops {
     fn compute(&self) -> &Self::C;
     /// A queue.
     fn queue(&self, which: QueueKind) -> &Self::Q;
+    /// The sweep queue: where `sandboxctl sweep` sends its jobs, as the sweeper
+    /// (`SWEEP_QUEUE_URL`; local: `queues.db`'s `sweep`).
+    fn sweep_queue(&self) -> &Self::Q;
     /// The controller settings (deployment id, policy, filter).
     fn config(&self) -> &ControllerConfig;
     /// The audit entries of `key`, oldest first.
@@ -177,6 +180,7 @@ pub struct LocalOps {
     compute: ProcessCompute,
     events: SqliteQueue,
     timers: SqliteQueue,
+    sweep: SqliteQueue,
     config: ControllerConfig,
 }
 
@@ -214,6 +218,8 @@ impl LocalOps {
             .context("opening the events queue")?;
         let timers = SqliteQueue::open(&queues, TIMERS_QUEUE, QueueOptions::standard())
             .context("opening the timers queue")?;
+        let sweep = SqliteQueue::open(&queues, SWEEP_QUEUE, QueueOptions::standard())
+            .context("opening the sweep queue")?;
         // Decide with the settings the stack last ran with (`serve` flags), not defaults.
         let mut config = ControllerConfig::new(deployment);
         if let Some(settings) =
@@ -228,6 +234,7 @@ impl LocalOps {
             compute,
             events,
             timers,
+            sweep,
             config,
         })
     }
@@ -254,6 +261,9 @@ impl Ops for LocalOps {
             QueueKind::Events => &self.events,
             QueueKind::Timers => &self.timers,
         }
+    }
+    fn sweep_queue(&self) -> &Self::Q {
+        &self.sweep
     }
     fn config(&self) -> &ControllerConfig {
         &self.config
@@ -348,6 +358,7 @@ pub struct AwsOps {
     compute: EcsCompute,
     events: SqsQueue,
     timers: SqsQueue,
+    sweep: SqsQueue,
     events_dlq: Option<String>,
     timers_dlq: Option<String>,
 }
@@ -388,6 +399,7 @@ impl AwsOps {
             &events_dlq,
         );
         let timers = queue(&settings.timers_queue_url, false, &timers_dlq);
+        let sweep = queue(&settings.sweep_queue_url, false, &None);
         let registry =
             DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&sdk), &settings.table_name)
                 .with_history_retention(settings.history_retention_secs);
@@ -401,6 +413,7 @@ impl AwsOps {
             compute,
             events,
             timers,
+            sweep,
             events_dlq,
             timers_dlq,
         })
@@ -446,6 +459,9 @@ impl Ops for AwsOps {
             QueueKind::Events => &self.events,
             QueueKind::Timers => &self.timers,
         }
+    }
+    fn sweep_queue(&self) -> &Self::Q {
+        &self.sweep
     }
     fn config(&self) -> &ControllerConfig {
         &self.settings.controller

@@ -11,7 +11,7 @@
 //!   names carries the operator's proof (`sandbox_core::operator_proof`), signed with the
 //!   operator key; the worker refuses such a close without it.
 //! - `sweep`: the sweeper function's fan-out — one read of the registry and the provider,
-//!   one `sweep` job per environment with that evidence, on the timers queue (needs no
+//!   one `sweep` job per environment with that evidence, on the sweep queue (needs no
 //!   Agents API key); `sweep --dry-run`: the decisions a sweep would take now, nothing enqueued
 //!   (reads the sessions: needs the Agents API key).
 //! - `reset-start-failures <environment>`: a `reset_start_failures` job for an environment
@@ -444,7 +444,7 @@ pub async fn sweep<O: Ops>(
         return Ok(Verdict::of(&problems));
     }
     // The sweeper function's own fan-out: one read, one job per environment with its
-    // evidence, on the timers queue, spread over time.
+    // evidence, on the sweep queue, spread over time.
     let controller = Controller::new(
         ops.queue(QueueKind::Events).clone(),
         ops.queue(QueueKind::Timers).clone(),
@@ -453,7 +453,8 @@ pub async fn sweep<O: Ops>(
         NoSessions,
         Arc::new(SystemClock) as Arc<dyn Clock>,
         ops.config().clone(),
-    );
+    )
+    .with_sweep_queue(ops.sweep_queue().clone());
     let report = controller.sweep_fan_out().await?;
     let problems: Vec<String> = if report.deferred > 0 {
         vec![format!(

@@ -35,7 +35,11 @@
 //! counter that disagrees with the holders (changed outside the controller) is logged.
 //!
 //! [`Controller::sweep`] processes the jobs in place (local mode's `sweep now`, tests);
-//! [`Controller::sweep_fan_out`] sends them to the timers queue, 10 per
+//! [`Controller::sweep_fan_out`] sends them to the sweep queue
+//! ([`Controller::with_sweep_queue`]: a standard queue of their own, consumed with its own
+//! concurrency, so a recheck due on the timers queue never waits behind a sweep's
+//! thousands of jobs: a standard queue promises no order, SQS Developer Guide, "Amazon SQS
+//! standard queues"), 10 per
 //! [`Queue::send_batch`] call, spread over time but always within the sweep interval
 //! ([`fan_out_delay`]), so no single invocation's duration grows with the deployment and
 //! sweeps never overlap (the sweeper Lambda). Workspace cleanup runs after the jobs, at
@@ -64,7 +68,7 @@ pub struct SweepReport {
     pub outcomes: BTreeMap<String, usize>,
     /// Environments left for a later run (busy lock, missing evidence, failed effect).
     pub deferred: usize,
-    /// Jobs sent to the timers queue by a fanned-out sweep.
+    /// Jobs sent to the sweep queue by a fanned-out sweep.
     pub enqueued: usize,
     /// Settled records not swept this time (their turn comes once per
     /// `settled_resweep_secs`).
@@ -72,7 +76,7 @@ pub struct SweepReport {
     /// Stored workspaces deleted by this sweep: expired snapshots (a close's retention
     /// passed), snapshots and working copies no record keeps ([`Controller::sweep_workspaces`]).
     pub workspaces_deleted: usize,
-    /// Calls to the timers queue by a fanned-out sweep ([`Queue::send_batch`], up to 10
+    /// Calls to the sweep queue by a fanned-out sweep ([`Queue::send_batch`], up to 10
     /// jobs each).
     pub queue_calls: usize,
 }
@@ -390,8 +394,25 @@ where
         Ok(report)
     }
 
-    /// Runs one sweep by fanning out: plans it, then sends every job to the timers queue
-    /// in batches of [`SEND_BATCH_MAX`] ([`Queue::send_batch`]: one `SendMessageBatch`
+    /// Gives the sweep's jobs a queue of their own (standard, delays up to 900 s): a
+    /// fanned-out sweep sends there instead of to the timers queue, and the worker consumes
+    /// it with its own concurrency (the `SWEEP_QUEUE_URL` setting; local mode's `sweep`
+    /// queue). Without it the jobs share the timers queue, where at 10,000 environments
+    /// due rechecks wait behind them (`sandbox-bench recheck-delay`).
+    #[must_use]
+    pub fn with_sweep_queue(mut self, sweep: Q) -> Self {
+        self.sweep = Some(sweep);
+        self
+    }
+
+    /// The queue a fanned-out sweep's jobs go to: the sweep queue, or the timers queue
+    /// when none was given ([`Controller::with_sweep_queue`]).
+    pub fn sweep_queue(&self) -> &Q {
+        self.sweep.as_ref().unwrap_or(&self.timers)
+    }
+
+    /// Runs one sweep by fanning out: plans it, then sends every job to the sweep queue
+    /// ([`Controller::sweep_queue`]) in batches of [`SEND_BATCH_MAX`] ([`Queue::send_batch`]: one `SendMessageBatch`
     /// per 10 jobs), job `i` delayed by [`fan_out_delay`] (within the sweep interval), so
     /// the workers decide in parallel and the sweep's Agents API reads are spread out.
     /// Then the workspace cleanup, bounded per run. A job that could not be sent (a failed
@@ -437,7 +458,13 @@ where
             let batch: Vec<Outgoing> = messages.by_ref().take(SEND_BATCH_MAX).collect();
             let keys: Vec<String> = batch.iter().map(|m| m.dedup_id.clone()).collect();
             report.queue_calls += 1;
-            for (result, key) in self.timers.send_batch(batch).await.into_iter().zip(keys) {
+            for (result, key) in self
+                .sweep_queue()
+                .send_batch(batch)
+                .await
+                .into_iter()
+                .zip(keys)
+            {
                 match result {
                     Ok(_) => report.enqueued += 1,
                     Err(e) => {

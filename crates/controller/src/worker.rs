@@ -68,6 +68,9 @@ pub struct Controller<Q, R, C, S> {
     pub events: Q,
     /// The timers queue (standard, delayed): lease rechecks and other rechecks.
     pub timers: Q,
+    /// The sweep queue (standard, delayed): a fanned-out sweep's jobs
+    /// ([`Controller::with_sweep_queue`]); `None`: they share the timers queue.
+    pub(crate) sweep: Option<Q>,
     /// The registry.
     pub registry: R,
     /// The compute provider.
@@ -169,6 +172,7 @@ where
         Self {
             events,
             timers,
+            sweep: None,
             registry,
             compute,
             sessions,

@@ -120,7 +120,7 @@ mod controller_stack {
         Ok(assemble(&sdk, &settings, sessions)?)
     }
 
-    /// The sweeper's controller: both queues, the registry table, ECS; no secret is read
+    /// The sweeper's controller: the queues, the registry table, ECS; no secret is read
     /// and no Agents API client is built (issue 24: its role grants no `GetSecretValue`).
     ///
     /// # Errors
@@ -147,6 +147,7 @@ mod controller_stack {
             settings.events_dlq_url.clone(),
         );
         let timers = sqs_queue(&sqs, &settings.timers_queue_url, false, None);
+        let sweep = sqs_queue(&sqs, &settings.sweep_queue_url, false, None);
         let registry =
             DynamoRegistry::new(aws_sdk_dynamodb::Client::new(sdk), &settings.table_name)
                 .with_history_retention(settings.history_retention_secs);
@@ -164,6 +165,7 @@ mod controller_stack {
             sessions,
             Arc::new(SystemClock),
             settings.controller.clone(),
-        ))
+        )
+        .with_sweep_queue(sweep))
     }
 }

@@ -1,6 +1,6 @@
 //! The sweeper function: an EventBridge scheduled event runs one
 //! [`Controller::sweep_fan_out`]: it reads the registry and the provider once and sends
-//! one sweep job per environment to the timers queue, spread over time, so the workers
+//! one sweep job per environment to the sweep queue, spread over time, so the workers
 //! decide in parallel and no invocation's duration grows with the deployment beyond the
 //! reads themselves (2 × ⌈N/100⌉ + 1 ECS calls, the registry scan, ⌈N⌉ queue sends).
 //!

@@ -1,5 +1,6 @@
-//! The worker function: one SQS batch (events queue or timers queue) through
-//! [`Controller::process`], answered with a partial batch response.
+//! The worker function: one SQS batch (events, timers or sweep queue: one event source
+//! mapping each, [`QueueRoutes`]) through [`Controller::process`], answered with a partial
+//! batch response.
 //!
 //! Per record, in batch order:
 //! - the body is decoded as a [`Job`]. An **undecodable body is reported as a failure**
@@ -40,7 +41,8 @@
 //! **Records not attempted** (past the budget, or after a FIFO record that did not
 //! succeed) are never left to the visibility timeout and never count toward the
 //! dead-letter threshold: each is **deferred** ([`defer`]) — its job sent again as a new
-//! message on the timers queue with `DelaySeconds` 0 (visible at once, receive count 1)
+//! message on the timers queue (a sweep record's on the sweep queue, so a deferred sweep
+//! never lands among the rechecks) with `DelaySeconds` 0 (visible at once, receive count 1)
 //! and [`Job::handoffs`] one higher, and the record reported a success (Lambda deletes
 //! it). SQS counts a receive whether or not the consumer looked at the message, so a
 //! record kept on its queue would count toward `maxReceiveCount`; a new message does not.
@@ -161,11 +163,12 @@ where
     }
 }
 
-/// Which of the controller's two queues a record came from, by queue name (the last part
-/// of both the queue URL and the record's `eventSourceARN`).
+/// Which of the controller's queues a record came from, by queue name (the last part of
+/// both the queue URL and the record's `eventSourceARN`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueueRoutes {
     timers_name: String,
+    sweep_name: Option<String>,
 }
 
 /// The controller queue a record belongs to.
@@ -175,29 +178,62 @@ pub enum SourceQueue {
     Events,
     /// The timers queue (standard): delayed rechecks.
     Timers,
+    /// The sweep queue (standard): a fanned-out sweep's jobs
+    /// ([`Controller::with_sweep_queue`]).
+    Sweep,
 }
 
 impl QueueRoutes {
     /// Routes for the timers queue at `timers_queue_url`; every other record is an events
-    /// record.
+    /// record (see [`QueueRoutes::with_sweep`]).
     pub fn new(timers_queue_url: &str) -> Self {
         Self {
             timers_name: queue_name_of_url(timers_queue_url).to_owned(),
+            sweep_name: None,
         }
     }
 
-    /// The queue `record` came from: the timers queue when its ARN names it (or, without
-    /// an ARN, when it is not a FIFO record), else the events queue.
+    /// Also routes the sweep queue at `sweep_queue_url` (`SWEEP_QUEUE_URL`): its records
+    /// are settled (retried, deferred) on the sweep queue, never on the timers queue.
+    #[must_use]
+    pub fn with_sweep(mut self, sweep_queue_url: &str) -> Self {
+        self.sweep_name = Some(queue_name_of_url(sweep_queue_url).to_owned());
+        self
+    }
+
+    /// The queue `record` came from: the timers or the sweep queue when its ARN names it
+    /// (or, without an ARN, the timers queue when it is not a FIFO record), else the events
+    /// queue.
     pub fn source_of(&self, record: &SqsMessage) -> SourceQueue {
-        let timers = match record.event_source_arn.as_deref() {
-            Some(arn) => arn.rsplit(':').next() == Some(self.timers_name.as_str()),
-            None => !is_fifo_record(record),
-        };
-        if timers {
-            SourceQueue::Timers
-        } else {
-            SourceQueue::Events
+        match record.event_source_arn.as_deref() {
+            Some(arn) => {
+                let name = arn.rsplit(':').next();
+                if name == Some(self.timers_name.as_str()) {
+                    SourceQueue::Timers
+                } else if name.is_some() && name == self.sweep_name.as_deref() {
+                    SourceQueue::Sweep
+                } else {
+                    SourceQueue::Events
+                }
+            }
+            None if !is_fifo_record(record) => SourceQueue::Timers,
+            None => SourceQueue::Events,
         }
+    }
+}
+
+/// The controller's port for the queue `source`.
+fn queue_of<Q, R, C, S>(controller: &Controller<Q, R, C, S>, source: SourceQueue) -> &Q
+where
+    Q: Queue,
+    R: Registry,
+    C: Compute,
+    S: SessionsApi,
+{
+    match source {
+        SourceQueue::Events => &controller.events,
+        SourceQueue::Timers => &controller.timers,
+        SourceQueue::Sweep => controller.sweep_queue(),
     }
 }
 
@@ -284,12 +320,16 @@ where
         .body
         .as_deref()
         .and_then(|b| serde_json::from_str::<Job>(b).ok());
+    let source = routes.source_of(record);
     if let Some(job) = job {
         if job.handoffs < MAX_HANDOFFS {
             let mut next = job;
             next.handoffs = next.handoffs.saturating_add(1);
-            let sent = controller
-                .timers
+            let target = match source {
+                SourceQueue::Sweep => controller.sweep_queue(),
+                SourceQueue::Events | SourceQueue::Timers => &controller.timers,
+            };
+            let sent = target
                 .send(Outgoing {
                     group: next.group().to_owned(),
                     dedup_id: format!("defer:{message_id}:{receive_count}"),
@@ -302,7 +342,7 @@ where
                     tracing::info!(
                         message_id,
                         receive_count,
-                        "record not attempted: deferred to the timers queue, visible at once"
+                        "record not attempted: deferred to the timers or sweep queue, visible at once"
                     );
                     return ItemOutcome::Deferred;
                 }
@@ -317,10 +357,7 @@ where
             );
         }
     }
-    let queue = match routes.source_of(record) {
-        SourceQueue::Events => &controller.events,
-        SourceQueue::Timers => &controller.timers,
-    };
+    let queue = queue_of(controller, source);
     match record.receipt_handle.as_deref() {
         Some(receipt) => {
             if let Err(e) = queue.retry_after(receipt, 0).await {
@@ -384,10 +421,7 @@ where
             return (ItemOutcome::Failed, false);
         }
     };
-    let queue = match routes.source_of(record) {
-        SourceQueue::Events => &controller.events,
-        SourceQueue::Timers => &controller.timers,
-    };
+    let queue = queue_of(controller, routes.source_of(record));
     let receive_count = receive_count(record);
     let span = tracing::info_span!(
         "job",

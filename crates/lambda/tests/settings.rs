@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 const EVENTS: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/sandbox-lifecycle-jobs.fifo";
 const TIMERS: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/sandbox-lifecycle-timers";
+const SWEEP: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/sandbox-lifecycle-sweep";
 
 fn controller_env() -> HashMap<&'static str, String> {
     [
@@ -17,6 +18,7 @@ fn controller_env() -> HashMap<&'static str, String> {
             "https://sqs.us-east-1.amazonaws.com/123456789012/sandbox-lifecycle-jobs-dlq.fifo",
         ),
         ("TIMERS_QUEUE_URL", TIMERS),
+        ("SWEEP_QUEUE_URL", SWEEP),
         ("TABLE_NAME", "sandbox-lifecycle"),
         ("ECS_CLUSTER", "sandbox-executors"),
         ("TASK_DEFINITION", "codex-exec-server:7"),
@@ -57,6 +59,7 @@ fn complete_controller_environment_parses_every_variable() {
     let s = controller(&controller_env()).unwrap();
     assert!(s.events_queue_fifo);
     assert_eq!(s.timers_queue_url, TIMERS);
+    assert_eq!(s.sweep_queue_url, SWEEP);
     assert_eq!(s.table_name, "sandbox-lifecycle");
     assert_eq!(s.ecs.subnets, ["subnet-0a1b2c3d", "subnet-4e5f6a7b"]);
     assert_eq!(s.ecs.security_groups, ["sg-0123456789abcdef0"]);
@@ -127,6 +130,7 @@ fn each_missing_required_controller_variable_is_named_in_the_error() {
     for var in [
         "EVENTS_QUEUE_URL",
         "TIMERS_QUEUE_URL",
+        "SWEEP_QUEUE_URL",
         "TABLE_NAME",
         "ECS_CLUSTER",
         "TASK_DEFINITION",
@@ -188,6 +192,11 @@ fn invalid_controller_values_name_the_variable_and_never_repeat_the_value() {
             "TIMERS_QUEUE_URL",
             "https://sqs.us-east-1.amazonaws.com/123456789012/timers.fifo",
         ),
+        (
+            "SWEEP_QUEUE_URL",
+            "https://sqs.us-east-1.amazonaws.com/123456789012/sweep.fifo",
+        ),
+        ("SWEEP_QUEUE_URL", TIMERS),
         ("AGENTS_API_BASE_URL", "api.openai.com"),
         (
             "OPENAI_API_KEY_SECRET_ARN",

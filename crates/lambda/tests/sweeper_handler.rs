@@ -1,5 +1,5 @@
 //! The sweeper: the EventBridge fixture runs one fanned-out sweep over the doubles (one
-//! job per environment on the timers queue, with the sweep's read) and answers the report
+//! job per environment on the sweep queue, with the sweep's read) and answers the report
 //! as JSON; an unreadable inventory fails the invocation.
 
 #[allow(dead_code)]
@@ -32,6 +32,7 @@ fn controller() -> TestController {
         Arc::new(FixedClock(FIXTURE_NOW)),
         config,
     )
+    .with_sweep_queue(MemoryQueue::default())
 }
 
 fn schedule() -> EventBridgeEvent<serde_json::Value> {
@@ -66,10 +67,14 @@ async fn orphan_compute_of_a_deleted_session_is_swept_and_reported() {
     assert_eq!(answer["deferred"], 0, "{answer}");
     assert_eq!(
         answer["enqueued"], 1,
-        "fanned out to the timers queue: {answer}"
+        "fanned out to the sweep queue: {answer}"
+    );
+    assert!(
+        c.timers.sent.lock().unwrap().is_empty(),
+        "no sweep job among the rechecks"
     );
     // The job carries the sweep's read; a worker decides on it.
-    let sent = c.timers.sent.lock().unwrap().clone();
+    let sent = c.sweep_queue().sent.lock().unwrap().clone();
     assert_eq!(sent.len(), 1);
     let job = &sent[0].job;
     let evidence = job

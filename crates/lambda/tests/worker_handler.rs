@@ -333,6 +333,56 @@ async fn a_record_not_attempted_past_the_hand_off_cap_is_visible_again_at_once()
     assert_eq!(retries[0].1, 0, "visible again at once");
 }
 
+const SWEEP_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:sandbox-lifecycle-sweep";
+const SWEEP_URL: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/sandbox-lifecycle-sweep";
+
+/// A record of the sweep queue is settled there: routed by its ARN, and when the batch's
+/// budget runs out deferred to the sweep queue (never among the timers queue's rechecks);
+/// one past the hand-off cap is made visible again on the sweep queue.
+#[tokio::test]
+async fn sweep_records_are_deferred_and_retried_on_the_sweep_queue() {
+    use sandbox_lambda::worker_handler::SourceQueue;
+    let routes = QueueRoutes::new(TIMERS_URL).with_sweep(SWEEP_URL);
+    let on_sweep = |id: &str, body: &str| {
+        let mut r = record(id, body, false, 1);
+        r.event_source_arn = Some(SWEEP_ARN.into());
+        r
+    };
+    assert_eq!(routes.source_of(&on_sweep("s", "")), SourceQueue::Sweep);
+    assert_eq!(
+        routes.source_of(&record("t", "", false, 1)),
+        SourceQueue::Timers
+    );
+    assert_eq!(
+        QueueRoutes::new(TIMERS_URL).source_of(&on_sweep("s", "")),
+        SourceQueue::Events,
+        "without the sweep route a sweep ARN is not the timers queue's"
+    );
+
+    let c = controller().with_sweep_queue(MemoryQueue::default());
+    let mut capped: Job = serde_json::from_str(&sweep_job("sess_gone_3", "env_gone_3")).unwrap();
+    capped.handoffs = sandbox_controller::consume::MAX_HANDOFFS;
+    let event = batch(vec![
+        on_sweep("s1", &sweep_job("sess_gone_1", "env_gone_1")),
+        on_sweep("s2", &sweep_job("sess_gone_2", "env_gone_2")),
+        on_sweep("s3", &serde_json::to_string(&capped).unwrap()),
+    ]);
+    let deadline = SystemTime::now() + Duration::from_secs(1);
+    let response = handle_batch(&c, &routes, &event, Some(deadline)).await;
+    assert_eq!(serde_json::to_string(&response).unwrap(), failures(&["s3"]));
+    assert!(
+        c.timers.sent.lock().unwrap().is_empty(),
+        "nothing deferred among the rechecks"
+    );
+    let sent = c.sweep_queue().sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].job.session_id.as_str(), "sess_gone_2");
+    assert!(c.timers.retries.lock().unwrap().is_empty());
+    let retries = c.sweep_queue().retries.lock().unwrap().clone();
+    assert_eq!(retries.len(), 1, "{retries:?}");
+    assert_eq!(retries[0].1, 0, "visible again at once on the sweep queue");
+}
+
 #[test]
 fn records_are_routed_to_their_queue_by_arn() {
     let routes = QueueRoutes::new(TIMERS_URL);

@@ -1,6 +1,6 @@
 //! The embedded stack: the whole pipeline in one process on 127.0.0.1 — the webhook
 //! endpoint (the same handler code as the Lambda), worker loops over the SQLite events
-//! and timers queues, the sweeper timer, the SQLite registry and child-process executors.
+//! timers and sweep queues, the sweeper timer, the SQLite registry and child-process executors.
 //!
 //! `sandboxctl serve` runs it against an Agents API base URL; `sandboxctl demo` and the
 //! end-to-end tests run it against the simulator.
@@ -26,6 +26,10 @@ pub type LocalController = Controller<SqliteQueue, SqliteRegistry, ProcessComput
 pub const EVENTS_QUEUE: &str = "events.fifo";
 /// Name of the standard timers queue inside the database.
 pub const TIMERS_QUEUE: &str = "timers";
+/// Name of the standard sweep queue inside the database: a fanned-out sweep's jobs, apart
+/// from the timers queue's rechecks ([`Controller::with_sweep_queue`]; AWS:
+/// `SWEEP_QUEUE_URL`).
+pub const SWEEP_QUEUE: &str = "sweep";
 
 /// Settings of the embedded stack. Its `Debug` redacts the webhook secrets (issue 24);
 /// the API key and an executor key given by value redact themselves.
@@ -247,6 +251,11 @@ impl EmbeddedStack {
             TIMERS_QUEUE,
             QueueOptions::standard().with_max_receive_count(cfg.max_receive_count),
         )?;
+        let sweep = SqliteQueue::open(
+            &queues,
+            SWEEP_QUEUE,
+            QueueOptions::standard().with_max_receive_count(cfg.max_receive_count),
+        )?;
         let registry =
             SqliteRegistry::open(&db)?.with_history_retention(cfg.history_retention_secs);
         let mut compute_cfg = ProcessComputeConfig::new(
@@ -271,15 +280,18 @@ impl EmbeddedStack {
             Intake::new(verifier, events.clone(), clock.clone())
                 .with_provision_on(cfg.controller.policy.provision_on),
         );
-        let controller = Arc::new(Controller::new(
-            events,
-            timers,
-            registry,
-            compute,
-            sessions,
-            clock,
-            cfg.controller.clone(),
-        ));
+        let controller = Arc::new(
+            Controller::new(
+                events,
+                timers,
+                registry,
+                compute,
+                sessions,
+                clock,
+                cfg.controller.clone(),
+            )
+            .with_sweep_queue(sweep),
+        );
 
         let webhook_addr = listener.local_addr().map_err(|source| EmbeddedError::Io {
             what: "webhook listener address",
@@ -370,12 +382,15 @@ async fn worker_loop(n: usize, c: Arc<LocalController>, stop: watch::Receiver<bo
     while !*stop.borrow() {
         let events = c.consume_once(&c.events, 10, 200).await;
         let timers = c.consume_once(&c.timers, 10, 0).await;
-        match (events, timers) {
-            (Err(e), _) | (_, Err(e)) => {
+        // The sweep queue last and a smaller batch: rechecks and webhooks first (as the
+        // AWS event source mappings' lower MaximumConcurrency for it).
+        let sweep = c.consume_once(c.sweep_queue(), 5, 0).await;
+        match (events, timers, sweep) {
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 tracing::warn!(worker = n, error = %e, "receive failed");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            (Ok(0), Ok(0)) => tokio::time::sleep(Duration::from_millis(50)).await,
+            (Ok(0), Ok(0), Ok(0)) => tokio::time::sleep(Duration::from_millis(50)).await,
             _ => {}
         }
     }
@@ -412,7 +427,7 @@ async fn sweeper_loop(c: Arc<LocalController>, every: Duration, mut stop: watch:
             _ = stop.changed() => break,
             _ = tick.tick() => {}
         }
-        // As the sweeper Lambda: one read, then one job per environment on the timers
+        // As the sweeper Lambda: one read, then one job per environment on the sweep
         // queue, decided by the worker loops. A sweep in progress finishes before the stop
         // is honoured.
         match c.sweep_fan_out().await {

@@ -389,6 +389,9 @@ struct State {
     pool_timing: PoolTiming,
     /// How snapshots take time ([`TwinCompute::set_snapshot_timing`]).
     snapshot_timing: SnapshotTiming,
+    /// Cold starts' seconds to `RUNNING`, drawn per task in `min..=max`
+    /// ([`TwinCompute::set_cold_start_secs`]); `None`: [`ComputeTiming::start_secs`].
+    cold_start_secs: Option<(u64, u64)>,
 }
 
 /// Where a warm pool member of the twin stands (issue 27).
@@ -538,8 +541,31 @@ impl TwinCompute {
                 pool: vec![],
                 pool_timing: PoolTiming::default(),
                 snapshot_timing: SnapshotTiming::default(),
+                cold_start_secs: None,
             })),
         }
+    }
+
+    /// From now on, each new cold start (`RunTask` for an environment) takes its own time
+    /// to `RUNNING`, drawn from the twin's seeded generator in `min_secs..=max_secs`, as a
+    /// Fargate task does (30–60 s, image pull most of it: docs/WARM_POOL.md), instead of
+    /// [`ComputeTiming::start_secs`].
+    pub fn set_cold_start_secs(&self, min_secs: u64, max_secs: u64) {
+        self.state().cold_start_secs = Some((min_secs, max_secs.max(min_secs)));
+    }
+
+    /// When the task (a cold start or a pool member) reaches or reached `RUNNING`, Unix ms
+    /// (ground truth); `None` for an unknown id or a start that fails.
+    pub fn running_at_ms(&self, id: &InstanceId) -> Option<u64> {
+        let s = self.state();
+        if let Some(m) = s.pool.iter().find(|m| &m.instance_id == id) {
+            return Some(m.running_at_ms);
+        }
+        let i = &s.instances[*s.by_id.get(id)?];
+        i.fails_at_ms.is_none().then(|| {
+            i.running_at_ms
+                .unwrap_or(i.created_ms + self.timing.start_secs * 1_000)
+        })
     }
 
     /// From now on, new snapshots take time as `timing` says (issue 23).
@@ -1261,6 +1287,9 @@ impl Compute for TwinCompute {
             && s.rng.below(1_000) < s.failed_start_per_mille)
             .then(|| now + 1_000 * (1 + s.rng.below(self.aws.max_failed_start_secs.max(1))));
         s.answers.failing_starts += u64::from(fails_at_ms.is_some());
+        let running_at_ms = s
+            .cold_start_secs
+            .map(|(min, max)| now + 1_000 * (min + s.rng.below(max - min + 1)));
         let instance = Instance {
             id,
             deployment: deployment.clone(),
@@ -1270,7 +1299,7 @@ impl Compute for TwinCompute {
             fails_at_ms,
             stop_requested_ms: None,
             died_ms: None,
-            running_at_ms: None,
+            running_at_ms,
         };
         Ok(self.launch(&mut s, instance, key, now, false))
     }

@@ -40,6 +40,9 @@ pub struct World {
     pub events: TwinQueue,
     /// The standard timers queue.
     pub timers: TwinQueue,
+    /// The standard sweep queue: a fanned-out sweep's jobs
+    /// ([`Controller::with_sweep_queue`]).
+    pub sweep: TwinQueue,
     /// The registry.
     pub registry: TwinRegistry,
     /// The compute provider.
@@ -76,6 +79,7 @@ impl World {
         Self {
             events: TwinQueue::fifo(clock.clone(), MAX_RECEIVE_COUNT),
             timers: TwinQueue::standard(clock.clone(), MAX_RECEIVE_COUNT),
+            sweep: TwinQueue::standard(clock.clone(), MAX_RECEIVE_COUNT),
             registry: TwinRegistry::new().with_clock(Arc::new(clock.clone())),
             compute: TwinCompute::aws_like(clock.clone(), timing, aws),
             sessions: TwinSessions::new(),
@@ -111,8 +115,17 @@ impl World {
         self.controller_with(Self::config(worker_id))
     }
 
-    /// A controller over this world with `config`.
+    /// A controller over this world with `config`; its sweeps fan out to the sweep queue,
+    /// as deployed.
     pub fn controller_with(&self, config: ControllerConfig) -> TwinController {
+        self.controller_on_one_queue(config)
+            .with_sweep_queue(self.wrap(self.sweep.clone()))
+    }
+
+    /// A controller over this world with `config` whose sweeps fan out to the timers
+    /// queue, among the rechecks (the arrangement before the sweep queue: the control of
+    /// [`crate::recheck_delay`]).
+    pub fn controller_on_one_queue(&self, config: ControllerConfig) -> TwinController {
         Controller::new(
             self.wrap(self.events.clone()),
             self.wrap(self.timers.clone()),

@@ -100,7 +100,8 @@ async fn sweep_fan_out_fits_the_schedule() {
     config.sweep_jobs_per_sec = 1;
     config.sweep_interval_secs = 10;
     let sweeper = world.controller_with(config);
-    let already = world.timers.len();
+    let already = world.sweep.len();
+    let timers_before = world.timers.len();
     let now_ms = world.clock.now_ms();
     world.calls.clear();
     world
@@ -116,8 +117,13 @@ async fn sweep_fan_out_fits_the_schedule() {
     // sweeper_controller, NoSessions): its sweep reads no session.
     assert_eq!(calls.of_port("agents_api"), 0, "a sweep reads no session");
     assert_eq!((report.enqueued, report.deferred), (N - 2, 2), "{report:?}");
+    assert_eq!(
+        world.timers.len(),
+        timers_before,
+        "sweep jobs go to the sweep queue, never among the rechecks"
+    );
     let sent: Vec<u64> = world
-        .timers
+        .sweep
         .messages()
         .iter()
         .skip(already)

@@ -13,7 +13,7 @@
  * remoteUrlAllowlist (comma-separated), webhookToleranceSecs, previousWebhookSecretArn,
  * operatorKeySecretArn, queueSenderArns (comma-separated),
  * poolSize, poolMaxAgeSecs, executorEgress (open/allowlist), executorEgressExtraDomains (comma-separated),
- * workerBatchSize, workerMaximumConcurrency, webhookReservedConcurrency, workerReservedConcurrency,
+ * workerBatchSize, workerMaximumConcurrency, workerSweepMaximumConcurrency, webhookReservedConcurrency,
  * logRetentionDays, alarmTopicArn, lambdaDir.
  *
  * Code: `<lambdaDir>/<name>/bootstrap.zip` for webhook, worker and sweeper, as
@@ -150,8 +150,8 @@ new SandboxLifecycle(stack, "Sandbox", {
   queueSenderArns: list("queueSenderArns"),
   workerBatchSize: integer("workerBatchSize"),
   workerMaximumConcurrency: integer("workerMaximumConcurrency"),
+  workerSweepMaximumConcurrency: integer("workerSweepMaximumConcurrency"),
   webhookReservedConcurrency: integer("webhookReservedConcurrency"),
-  workerReservedConcurrency: integer("workerReservedConcurrency"),
   logRetentionDays: integer("logRetentionDays") as logs.RetentionDays | undefined,
   alarmTopicArn: context("alarmTopicArn"),
 });

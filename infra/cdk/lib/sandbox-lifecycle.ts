@@ -210,7 +210,7 @@ export interface SandboxLifecycleProps {
    */
   readonly operatorKeySecretArn?: string;
   /**
-   * Principal ARNs (wildcards allowed) that may send to the events and timers queues
+   * Principal ARNs (wildcards allowed) that may send to the events, timers and sweep queues
    * besides the functions that do: operators and applications sending `timeout_reported`.
    * Every other principal is denied `sqs:SendMessage`. @default none
    */
@@ -220,12 +220,23 @@ export interface SandboxLifecycleProps {
   /** Maximum concurrent worker invocations per queue, 2-1000. @default 10 */
   readonly workerMaximumConcurrency?: number;
   /**
+   * Maximum concurrent worker invocations on the sweep queue, 2-1000: the sweep's jobs (one
+   * per environment, spread over the sweep interval) have their own queue and a lower share
+   * of the worker, so rechecks on the timers queue never wait behind them. @default 2
+   */
+  readonly workerSweepMaximumConcurrency?: number;
+  /**
    * Reserved concurrency of the public webhook function (issue 24): a flood of unsigned
    * POSTs is throttled there instead of taking the account's regional concurrency. 1-1000.
    * @default 10
    */
   readonly webhookReservedConcurrency?: number;
-  /** Reserved concurrency of the worker, 2-2000 (>= both sources' maximum). @default 20 */
+  /**
+   * Reserved concurrency of the worker. Computed by default ({@link workerReservedConcurrencyOf}:
+   * 2 x workerMaximumConcurrency + workerSweepMaximumConcurrency + 1 for the pool's refill);
+   * an explicit value below that sum is refused (synth throws), at most 3001.
+   * @default the sum (23 with the defaults)
+   */
   readonly workerReservedConcurrency?: number;
   /** Log retention, days. @default 30 */
   readonly logRetentionDays?: logs.RetentionDays;
@@ -248,6 +259,8 @@ export class SandboxLifecycle extends Construct {
   public readonly webhookUrl: lambda.FunctionUrl;
   public readonly eventsQueue: sqs.Queue;
   public readonly timersQueue: sqs.Queue;
+  /** The sweep's jobs, one per environment (standard; consumed by the worker). */
+  public readonly sweepQueue: sqs.Queue;
   public readonly table: dynamodb.Table;
   /** The warm pool's table (issue 27); only with `poolSize > 0`. */
   public readonly poolTable?: dynamodb.Table;
@@ -299,6 +312,19 @@ export class SandboxLifecycle extends Construct {
       retentionPeriod: Duration.days(4),
       encryption: sqs.QueueEncryption.SQS_MANAGED,
       deadLetterQueue: { queue: timersDlq, maxReceiveCount: MAX_RECEIVE_COUNT },
+    });
+    // Sweep: standard too (the fan-out delays each job within the sweep interval), a queue
+    // of its own so a sweep of thousands of environments never sits in front of a due
+    // recheck; consumed by the worker with its own, lower, maxConcurrency.
+    const sweepDlq = new sqs.Queue(this, "SweepDeadLetterQueue", {
+      retentionPeriod: Duration.days(14),
+      encryption: sqs.QueueEncryption.SQS_MANAGED,
+    });
+    this.sweepQueue = new sqs.Queue(this, "SweepQueue", {
+      visibilityTimeout: Duration.seconds(QUEUE_VISIBILITY_SECS),
+      retentionPeriod: Duration.days(4),
+      encryption: sqs.QueueEncryption.SQS_MANAGED,
+      deadLetterQueue: { queue: sweepDlq, maxReceiveCount: MAX_RECEIVE_COUNT },
     });
 
     // ------------------------------------------------------------ registry
@@ -580,11 +606,6 @@ export class SandboxLifecycle extends Construct {
     // Workspace statements only with workspaces on.
     const sharedControllerStatements = (): iam.PolicyStatement[] => [
       new iam.PolicyStatement({
-        sid: "ScheduleRecheck",
-        actions: ["sqs:SendMessage"],
-        resources: [this.timersQueue.queueArn],
-      }),
-      new iam.PolicyStatement({
         sid: "DeadLetterCount",
         actions: ["sqs:GetQueueAttributes"],
         resources: [eventsDlq.queueArn],
@@ -620,6 +641,18 @@ export class SandboxLifecycle extends Construct {
         sid: "ApiKey",
         actions: ["secretsmanager:GetSecretValue"],
         resources: [props.openAIApiKeySecretArn, ...(props.operatorKeySecretArn ? [props.operatorKeySecretArn] : [])],
+      }),
+      new iam.PolicyStatement({
+        sid: "ScheduleRecheck",
+        actions: ["sqs:SendMessage"],
+        resources: [this.timersQueue.queueArn],
+      }),
+      // A sweep record not attempted (the batch's budget ran out) is deferred to its own
+      // queue (worker_handler.rs defer), never among the rechecks.
+      new iam.PolicyStatement({
+        sid: "DeferSweep",
+        actions: ["sqs:SendMessage"],
+        resources: [this.sweepQueue.queueArn],
       }),
       ...sharedControllerStatements(),
       new iam.PolicyStatement({
@@ -741,6 +774,11 @@ export class SandboxLifecycle extends Construct {
     // The sweeper reads the inventory and starts, stops, tags and snapshots nothing (the
     // jobs it fans out run in the worker); with workspaces on it deletes expendable ones.
     const sweeperStatements = (): iam.PolicyStatement[] => [
+      new iam.PolicyStatement({
+        sid: "FanOutSweep",
+        actions: ["sqs:SendMessage"],
+        resources: [this.sweepQueue.queueArn],
+      }),
       ...sharedControllerStatements(),
       new iam.PolicyStatement({
         sid: "DescribeExecutors",
@@ -838,7 +876,7 @@ export class SandboxLifecycle extends Construct {
                 "sqs:ChangeMessageVisibility",
                 "sqs:GetQueueAttributes",
               ],
-              resources: [this.eventsQueue.queueArn, this.timersQueue.queueArn],
+              resources: [this.eventsQueue.queueArn, this.timersQueue.queueArn, this.sweepQueue.queueArn],
             }),
             ...workerStatements(),
           ],
@@ -852,8 +890,9 @@ export class SandboxLifecycle extends Construct {
       },
     });
     // Only the principals that send may send (README.md, "Security"): the webhook function
-    // to the events queue, the worker's hand-offs and the sweeper's fan-out to the timers
-    // queue, plus queueSenderArns (operators; applications sending timeout_reported). An
+    // to the events queue, the worker's rechecks and hand-offs to the timers queue, the
+    // sweeper's fan-out (and the worker's deferral of a sweep record) to the sweep queue,
+    // plus queueSenderArns (operators; applications sending timeout_reported). An
     // explicit deny: in the same account an identity policy alone would otherwise admit any
     // principal granted sqs:SendMessage (IAM User Guide, "Policy evaluation logic").
     const senders = props.queueSenderArns ?? [];
@@ -869,7 +908,8 @@ export class SandboxLifecycle extends Construct {
         }),
       );
     onlyTheSendersSend(this.eventsQueue, [webhookRole]);
-    onlyTheSendersSend(this.timersQueue, [workerRole, sweeperRole]);
+    onlyTheSendersSend(this.timersQueue, [workerRole]);
+    onlyTheSendersSend(this.sweepQueue, [workerRole, sweeperRole]);
 
     // ------------------------------------------------------------ functions
     const common = {
@@ -903,6 +943,7 @@ export class SandboxLifecycle extends Construct {
       EVENTS_QUEUE_URL: this.eventsQueue.queueUrl,
       EVENTS_DLQ_URL: eventsDlq.queueUrl,
       TIMERS_QUEUE_URL: this.timersQueue.queueUrl,
+      SWEEP_QUEUE_URL: this.sweepQueue.queueUrl,
       TABLE_NAME: this.table.tableName,
       ECS_CLUSTER: clusterName,
       TASK_DEFINITION: this.taskDefinition.ref,
@@ -953,9 +994,9 @@ export class SandboxLifecycle extends Construct {
     this.workerFunction = new lambda.Function(this, "WorkerFunction", {
       ...common,
       code: props.code.worker,
-      description: "sandbox-lifecycle worker (events and timers queues)",
+      description: "sandbox-lifecycle worker (events, timers and sweep queues)",
       role: workerRole,
-      reservedConcurrentExecutions: props.workerReservedConcurrency ?? 20,
+      reservedConcurrentExecutions: props.workerReservedConcurrency ?? workerReservedConcurrencyOf(props),
       memorySize: 512,
       timeout: Duration.seconds(WORKER_TIMEOUT_SECS),
       logGroup: workerLogs,
@@ -963,15 +1004,17 @@ export class SandboxLifecycle extends Construct {
     });
     const batchSize = props.workerBatchSize ?? 10;
     const maxConcurrency = props.workerMaximumConcurrency ?? 10;
-    for (const [name, queue] of [
-      ["Events", this.eventsQueue],
-      ["Timers", this.timersQueue],
+    const sweepMaxConcurrency = props.workerSweepMaximumConcurrency ?? 2;
+    for (const [name, queue, max] of [
+      ["Events", this.eventsQueue, maxConcurrency],
+      ["Timers", this.timersQueue, maxConcurrency],
+      ["Sweep", this.sweepQueue, sweepMaxConcurrency],
     ] as const) {
       new lambda.EventSourceMapping(this, `Worker${name}Source`, {
         target: this.workerFunction,
         eventSourceArn: queue.queueArn,
         batchSize,
-        maxConcurrency,
+        maxConcurrency: max,
         reportBatchItemFailures: true,
       });
     }
@@ -1041,6 +1084,11 @@ export class SandboxLifecycle extends Construct {
       "TimersDeadLetterAlarm",
       "Timer jobs reached the timers dead-letter queue.",
       timersDlq.metricApproximateNumberOfMessagesVisible({ statistic: "Maximum", period: fiveMinutes }),
+    );
+    alarm(
+      "SweepDeadLetterAlarm",
+      "Sweep jobs reached the sweep dead-letter queue.",
+      sweepDlq.metricApproximateNumberOfMessagesVisible({ statistic: "Maximum", period: fiveMinutes }),
     );
     alarm(
       "WorkerErrorsAlarm",
@@ -1188,6 +1236,7 @@ export class SandboxLifecycle extends Construct {
           graph("Dead letters", [
             labelled(eventsDlq.metricApproximateNumberOfMessagesVisible({ statistic: "Maximum", period: fiveMinutes }), "events DLQ"),
             labelled(timersDlq.metricApproximateNumberOfMessagesVisible({ statistic: "Maximum", period: fiveMinutes }), "timers DLQ"),
+            labelled(sweepDlq.metricApproximateNumberOfMessagesVisible({ statistic: "Maximum", period: fiveMinutes }), "sweep DLQ"),
           ]),
           graph(
             "Function errors",
@@ -1225,6 +1274,18 @@ const CEILING_REASONS = ["lifetime_exceeded", "lifetime_hard_cap", "no_work", "r
 /** The `reason` label of `webhook_rejected` (crates/controller/src/metrics.rs). */
 const WEBHOOK_REJECTIONS = ["too_large", "headers", "signature", "malformed", "queue_unavailable"];
 
+/**
+ * The worker's reserved concurrency the sources and the refill need: the events and timers
+ * sources' `workerMaximumConcurrency` each, the sweep source's
+ * `workerSweepMaximumConcurrency`, and 1 for the pool's refill (invoked by its schedule), so
+ * every source can reach its maximum concurrency and the refill still finds a slot (Lambda
+ * Developer Guide, "Configuring scaling behavior for SQS event source mappings"). The SAM
+ * template tabulates the same sum (Mappings `WorkerReservedConcurrency`).
+ */
+export function workerReservedConcurrencyOf(props: SandboxLifecycleProps): number {
+  return 2 * (props.workerMaximumConcurrency ?? 10) + (props.workerSweepMaximumConcurrency ?? 2) + 1;
+}
+
 function validate(props: SandboxLifecycleProps): void {
   const problems: string[] = [];
   for (const [name, arn] of [
@@ -1239,6 +1300,8 @@ function validate(props: SandboxLifecycleProps): void {
   if (batch < 1 || batch > 10) problems.push("workerBatchSize must be 1-10 (the SQS FIFO maximum)");
   const concurrency = props.workerMaximumConcurrency ?? 10;
   if (concurrency < 2 || concurrency > 1000) problems.push("workerMaximumConcurrency must be 2-1000");
+  const sweepConcurrency = props.workerSweepMaximumConcurrency ?? 2;
+  if (sweepConcurrency < 2 || sweepConcurrency > 1000) problems.push("workerSweepMaximumConcurrency must be 2-1000");
   if ((props.connectDeadlineSecs ?? 180) < 1) problems.push("connectDeadlineSecs must be at least 1");
   if ((props.shutdownGraceSecs ?? 300) < 0) problems.push("shutdownGraceSecs must not be negative");
   for (const [name, value] of [
@@ -1262,9 +1325,13 @@ function validate(props: SandboxLifecycleProps): void {
   if (!Number.isInteger(webhookReserved) || webhookReserved < 1 || webhookReserved > 1000) {
     problems.push("webhookReservedConcurrency must be 1-1000");
   }
-  const workerReserved = props.workerReservedConcurrency ?? 20;
-  if (!Number.isInteger(workerReserved) || workerReserved < 2 || workerReserved > 2000) {
-    problems.push("workerReservedConcurrency must be 2-2000");
+  const needed = workerReservedConcurrencyOf(props);
+  const workerReserved = props.workerReservedConcurrency ?? needed;
+  if (!Number.isInteger(workerReserved) || workerReserved < needed || workerReserved > 3001) {
+    problems.push(
+      `workerReservedConcurrency must be ${needed}-3001: at least the events, timers and sweep sources' ` +
+        "maximum concurrency plus 1 for the pool's refill",
+    );
   }
   if (!ECR_IMAGE.test(props.executorImage)) {
     problems.push("executorImage must be ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPOSITORY:TAG or @sha256:DIGEST");

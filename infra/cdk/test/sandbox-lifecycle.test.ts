@@ -14,6 +14,7 @@ import {
   SandboxLifecycle,
   SandboxLifecycleProps,
   WORKER_TIMEOUT_SECS,
+  workerReservedConcurrencyOf,
 } from "../lib/sandbox-lifecycle";
 
 const SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret";
@@ -73,16 +74,16 @@ describe("SandboxLifecycle", () => {
 
   it("declares the whole deployment", () => {
     template.resourceCountIs("AWS::Lambda::Function", 3);
-    template.resourceCountIs("AWS::SQS::Queue", 4);
+    template.resourceCountIs("AWS::SQS::Queue", 6);
     template.resourceCountIs("AWS::DynamoDB::Table", 1);
     template.resourceCountIs("AWS::ECS::Cluster", 1);
     template.resourceCountIs("AWS::ECS::TaskDefinition", 1);
     template.resourceCountIs("AWS::EC2::SecurityGroup", 1);
     template.resourceCountIs("AWS::Lambda::Url", 1);
-    template.resourceCountIs("AWS::Lambda::EventSourceMapping", 2);
+    template.resourceCountIs("AWS::Lambda::EventSourceMapping", 3);
     template.resourceCountIs("AWS::Events::Rule", 1);
     template.resourceCountIs("AWS::Logs::LogGroup", 4);
-    template.resourceCountIs("AWS::CloudWatch::Alarm", 13);
+    template.resourceCountIs("AWS::CloudWatch::Alarm", 14);
     template.resourceCountIs("AWS::CloudWatch::Dashboard", 1);
     template.resourceCountIs("AWS::IAM::Policy", 0);
   });
@@ -126,14 +127,38 @@ describe("SandboxLifecycle", () => {
   });
 
   it("reports partial batch failures with the batch size and concurrency props", () => {
-    const t = synth({ workerBatchSize: 5, workerMaximumConcurrency: 3 });
+    const t = synth({ workerBatchSize: 5, workerMaximumConcurrency: 3, workerSweepMaximumConcurrency: 4 });
     const mappings = Object.values(t.findResources("AWS::Lambda::EventSourceMapping"));
-    assert.equal(mappings.length, 2);
+    assert.equal(mappings.length, 3, "events, timers and sweep sources");
+    const queues = t.findResources("AWS::SQS::Queue");
+    const byQueue: Record<string, number> = {};
     for (const m of mappings) {
       assert.deepEqual(m.Properties.FunctionResponseTypes, ["ReportBatchItemFailures"]);
       assert.equal(m.Properties.BatchSize, 5);
-      assert.deepEqual(m.Properties.ScalingConfig, { MaximumConcurrency: 3 });
+      const queueId: string = m.Properties.EventSourceArn["Fn::GetAtt"][0];
+      assert.ok(queues[queueId], queueId);
+      const name = ["Events", "Timers", "Sweep"].find((n) => queueId.includes(`${n}Queue`));
+      assert.ok(name, queueId);
+      byQueue[name] = m.Properties.ScalingConfig.MaximumConcurrency;
     }
+    assert.deepEqual(byQueue, { Events: 3, Timers: 3, Sweep: 4 });
+    // Reserved = 2 x 3 + 4 + 1 (the refill): computed, never a free number.
+    const worker = Object.values(t.findResources("AWS::Lambda::Function")).find((f) =>
+      String(f.Properties.Description).includes("worker"),
+    );
+    assert.equal(worker?.Properties.ReservedConcurrentExecutions, 11);
+  });
+
+  it("refuses a worker reservation below the sources' maximum concurrency plus the refill", () => {
+    assert.equal(workerReservedConcurrencyOf({ ...props() }), 23);
+    assert.throws(
+      () => synth({ workerMaximumConcurrency: 10, workerSweepMaximumConcurrency: 2, workerReservedConcurrency: 22 }),
+      /workerReservedConcurrency must be 23-3001/,
+    );
+    assert.throws(() => synth({ workerReservedConcurrency: 20 }), /workerReservedConcurrency must be 23-3001/);
+    assert.throws(() => synth({ workerSweepMaximumConcurrency: 1 }), /workerSweepMaximumConcurrency must be 2-1000/);
+    // At or above the sum it is accepted.
+    synth({ workerReservedConcurrency: 23 });
   });
 
   it("stores the registry on demand with TTL, point-in-time recovery, the by_session and by_open indexes", () => {

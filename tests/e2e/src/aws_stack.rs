@@ -33,7 +33,9 @@ use aws_sdk_ecs::types::DesiredStatus;
 use sandbox_agents_api::{AgentsClient, ClientConfig};
 use sandbox_aws::bootstrap::{Queues, create_ecs, create_queues, moto_pin_ecs_tasks};
 use sandbox_aws::strict_ecs::StrictEcs;
-use sandbox_aws::{DynamoRegistry, EcsCompute, SqsQueue, create_table, load_sdk_config};
+use sandbox_aws::{
+    DynamoRegistry, EcsCompute, PoolConfig, SqsQueue, create_table, load_sdk_config,
+};
 use sandbox_controller::ports::{Clock, Compute as _, NO_DEADLINE, PortError, SystemClock};
 use sandbox_controller::{Controller, ControllerConfig, Intake, router};
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
@@ -161,6 +163,9 @@ pub struct AwsResources {
     /// The interceptor on the ECS client of [`AwsResources::compute`] (the controller's):
     /// its recorded requests and refusals, and the lag knob.
     pub ecs_guard: StrictEcs,
+    /// The warm pool's table and settings, when the pool is on
+    /// ([`AwsResources::with_pool`]).
+    pub pool: Option<PoolConfig>,
 }
 
 impl AwsResources {
@@ -191,7 +196,28 @@ impl AwsResources {
             table,
             ecs,
             ecs_guard: StrictEcs::new(),
+            pool: None,
         })
+    }
+
+    /// Turns the warm pool on: creates its table on moto; [`AwsResources::compute`] then
+    /// starts, claims and lists members there (claims fenced by the registry's lock, as
+    /// the worker function's wiring does).
+    ///
+    /// # Errors
+    /// A [`PortError`] from `CreateTable`.
+    pub async fn with_pool(mut self) -> Result<Self, PortError> {
+        let table = format!("{}-pool", self.table);
+        sandbox_aws::pool_table::create_table(&aws_sdk_dynamodb::Client::new(&self.sdk), &table)
+            .await?;
+        self.pool = Some(PoolConfig {
+            table_name: table,
+            // Any unique id does on moto (it only prefixes member keys).
+            task_role_id: "AROAE2EPOOLROLE".to_owned(),
+            max_age_secs: 3_600,
+            history_retention_secs: 86_400,
+        });
+        Ok(self)
     }
 
     /// The events queue.
@@ -204,6 +230,11 @@ impl AwsResources {
         self.queues.timers(&aws_sdk_sqs::Client::new(&self.sdk))
     }
 
+    /// The sweep queue.
+    pub fn sweep(&self) -> SqsQueue {
+        self.queues.sweep(&aws_sdk_sqs::Client::new(&self.sdk))
+    }
+
     /// The registry.
     pub fn registry(&self) -> DynamoRegistry {
         DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&self.sdk), &self.table)
@@ -211,7 +242,13 @@ impl AwsResources {
 
     /// The compute provider on moto's ECS, its client behind [`AwsResources::ecs_guard`].
     pub fn compute(&self) -> EcsCompute {
-        EcsCompute::new(self.ecs_guard.client(&self.sdk), self.ecs.clone())
+        let compute = EcsCompute::new(self.ecs_guard.client(&self.sdk), self.ecs.clone());
+        match &self.pool {
+            Some(pool) => compute
+                .with_pool(aws_sdk_dynamodb::Client::new(&self.sdk), pool.clone())
+                .with_claim_fence(&self.table),
+            None => compute,
+        }
     }
 
     /// An ECS client for a test's own calls, behind its own [`StrictEcs`] (recorded apart
@@ -275,6 +312,7 @@ pub fn harness_config(deployment: DeploymentId, opts: &AwsOptions) -> Controller
     controller.stop_readback_interval = Duration::from_millis(50);
     controller.lock_busy_retry_secs = 1;
     controller.visibility_secs = 30;
+    controller.pool.size = opts.common.pool_size;
     controller
 }
 
@@ -301,7 +339,10 @@ impl AwsHarness {
     /// A bootstrap, simulator or listener failure. Panics without `MOTO_ENDPOINT`.
     pub async fn start(opts: AwsOptions) -> anyhow::Result<Self> {
         crate::init_test_logs();
-        let resources = AwsResources::create().await?;
+        let mut resources = AwsResources::create().await?;
+        if opts.common.pool_size > 0 {
+            resources = resources.with_pool().await?;
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
         let webhook_url = format!("http://127.0.0.1:{port}/webhook");
@@ -332,15 +373,18 @@ impl AwsHarness {
             )
             .with_provision_on(config.policy.provision_on),
         );
-        let controller = Arc::new(Controller::new(
-            events,
-            resources.timers(),
-            resources.registry(),
-            resources.compute(),
-            AgentsClient::new(api)?,
-            clock,
-            config,
-        ));
+        let controller = Arc::new(
+            Controller::new(
+                events,
+                resources.timers(),
+                resources.registry(),
+                resources.compute(),
+                AgentsClient::new(api)?,
+                clock,
+                config,
+            )
+            .with_sweep_queue(resources.sweep()),
+        );
 
         let (stop, stopped) = watch::channel(false);
         let mut tasks = Vec::new();
@@ -360,6 +404,10 @@ impl AwsHarness {
             let c = controller.clone();
             let rx = stopped.clone();
             tasks.push(tokio::spawn(sweeper_loop(c, every, rx)));
+        }
+        if opts.common.pool_size > 0 {
+            // The worker function's refill schedule, faster.
+            tasks.push(tokio::spawn(pool_loop(controller.clone(), stopped.clone())));
         }
         if !opts.common.executors_never_connect {
             tasks.push(tokio::spawn(executor_bridge(
@@ -433,6 +481,7 @@ impl LifecycleHarness for AwsHarness {
             ("AWS_SECRET_ACCESS_KEY", "test".into()),
             ("EVENTS_QUEUE_URL", r.queues.events_url.clone()),
             ("TIMERS_QUEUE_URL", r.queues.timers_url.clone()),
+            ("SWEEP_QUEUE_URL", r.queues.sweep_url.clone()),
             ("TABLE_NAME", r.table.clone()),
             ("ECS_CLUSTER", r.ecs.cluster.clone()),
             ("TASK_DEFINITION", r.ecs.task_definition.clone()),
@@ -545,6 +594,13 @@ impl LifecycleHarness for AwsHarness {
                 stopped += 1;
             }
         }
+        // Idle warm pool members (no environment: `list` leaves them out).
+        for m in c.compute.list_pool(&c.config.deployment).await? {
+            c.compute
+                .stop(&m.instance_id, "harness shutdown", NO_DEADLINE)
+                .await?;
+            stopped += 1;
+        }
         self.sim.shutdown().await;
         let rejected = self.resources.ecs_guard.rejected();
         anyhow::ensure!(
@@ -566,13 +622,31 @@ async fn worker_loop(c: Arc<AwsController>, batch: usize, stop: watch::Receiver<
         // 200 ms rounds up to a 1 s SQS long poll.
         let events = c.consume_once(&c.events, batch, 200).await;
         let timers = c.consume_once(&c.timers, batch, 0).await;
-        match (events, timers) {
-            (Err(e), _) | (_, Err(e)) => {
+        // `sandboxctl sweep`'s jobs (the sweeper's fan-out) arrive on the sweep queue.
+        let sweep = c.consume_once(c.sweep_queue(), batch, 0).await;
+        match (events, timers, sweep) {
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 tracing::warn!(error = %e, "receive failed");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            (Ok(0), Ok(0)) => tokio::time::sleep(Duration::from_millis(50)).await,
+            (Ok(0), Ok(0), Ok(0)) => tokio::time::sleep(Duration::from_millis(50)).await,
             _ => {}
+        }
+    }
+}
+
+/// Refills the warm pool ([`Controller::refill_pool`], under its lease) every 500 ms until
+/// the stop: the worker function's `{"pool_refill": {}}` schedule, faster.
+async fn pool_loop(c: Arc<AwsController>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = c.refill_pool().await {
+            tracing::warn!(error = %e, "pool not refilled this tick");
         }
     }
 }

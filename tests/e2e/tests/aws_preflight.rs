@@ -452,6 +452,7 @@ async fn preflight(
             "http://127.0.0.1:9/q/events.fifo".to_owned(),
         ),
         ("TIMERS_QUEUE_URL", "http://127.0.0.1:9/q/timers".to_owned()),
+        ("SWEEP_QUEUE_URL", "http://127.0.0.1:9/q/sweep".to_owned()),
         ("TABLE_NAME", "unused-by-preflight".to_owned()),
         ("ECS_CLUSTER", s.cluster.clone()),
         ("TASK_DEFINITION", family.to_owned()),

@@ -42,6 +42,7 @@ fn worker_env(
         ("AWS_SECRET_ACCESS_KEY", "test".into()),
         ("EVENTS_QUEUE_URL", r.queues.events_url.clone()),
         ("TIMERS_QUEUE_URL", r.queues.timers_url.clone()),
+        ("SWEEP_QUEUE_URL", r.queues.sweep_url.clone()),
         ("TABLE_NAME", r.table.clone()),
         ("ECS_CLUSTER", r.ecs.cluster.clone()),
         ("TASK_DEFINITION", r.ecs.task_definition.clone()),

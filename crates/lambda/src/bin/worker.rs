@@ -1,4 +1,4 @@
-//! The worker function (SQS events and timers queues): process each job, report failures.
+//! The worker function (SQS events, timers and sweep queues): process each job, report failures.
 use sandbox_lambda::aws_wiring;
 use sandbox_lambda::json_logs::{fatal, init};
 use sandbox_lambda::settings::ControllerSettings;
@@ -15,7 +15,7 @@ async fn main() {
     let controller = aws_wiring::controller(&settings)
         .await
         .unwrap_or_else(|e| fatal("cold start", &e));
-    let routes = QueueRoutes::new(&settings.timers_queue_url);
+    let routes = QueueRoutes::new(&settings.timers_queue_url).with_sweep(&settings.sweep_queue_url);
     if let Err(e) = worker_handler::run(controller, routes).await {
         fatal("runtime", &e);
     }

@@ -1,7 +1,7 @@
 //! A stand-in for the worker Lambda in the AWS end-to-end tests: the worker function's
 //! own cold start (`ControllerSettings::from_env`, the API key from Secrets Manager, the
 //! AWS adapters: `sandbox_lambda::aws_wiring::controller`), then, instead of Lambda's SQS
-//! event source, a loop receiving from the events and timers queues and handling each
+//! event sources, a loop receiving from the events, timers and sweep queues and handling each
 //! message through the same `Controller::handle` (process, then ack, hand off or retry).
 //!
 //! Test-only knobs (the Lambda takes these from the queues' configuration):
@@ -45,7 +45,11 @@ async fn main() {
         }
     };
     loop {
-        for queue in [&controller.events, &controller.timers] {
+        for queue in [
+            &controller.events,
+            &controller.timers,
+            controller.sweep_queue(),
+        ] {
             if let Err(e) = controller.consume_once(queue, 10, 200).await {
                 tracing::warn!(error = %e, "receive failed");
                 tokio::time::sleep(Duration::from_millis(200)).await;
