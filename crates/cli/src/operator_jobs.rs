@@ -482,7 +482,7 @@ pub async fn sweep<O: Ops>(
     } else {
         writeln!(
             out,
-            "{} sweep job(s) enqueued on the timers queue ({} environment(s) examined, {} settled skipped); the worker decides each under its lock",
+            "{} sweep job(s) enqueued on the sweep queue ({} environment(s) examined, {} settled skipped); the worker decides each under its lock",
             report.enqueued, report.environments, report.settled_skipped
         )?;
         for p in &problems {
