@@ -4,7 +4,7 @@
 //! executors dying on their own, and simulated time.
 //!
 //! A schedule has two phases. **Chaos** (`chaos_steps` steps): each step, chosen from the
-//! seed, polls one actor (one port call), spawns a worker step (events or timers queue),
+//! seed, polls one actor (one port call), spawns a worker step (events, timers or sweep queue),
 //! a sweep or an operator close, changes the world (a session requires a connection, the
 //! executor connects, the turn ends, the session fails or is deleted, the executor dies),
 //! crashes a running actor (drops its future at its current yield: right after its last
@@ -17,7 +17,7 @@
 //! default): a new task is `MISSING` and unlisted for up to 5 s, stopped tasks are
 //! forgotten an hour after they stopped, some starts stay `PROVISIONING` and end
 //! `TaskFailedToStart`, `clientToken` replays for 24 h. Sweeps run in place
-//! ([`Controller::sweep`]) or fanned out to the timers queue
+//! ([`Controller::sweep`]) or fanned out to the sweep queue
 //! ([`Controller::sweep_fan_out`]), chosen from the seed, so the sweep's jobs are
 //! interleaved and crashed like any other.
 //!
@@ -128,7 +128,7 @@ pub struct SimConfig {
     /// 5 s, stopped tasks forgotten after an hour, 5 % of starts stuck `PROVISIONING` for
     /// up to 30 min then `TaskFailedToStart`, the 24-hour `clientToken` window).
     pub aws: AwsLike,
-    /// Percent of sweeps run as [`Controller::sweep_fan_out`] (jobs to the timers queue,
+    /// Percent of sweeps run as [`Controller::sweep_fan_out`] (jobs to the sweep queue,
     /// decided by the workers) rather than [`Controller::sweep`] (in place).
     pub fan_out_percent: u64,
     /// The Lambda timeouts (issue 23 item 1): a worker step dies
@@ -256,7 +256,7 @@ pub struct ScheduleReport {
     pub queued_at_end: usize,
     /// Scheduler polls (port calls) in the whole schedule.
     pub polls: u64,
-    /// Sweeps run fanned out (jobs through the timers queue).
+    /// Sweeps run fanned out (jobs through the sweep queue).
     pub fan_out_sweeps: usize,
     /// Actors killed at their invocation's deadline ([`SimConfig::deadlines`]).
     pub deadline_kills: usize,
@@ -345,6 +345,8 @@ struct Sim {
     start_ms: u64,
     events: TwinQueue,
     timers: TwinQueue,
+    /// The sweep queue: a fanned-out sweep's jobs ([`Controller::with_sweep_queue`]).
+    sweep: TwinQueue,
     registry: TwinRegistry,
     compute: TwinCompute,
     sessions: TwinSessions,
@@ -388,6 +390,7 @@ fn controller(
     worker_id: &str,
     events: &TwinQueue,
     timers: &TwinQueue,
+    sweep: &TwinQueue,
     registry: &TwinRegistry,
     compute: &TwinCompute,
     sessions: &TwinSessions,
@@ -405,22 +408,25 @@ fn controller(
     // read-back): then it must fail at once ("not confirmed", retried later), not wait on
     // the machine's clock, which would make the schedule slow and depend on the load.
     config.stop_readback_timeout = Duration::ZERO;
-    Rc::new(Controller::new(
-        Interleaved::new(events.clone()),
-        Interleaved::new(timers.clone()),
-        Interleaved::new(registry.clone()),
-        Interleaved::new(compute.clone()),
-        Interleaved::new(sessions.clone()),
-        if ahead_ms > 0 {
-            Arc::new(crate::clock::SkewedClock {
-                inner: clock.clone(),
-                ahead_ms,
-            })
-        } else {
-            Arc::new(clock.clone())
-        },
-        config,
-    ))
+    Rc::new(
+        Controller::new(
+            Interleaved::new(events.clone()),
+            Interleaved::new(timers.clone()),
+            Interleaved::new(registry.clone()),
+            Interleaved::new(compute.clone()),
+            Interleaved::new(sessions.clone()),
+            if ahead_ms > 0 {
+                Arc::new(crate::clock::SkewedClock {
+                    inner: clock.clone(),
+                    ahead_ms,
+                })
+            } else {
+                Arc::new(clock.clone())
+            },
+            config,
+        )
+        .with_sweep_queue(Interleaved::new(sweep.clone())),
+    )
 }
 
 impl Sim {
@@ -429,6 +435,7 @@ impl Sim {
         let clock = SimClock::new();
         let events = TwinQueue::fifo(clock.clone(), MAX_RECEIVE_COUNT);
         let timers = TwinQueue::standard(clock.clone(), MAX_RECEIVE_COUNT);
+        let sweep = TwinQueue::standard(clock.clone(), MAX_RECEIVE_COUNT);
         let registry = TwinRegistry::new();
         let aws = AwsLike {
             seed: rng.next_u64(),
@@ -459,7 +466,8 @@ impl Sim {
         };
         let make = |id: &str, ahead_ms: u64| {
             controller(
-                id, &events, &timers, &registry, &compute, &sessions, &clock, pool, cap, ahead_ms,
+                id, &events, &timers, &sweep, &registry, &compute, &sessions, &clock, pool, cap,
+                ahead_ms,
             )
         };
         let workers = (0..n_workers).map(|i| make(&format!("w{i}"), 0)).collect();
@@ -492,6 +500,7 @@ impl Sim {
             clock,
             events,
             timers,
+            sweep,
             registry,
             compute,
             sessions,
@@ -753,7 +762,8 @@ impl Sim {
 
     // ---- actors ----------------------------------------------------------------------
 
-    fn spawn_worker_step(&mut self, w: usize, timers: bool) {
+    /// One worker step on queue `q`: 0 events, 1 timers, 2 sweep.
+    fn spawn_worker_step(&mut self, w: usize, q: usize) {
         let kind = format!("w{w}");
         if self.sched.has(&kind) {
             return;
@@ -763,7 +773,11 @@ impl Sim {
         self.sched.spawn(
             kind,
             Box::pin(async move {
-                let q = if timers { &c.timers } else { &c.events };
+                let q = match q {
+                    0 => &c.events,
+                    1 => &c.timers,
+                    _ => c.sweep_queue(),
+                };
                 let _ = c.consume_once(q, 1, 0).await;
             }),
         );
@@ -1374,6 +1388,7 @@ impl Sim {
                 .messages()
                 .iter()
                 .chain(self.timers.messages().iter())
+                .chain(self.sweep.messages().iter())
                 .any(|m| m.msg.job.session_id == env.session);
             let start_failing = record.as_ref().is_some_and(|r| {
                 r.start_failure.as_ref().is_some_and(|f| {
@@ -1454,8 +1469,13 @@ impl Sim {
                 0..=59 if self.pool.size > 0 && self.rng.chance(10) => self.spawn_refill(),
                 0..=59 => {
                     let w = self.rng.index(self.workers.len());
-                    let timers = self.rng.chance(25);
-                    self.spawn_worker_step(w, timers);
+                    // Events three times in four; else timers or sweep, half each.
+                    let q = if self.rng.chance(25) {
+                        1 + self.rng.index(2)
+                    } else {
+                        0
+                    };
+                    self.spawn_worker_step(w, q);
                 }
                 60..=62 => self.spawn_sweep(),
                 63..=77 => self.world_event().await,
@@ -1512,7 +1532,8 @@ impl Sim {
         // The sender's last retries get through; an operator redrives the dead letters
         // (an alarm fires on a non-empty DLQ).
         self.sender_retry(true).await;
-        self.report.dead_letters = self.events.redrive() + self.timers.redrive();
+        self.report.dead_letters =
+            self.events.redrive() + self.timers.redrive() + self.sweep.redrive();
         let end = self.clock.now_ms() + self.cfg.settle_secs * 1_000;
         let mut next_sweep = self.clock.now_ms();
         while self.clock.now_ms() < end {
@@ -1520,7 +1541,8 @@ impl Sim {
                 // Messages in flight at the first redrive may still reach their receive
                 // limit (crashed five times in the chaos): the operator redrives again on
                 // the next DLQ alarm.
-                self.report.dead_letters += self.events.redrive() + self.timers.redrive();
+                self.report.dead_letters +=
+                    self.events.redrive() + self.timers.redrive() + self.sweep.redrive();
                 self.spawn_sweep();
                 self.spawn_refill();
                 self.run_to_idle().await?;
@@ -1531,10 +1553,13 @@ impl Sim {
             // worker of a round happened to poll the empty queue, and the clock then
             // jumped past the visible messages: soak seed 14407214890783178816.)
             let mut rounds = 0;
-            while self.visible_now(&self.events) || self.visible_now(&self.timers) {
+            while self.visible_now(&self.events)
+                || self.visible_now(&self.timers)
+                || self.visible_now(&self.sweep)
+            {
                 for w in 0..self.workers.len() {
-                    let timers = self.rng.chance(50);
-                    self.spawn_worker_step(w, timers);
+                    let q = self.rng.index(3);
+                    self.spawn_worker_step(w, q);
                 }
                 self.run_to_idle().await?;
                 rounds += 1;
@@ -1546,6 +1571,7 @@ impl Sim {
             let next = [
                 self.events.next_visible_at_ms(),
                 self.timers.next_visible_at_ms(),
+                self.sweep.next_visible_at_ms(),
             ]
             .into_iter()
             .flatten()
@@ -1560,14 +1586,12 @@ impl Sim {
         self.spawn_sweep();
         self.run_to_idle().await?;
         for _ in 0..3 {
-            for w in 0..self.workers.len() {
-                self.spawn_worker_step(w, false);
+            for q in 0..3 {
+                for w in 0..self.workers.len() {
+                    self.spawn_worker_step(w, q);
+                }
+                self.run_to_idle().await?;
             }
-            self.run_to_idle().await?;
-            for w in 0..self.workers.len() {
-                self.spawn_worker_step(w, true);
-            }
-            self.run_to_idle().await?;
         }
         // Issue 27: the last refill recycles what aged since the one before and stops
         // what a recycle left running.
@@ -1588,7 +1612,7 @@ pub async fn run_schedule(seed: u64, cfg: &SimConfig) -> Result<ScheduleReport, 
     sim.settle().await?;
     sim.check_final()?;
     sim.report.sim_secs = (sim.clock.now_ms() - sim.start_ms) / 1_000;
-    sim.report.queued_at_end = sim.events.len() + sim.timers.len();
+    sim.report.queued_at_end = sim.events.len() + sim.timers.len() + sim.sweep.len();
     sim.report.ecs = sim.compute.answers();
     let members = sim.compute.pool_members();
     sim.report.pool.started = members.len();
