@@ -26,7 +26,7 @@
 #                  task definition's `secrets`) is set, `codex --version` answers; one JSON
 #                  line per check on stdout, exit 0 when all pass, 1 otherwise.
 #                  `sandboxctl preflight --backend aws` starts it with a RunTask container
-#                  override on CONTAINER_NAME (crates/cli/src/preflight_aws.rs). The key is
+#                  override on CONTAINER_NAME (crates/cli/src/preflight/aws.rs). The key is
 #                  never printed; codex runs without it.
 #
 # With no argument the role is `single` (images started by an older task definition).

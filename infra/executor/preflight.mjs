@@ -3,7 +3,7 @@
 // session is provisioned. `sandboxctl preflight --backend aws` starts it as a one-off
 // RunTask of the executor task definition and reads its lines from CloudWatch Logs (the
 // task definition's awslogs configuration); the local backend runs the same checks in
-// Rust (crates/cli/src/preflight.rs).
+// Rust (crates/cli/src/preflight/mod.rs).
 //
 // Checks, in this order (the names are the local form's):
 //   resolve HOST      the name resolves (node:dns lookup, every address);

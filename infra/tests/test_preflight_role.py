@@ -4,7 +4,7 @@ runs infra/executor/preflight.mjs), against real parts on 127.0.0.1 only: a TLS 
 NODE_EXTRA_CA_CERTS, as an egress proxy's CA would be), a closed port, a name that does not
 resolve (`.invalid`, RFC 2606 section 2) and the real pinned `codex` answering `--version`.
 
-What `sandboxctl preflight --backend aws` relies on (crates/cli/src/preflight_aws.rs): one
+What `sandboxctl preflight --backend aws` relies on (crates/cli/src/preflight/aws.rs): one
 JSON line per check on stdout, in order, named as the local form names them, then a `done`
 line; exit 0 when all pass and 1 when any fails; the key never printed.
 """

@@ -12,8 +12,8 @@
 //!
 //! Deleting a session without a webhook is the ordinary `DELETE /v1/agents/sessions/{id}`.
 
+use crate::body::parse_object;
 use crate::error::ApiError;
-use crate::routes::parse_object;
 use crate::state::SimState;
 use crate::turns::{emit_action_required, fail_session};
 use axum::Json;

@@ -21,8 +21,8 @@
 //! connections}` where `id` is the connection affected (connect) or `null` (disconnect of
 //! all), `status` the environment's status and `connections` how many remain open.
 
+use crate::body::parse_object;
 use crate::error::ApiError;
-use crate::routes::parse_object;
 use crate::state::{EnvKind, SimState};
 use crate::turns::{ensure_driver, step};
 use axum::Json;

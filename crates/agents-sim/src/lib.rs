@@ -65,6 +65,7 @@
 #![forbid(unsafe_code)]
 
 mod auth;
+mod body;
 pub mod client;
 pub mod clock;
 pub mod config;

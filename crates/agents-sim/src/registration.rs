@@ -20,6 +20,7 @@
 use crate::auth::bearer_matches;
 use crate::error::ApiError;
 use crate::noise_session::{MLKEM768_PUBLIC_LEN, X25519_PUBLIC_LEN};
+use crate::state::relays::Registration;
 use crate::state::{EnvKind, SimState};
 use axum::Json;
 use axum::Router;
@@ -32,14 +33,6 @@ use serde_json::{Value, json};
 
 /// The only security profile.
 pub const SECURITY_PROFILE: &str = "noise_hybrid_ik_v1";
-
-/// One registration: the executor's static keys, for the harness's handshakes.
-#[derive(Clone, Debug)]
-pub(crate) struct Registration {
-    pub environment_id: String,
-    pub x25519: Vec<u8>,
-    pub mlkem: Vec<u8>,
-}
 
 /// Routes: registration and validation (executor key).
 pub(crate) fn routes() -> Router<SimState> {

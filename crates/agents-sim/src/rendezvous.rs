@@ -18,11 +18,11 @@
 //! forwarder that lives on retries without reconnecting (a network partition; the
 //! executor process keeps running).
 
-use crate::exec_protocol::{CommandResult, Pipe};
+use crate::exec_protocol::Pipe;
 use crate::noise_session::{self, Reassembler, StaticKeys};
-use crate::registration::Registration;
 use crate::relay_frame::{Body, Frame};
 use crate::state::SimState;
+use crate::state::relays::{Issued, OpenStream, Registration, Socket, relays};
 use crate::turns::{ensure_driver, step};
 use axum::Json;
 use axum::Router;
@@ -36,37 +36,7 @@ use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Notify, mpsc, oneshot};
-
-/// Registrations, open rendezvous sockets and issued stream authorizations.
-#[derive(Default)]
-pub(crate) struct Relays {
-    pub registrations: HashMap<String, Registration>,
-    /// Rendezvous token → registration id.
-    pub tokens: HashMap<String, String>,
-    /// Environments cut off by `drop-executor`: their rendezvous upgrades answer 503.
-    partitioned: std::collections::HashSet<String>,
-    /// Authorization token (msg1's payload) → what it was issued for.
-    pub authorizations: HashMap<String, Issued>,
-    /// Open sockets by connection id.
-    sockets: HashMap<String, Socket>,
-}
-
-/// What one harness authorization was issued for: a stream of a registration, by a
-/// harness with this static X25519 key.
-pub(crate) struct Issued {
-    pub registration_id: String,
-    pub stream_id: String,
-    pub harness_x25519: Vec<u8>,
-}
-
-struct Socket {
-    environment_id: String,
-    open: mpsc::Sender<OpenStream>,
-    kill: Arc<Notify>,
-}
-
-type OpenStream = oneshot::Sender<Result<Pipe, String>>;
+use tokio::sync::{Notify, mpsc};
 
 /// Routes: the rendezvous socket and the drop knob.
 pub(crate) fn routes() -> Router<SimState> {
@@ -76,10 +46,6 @@ pub(crate) fn routes() -> Router<SimState> {
             "/sim/environments/{environment_id}/drop-executor",
             post(drop_executor),
         )
-}
-
-fn relays(state: &SimState) -> std::sync::MutexGuard<'_, Relays> {
-    state.0.relays.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 async fn rendezvous(
@@ -302,28 +268,6 @@ async fn harness_stream(ctx: StreamCtx, mut rx: mpsc::Receiver<Body>, reply: Ope
             reason: "closed".to_owned(),
         })
         .await;
-}
-
-/// Runs `command` through connection `conn`'s rendezvous socket (a new stream).
-///
-/// # Errors
-/// The socket is gone, the handshake failed, or [`crate::exec_protocol::run_command`]'s errors.
-pub(crate) async fn run_command(
-    state: &SimState,
-    conn: &str,
-    command: &str,
-    timeout: Duration,
-) -> Result<CommandResult, String> {
-    let open = relays(state).sockets.get(conn).map(|s| s.open.clone());
-    let open = open.ok_or("the executor's rendezvous socket is closed")?;
-    let (tx, rx) = oneshot::channel();
-    open.send(tx)
-        .await
-        .map_err(|_| "the executor's rendezvous socket is closed")?;
-    let pipe = rx
-        .await
-        .map_err(|_| "the executor's rendezvous socket closed")??;
-    crate::exec_protocol::run_command(pipe, command, timeout).await
 }
 
 async fn drop_executor(

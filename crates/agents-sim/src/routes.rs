@@ -20,6 +20,7 @@
 //! `idempotent-replayed: true`), with a different request it is a 400.
 
 use crate::auth::require_api_key;
+use crate::body::parse_object;
 use crate::error::ApiError;
 use crate::objects;
 use crate::pagination;
@@ -133,24 +134,6 @@ impl IntoResponse for Reply {
             }
         }
         resp
-    }
-}
-
-/// Parses an optional JSON object body (an empty body is an empty object).
-pub(crate) fn parse_object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Map::new());
-    }
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(ApiError::invalid(
-            "The request body must be a JSON object.",
-            None,
-        )),
-        Err(e) => Err(ApiError::invalid(
-            format!("The request body is not valid JSON: {e}"),
-            None,
-        )),
     }
 }
 

@@ -423,7 +423,7 @@ const HARNESS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120)
 
 /// Starts the harness task of the session's running turn when it runs through a relay
 /// connection and none was started: it runs [`SimConfig::turn_command`](crate::SimConfig)
-/// in the executor over a new Noise stream ([`crate::rendezvous::run_command`]), stores
+/// in the executor over a new Noise stream ([`crate::state::relays::run_command`]), stores
 /// the outcome in the turn and wakes the drivers; [`step`] then completes the turn with it.
 fn start_harness(state: &SimState, inner: &mut Inner, sid: &str) {
     let Some(tid) = inner.active_turn(sid) else {
@@ -442,7 +442,8 @@ fn start_harness(state: &SimState, inner: &mut Inner, sid: &str) {
     let state = state.clone();
     let command = state.config().turn_command.clone();
     tokio::spawn(async move {
-        let result = crate::rendezvous::run_command(&state, &conn, &command, HARNESS_TIMEOUT).await;
+        let result =
+            crate::state::relays::run_command(&state, &conn, &command, HARNESS_TIMEOUT).await;
         match &result {
             Ok(r) => {
                 tracing::info!(turn_id = %tid, exit_code = ?r.exit_code, executor_version = ?r.executor_version, "turn command ran in the executor")

@@ -29,6 +29,7 @@ pub mod decide_cases;
 pub mod deliveries;
 pub mod doubles;
 pub mod fargate_time;
+pub mod machine;
 pub mod pool_refill;
 pub mod recheck_delay;
 pub mod report;

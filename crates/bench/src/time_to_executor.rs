@@ -479,7 +479,7 @@ pub async fn measure(opts: &Options) -> anyhow::Result<TimeToExecutor> {
         }
     }
     Ok(TimeToExecutor {
-        machine: crate::report::machine(),
+        machine: crate::machine::machine(),
         date: utc_date(),
         sessions: opts.sessions,
         workers: opts.workers,

@@ -167,10 +167,7 @@ pub trait Ops {
     fn operator_key(&self) -> impl Future<Output = anyhow::Result<OperatorKey>>;
     /// `sandboxctl migrate` ([`crate::migrate_cmd`]): puts the open records written before
     /// the sweep's open-records index into it (`dry_run`: counts only).
-    fn migrate(
-        &self,
-        dry_run: bool,
-    ) -> impl Future<Output = Result<crate::migrate_cmd::Migration, PortError>>;
+    fn migrate(&self, dry_run: bool) -> impl Future<Output = Result<Migration, PortError>>;
 }
 
 /// A local data directory.
@@ -332,8 +329,8 @@ impl Ops for LocalOps {
     }
     /// Nothing to migrate: SQLite's partial index of the open records covers every row,
     /// whenever it was written.
-    async fn migrate(&self, _dry_run: bool) -> Result<crate::migrate_cmd::Migration, PortError> {
-        Ok(crate::migrate_cmd::Migration::default())
+    async fn migrate(&self, _dry_run: bool) -> Result<Migration, PortError> {
+        Ok(Migration::default())
     }
 }
 
@@ -536,15 +533,28 @@ impl Ops for AwsOps {
             })?;
         OperatorKey::from_text(text.expose()).map_err(|e| anyhow::anyhow!("{}: {e}", secret.var))
     }
-    async fn migrate(&self, dry_run: bool) -> Result<crate::migrate_cmd::Migration, PortError> {
+    async fn migrate(&self, dry_run: bool) -> Result<Migration, PortError> {
         let b = self.registry.backfill_open_index(dry_run).await?;
-        Ok(crate::migrate_cmd::Migration {
+        Ok(Migration {
             open: b.open,
             closed: b.closed,
             backfilled: b.backfilled,
             changed: b.changed,
         })
     }
+}
+
+/// What a migration found and did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Migration {
+    /// Open records that were outside the sweep's index.
+    pub open: u64,
+    /// Closed records outside it (they belong there: left alone).
+    pub closed: u64,
+    /// Open records put into the index by this run.
+    pub backfilled: u64,
+    /// Open records written meanwhile (their own write put them in).
+    pub changed: u64,
 }
 
 #[cfg(test)]

@@ -33,8 +33,6 @@ mod explain_view;
 mod migrate_cmd;
 mod operator_jobs;
 mod preflight;
-#[cfg(feature = "aws")]
-mod preflight_aws;
 mod report;
 mod secret_from_env;
 mod serve;

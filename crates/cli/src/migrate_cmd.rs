@@ -28,19 +28,6 @@ pub struct MigrateArgs {
     pub backend: crate::backend::BackendArgs,
 }
 
-/// What a migration found and did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Migration {
-    /// Open records that were outside the sweep's index.
-    pub open: u64,
-    /// Closed records outside it (they belong there: left alone).
-    pub closed: u64,
-    /// Open records put into the index by this run.
-    pub backfilled: u64,
-    /// Open records written meanwhile (their own write put them in).
-    pub changed: u64,
-}
-
 /// Runs `migrate` on `ops`' deployment, printing the target first.
 ///
 /// # Errors

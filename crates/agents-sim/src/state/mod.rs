@@ -4,6 +4,8 @@
 //! Every handler does its whole read-modify-write under the lock (no `.await` inside), so
 //! concurrent requests see a consistent order and webhooks are emitted in state order.
 
+pub(crate) mod relays;
+
 use crate::clock::SimClock;
 use crate::config::SimConfig;
 use crate::error::SimError;
@@ -204,7 +206,7 @@ pub(crate) struct Shared {
     pub version: watch::Sender<u64>,
     pub shutdown: watch::Sender<bool>,
     /// Executor registrations and rendezvous sockets ([`crate::rendezvous`]).
-    pub relays: Mutex<crate::rendezvous::Relays>,
+    pub relays: Mutex<relays::Relays>,
 }
 
 /// A handle on one simulator's state; cheap to clone. Build it with [`SimState::new`] and
@@ -241,7 +243,7 @@ impl SimState {
             clock,
             ids: IdGen::new(),
             inner: Mutex::new(Inner::default()),
-            relays: Mutex::new(crate::rendezvous::Relays::default()),
+            relays: Mutex::new(relays::Relays::default()),
             webhooks,
             version: watch::Sender::new(0),
             shutdown,

@@ -15,10 +15,13 @@
 //! `sandboxctl/v1` document (`checks`, `problems`); exit 1 when any check fails, 2 on a
 //! usage error. On the local backend the checks run here: the local compute runs
 //! executors on this machine with this process's environment. On the AWS backend
-//! ([`crate::preflight_aws`], feature `aws`) they run in a one-off task of the executor
+//! ([`aws`], feature `aws`) they run in a one-off task of the executor
 //! task definition (the image's `preflight` role, infra/executor/preflight.mjs), which adds
 //! `task` (the task ran its checks) and `egress_ip` (the public IP the executors leave
 //! from); the `--json` document then also names the task (`task`).
+
+#[cfg(feature = "aws")]
+pub(crate) mod aws;
 
 use crate::backend::{BackendArgs, BackendKind};
 use crate::report::{Verdict, write_json};
@@ -281,7 +284,7 @@ pub async fn run(args: &PreflightArgs, out: &mut impl Write) -> anyhow::Result<V
             BackendKind::Local => ("local", checks(args).await?, None),
             #[cfg(feature = "aws")]
             BackendKind::Aws => {
-                let outcome = crate::preflight_aws::checks(args).await?;
+                let outcome = aws::checks(args).await?;
                 ("aws", outcome.checks, Some(outcome.task_arn))
             }
             #[cfg(not(feature = "aws"))]

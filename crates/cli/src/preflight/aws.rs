@@ -1,4 +1,4 @@
-//! `sandboxctl preflight --backend aws`: the checks of [`crate::preflight`], run where the
+//! `sandboxctl preflight --backend aws`: the checks of [`super`], run where the
 //! executors run — a one-off task of the executor task definition — plus the egress IP
 //! the executors use (for an executor key restricted to IP addresses).
 //!
@@ -42,7 +42,7 @@
 //! role could not read the executor key secret and `executor_key` fails with it. Every
 //! check the task did not report fails as `not checked`.
 
-use crate::preflight::{Check, DEFAULT_HOSTS, PreflightArgs, host_port};
+use super::{Check, DEFAULT_HOSTS, PreflightArgs, host_port};
 use anyhow::{Context as _, bail};
 use aws_sdk_ecs::config::http::HttpResponse;
 use aws_sdk_ecs::error::{ProvideErrorMetadata, SdkError};
