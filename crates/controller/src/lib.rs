@@ -37,6 +37,7 @@ pub mod no_sessions;
 pub mod operator_gate;
 pub mod pool;
 pub mod ports;
+pub mod receipt;
 pub mod sweep;
 pub mod terminal;
 pub mod webhook;
