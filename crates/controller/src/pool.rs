@@ -45,13 +45,7 @@ use sandbox_agents_api::SessionsApi;
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, InstanceId};
 
-/// The stop reason of a member recycled for its age (ECS `StopTask` `reason`).
-pub const RECYCLE_REASON: &str = "pool_max_age";
-
-/// `created_after` of a claim that may only replay: no member is created after
-/// `u64::MAX`, so [`Compute::claim_pool_member`] returns the member its token already
-/// claimed, if any, and claims nothing new (after an unclean predecessor).
-pub const REPLAY_ONLY: u64 = u64::MAX;
+pub use crate::ports::{RECYCLE_REASON, REPLAY_ONLY};
 
 /// How a start was applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -32,6 +32,14 @@ pub struct PoolMember {
     pub created_at: u64,
 }
 
+/// The stop reason of a member recycled for its age (ECS `StopTask` `reason`).
+pub const RECYCLE_REASON: &str = "pool_max_age";
+
+/// `created_after` of a claim that may only replay: no member is created after
+/// `u64::MAX`, so [`Compute::claim_pool_member`] returns the member its token already
+/// claimed, if any, and claims nothing new (after an unclean predecessor).
+pub const REPLAY_ONLY: u64 = u64::MAX;
+
 /// No deadline: for callers that hold no effect-key lock (tests, operator tools).
 pub const NO_DEADLINE: u64 = u64::MAX;
 
@@ -194,9 +202,9 @@ pub trait Compute: Workspaces + Send + Sync + 'static {
     /// token that already claimed a member returns that member and claims nothing. A token
     /// that started cold is not necessarily known to the pool (ECS keeps a `RunTask`
     /// `clientToken` to itself), which is why a start after an unclean predecessor claims
-    /// nothing new ([`crate::pool::REPLAY_ONLY`]) and replays the cold start instead.
+    /// nothing new ([`REPLAY_ONLY`]) and replays the cold start instead.
     ///
-    /// With `created_after` = [`crate::pool::REPLAY_ONLY`] no member is young enough:
+    /// With `created_after` = [`REPLAY_ONLY`] no member is young enough:
     /// only the token's own earlier claim can be returned (after an unclean predecessor).
     ///
     /// `Ok(None)`: a miss (no usable member; the caller starts cold). `Ok(Some(..))`: the
@@ -237,7 +245,7 @@ pub trait Compute: Workspaces + Send + Sync + 'static {
     /// refill listed it. The guard is one conditional write (idle → recycled: twin under
     /// its mutex, SQLite `UPDATE ... WHERE state = 'idle'`, DynamoDB `UpdateItem` with
     /// `ConditionExpression` `#state = :idle`), then the stop (reason
-    /// [`crate::pool::RECYCLE_REASON`]), unless `not_after` passed. A recycled member is
+    /// [`RECYCLE_REASON`]), unless `not_after` passed. A recycled member is
     /// never claimed. `Ok(false)`: it was claimed (it serves an environment now and is left
     /// alone) or is no longer a member. The default stops it (providers without a pool
     /// have no members).
@@ -251,7 +259,7 @@ pub trait Compute: Workspaces + Send + Sync + 'static {
         not_after: u64,
     ) -> impl Future<Output = Result<bool, PortError>> + Send {
         async move {
-            self.stop(id, crate::pool::RECYCLE_REASON, not_after)
+            self.stop(id, RECYCLE_REASON, not_after)
                 .await
                 .map(|()| true)
         }

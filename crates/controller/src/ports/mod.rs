@@ -19,7 +19,9 @@ pub mod workspaces;
 
 pub use crate::receipt::{Receipt, ReceiptKind};
 pub use clock::{Clock, SystemClock};
-pub use compute::{Compute, NO_DEADLINE, PoolMember, Started, check_deadline};
+pub use compute::{
+    Compute, NO_DEADLINE, PoolMember, RECYCLE_REASON, REPLAY_ONLY, Started, check_deadline,
+};
 pub use errors::PortError;
 pub use queue::{Outgoing, Queue, Received, SEND_BATCH_MAX, Sent};
 pub use registry::{
