@@ -38,6 +38,7 @@ pub mod operator_gate;
 pub mod pool;
 pub mod ports;
 pub mod receipt;
+pub mod refill;
 pub mod sweep;
 pub mod terminal;
 pub mod webhook;
