@@ -13,13 +13,14 @@
 //!   executor cap on ([`sandbox_core::observed::Policy::max_executors`]) — slots in use plus
 //!   idle members stay within the cap. It recycles members older than
 //!   [`PoolSettings::max_age_secs`], and also the oldest young members beyond the size or
-//!   beyond the room the cap leaves. [`Controller::refill_pool`] applies it: on a short
-//!   timer in local mode, and on AWS after every batch that started an executor and every
-//!   minute.
+//!   beyond the room the cap leaves. [`crate::refill`] applies it
+//!   ([`crate::Controller::refill_pool`]): on a short timer in local mode, and on AWS after
+//!   every batch that started an executor and every minute.
 //!
-//!   The cap's guard is still the slot counter ([`Registry::acquire_slot`]). A claimed
-//!   member takes the slot of the environment that claims it, like a started compute.
-//!   Idle members hold no slot, and the refill's count of slots in use is a read. So a start
+//!   The cap's guard is still the slot counter
+//!   ([`crate::ports::Registry::acquire_slot`]). A claimed member takes the slot of the
+//!   environment that claims it, like a started compute. Idle members hold no slot, and
+//!   the refill's count of slots in use is a read. So a start
 //!   that takes a slot without taking a member (a miss, a replay, a member too old) can put
 //!   slots in use plus idle members above the cap, by at most the pool's size. The next
 //!   refill recycles the excess (the simulation's seeds 17218092366221545609 and
@@ -171,8 +172,8 @@ pub fn plan_refill(
 pub const REFILL_LEASE_SECS: u64 = 20;
 
 /// The longest a refill may act, seconds: no `RunTask` or `StopTask` is sent after its
-/// start + this (nor after the caller's deadline, [`Controller::refill_pool_until`]), and
-/// the whole refill is cut off then. Well inside the Lambda limit of 900 s ("Lambda
+/// start + this (nor after the caller's deadline,
+/// [`crate::Controller::refill_pool_until`]), and the whole refill is cut off then. Well inside the Lambda limit of 900 s ("Lambda
 /// quotas": function timeout) and the worker's function timeout.
 pub const REFILL_MAX_SECS: u64 = 60;
 
