@@ -1,6 +1,7 @@
 //! The record one decision changes ([`Act`]): its record-only effects, and the mapping
 //! kept current before the effects.
 
+use super::Held;
 use super::{Controller, SlotTaken};
 use crate::job::Job;
 use crate::ports::{Compute, Fence, Queue, Registry};
@@ -9,6 +10,8 @@ use sandbox_core::compute::ComputeStatus;
 use sandbox_core::decision::{Decision, Effect, TurnDetail, evidence_for};
 use sandbox_core::evidence::ConnectionObservation;
 use sandbox_core::ids::EnvironmentId;
+use sandbox_core::ids::SessionId;
+use sandbox_core::observed::SessionView;
 use sandbox_core::observed::{Inventory, Observed};
 use sandbox_core::record::Record;
 
@@ -47,6 +50,44 @@ pub(super) struct Act {
 }
 
 impl Act {
+    /// The record a decision under the lock `held` changes, as the lock read it (a new
+    /// record for the session when there is none), with the executor slot `slot` the
+    /// decision took; `now` is the decision's time, Unix seconds. After an unclean
+    /// predecessor (the lock was `recovered`) a start claims no new pool member.
+    pub(super) fn new(
+        job: &Job,
+        held: Held,
+        observed: &Observed,
+        slot: SlotTaken,
+        now: u64,
+    ) -> Self {
+        let Held {
+            locked,
+            fence,
+            not_after,
+        } = held;
+        let record = locked.record;
+        let session_id = session_of(job, observed);
+        Act {
+            now,
+            fence,
+            not_after,
+            record: record.clone(),
+            fresh: record
+                .unwrap_or_else(|| Record::new(observed.environment_id.clone(), session_id)),
+            dirty: false,
+            clean: true,
+            applied: vec![],
+            error: None,
+            deferred_error: None,
+            retry_after: None,
+            slot,
+            start_failed: false,
+            restorable: observed.snapshot.clone(),
+            new_claims: !locked.recovered,
+        }
+    }
+
     /// Applies a record-only effect to `fresh`.
     pub(super) fn change(&mut self, effect: &Effect) {
         let r = &mut self.fresh;
@@ -198,4 +239,17 @@ pub(super) fn first_connected(observed: &Observed, record: &Record) -> Option<u6
 
 pub(super) fn stop_environment(act: &Act) -> EnvironmentId {
     act.fresh.environment_id.clone()
+}
+
+/// The session a decision under the lock is about: the session read, else the record's,
+/// else the job's.
+pub(super) fn session_of(job: &Job, observed: &Observed) -> SessionId {
+    match &observed.session {
+        SessionView::Found { session } => session.id.clone(),
+        _ => observed
+            .record
+            .as_ref()
+            .map(|r| r.session_id.clone())
+            .unwrap_or_else(|| job.session_id.clone()),
+    }
 }

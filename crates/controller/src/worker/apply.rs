@@ -1,13 +1,16 @@
 //! Apply: the decision's effects in order — starts, stops and session deletes; record-only
 //! effects change the [`Act`](super::Act).
 
+use super::Gathered;
 use super::{Act, Controller, SlotTaken};
 use crate::crash_point::crash_point;
+use crate::job::Job;
 use crate::ports::{Compute, Queue, Receipt, ReceiptKind, Registry, Started};
 use sandbox_agents_api::SessionsApi;
 use sandbox_core::compute::{ComputeInstance, ComputeStatus};
 use sandbox_core::decision::{Decision, Effect, StopReason, StopSpec};
 use sandbox_core::ids::SessionId;
+use sandbox_core::observed::Observed;
 use sandbox_core::record::StartFailure;
 use sandbox_core::workspace::SnapshotState;
 
@@ -18,7 +21,26 @@ where
     C: Compute,
     S: SessionsApi,
 {
-    pub(super) async fn apply(&self, decision: &Decision, act: &mut Act, now: u64) {
+    /// Applies a decision (step 6 of [`Controller::process`]): the mapping record kept
+    /// current ([`Controller::keep_mapping`]), the effects in order
+    /// ([`Controller::apply_effects`]), the executor slot given back once the environment
+    /// has no compute ([`Controller::give_back_slot`]), and the decision's metrics.
+    pub(super) async fn apply(
+        &self,
+        job: &Job,
+        observed: &Observed,
+        gathered: &Gathered,
+        decision: &Decision,
+        act: &mut Act,
+    ) {
+        self.keep_mapping(job, observed, decision, gathered.detail.as_ref(), act);
+        let now = act.now;
+        self.apply_effects(decision, act, now).await;
+        self.give_back_slot(job, observed, act).await;
+        crate::metrics::decision_applied(job, observed, decision, &act.applied, self.clock.now());
+    }
+
+    pub(super) async fn apply_effects(&self, decision: &Decision, act: &mut Act, now: u64) {
         for effect in &decision.effects {
             let finalizing = matches!(effect, Effect::MarkClosed | Effect::MarkStopped);
             if finalizing && act.deferred_error.is_some() {

@@ -2,6 +2,9 @@
 //! snapshot a start would restore when the decision needs it.
 
 use super::Controller;
+use super::SlotTaken;
+use crate::job::Job;
+use crate::ports::Fence;
 use crate::ports::{Compute, Queue, Registry};
 use sandbox_agents_api::SessionsApi;
 use sandbox_core::decision::{Decision, Reason, decide};
@@ -15,6 +18,26 @@ where
     C: Compute,
     S: SessionsApi,
 {
+    /// Decides (step 5 of [`Controller::process`]): [`Controller::decide_with_snapshot`],
+    /// then, for a decision that starts a compute, the executor slot
+    /// ([`Controller::take_slot`]): at the cap the start becomes a `capacity_limit` wait.
+    pub(super) async fn decide(
+        &self,
+        job: &Job,
+        observed: &mut Observed,
+        fence: &Fence,
+    ) -> (Decision, SlotTaken) {
+        let decision = self.decide_with_snapshot(observed).await;
+        // Issue 13 item 3: a start takes an executor slot first (one conditional write);
+        // at the cap the start becomes a `capacity_limit` wait.
+        let (decision, slot) = self.take_slot(decision, observed, fence).await;
+        tracing::info!(
+            session_id = %job.session_id, environment_id = %observed.environment_id, outcome = %decision.outcome,
+            reason = %decision.reason, effects = decision.effects.len(), "decided"
+        );
+        (decision, slot)
+    }
+
     /// [`decide`], and when the decision needs the state of the snapshot a start would
     /// restore ([`Reason::SnapshotNotRead`], issue 23) the state read through
     /// [`crate::ports::Workspaces::snapshot_state`] (one call) and `decide` again on it.

@@ -1,12 +1,18 @@
 //! The lock a job holds and the executor slot it takes under it.
 
 use super::{Act, Controller};
+use super::{Disposition, Processed};
+use crate::crash_point::crash_point;
 use crate::job::Job;
+use crate::ports::PortError;
 use crate::ports::{Compute, Fence, Locked, Queue, Registry, Slot, SlotRelease};
 use sandbox_agents_api::SessionsApi;
 use sandbox_core::decision::{Decision, Effect};
+use sandbox_core::ids::EnvironmentId;
 use sandbox_core::ids::InstanceId;
 use sandbox_core::observed::{Inventory, Observed, Trigger};
+use std::ops::ControlFlow;
+use std::sync::atomic::Ordering;
 
 /// Seconds before the lock's expiry after which no start or stop is sent (room for the
 /// request itself and the release): an eighth of the lock's lease, at most this (15 s of
@@ -28,6 +34,61 @@ where
     C: Compute,
     S: SessionsApi,
 {
+    /// Takes the lock on `agents-api:environment:{id}:compute` (step 3 of
+    /// [`Controller::process`]): a lease with an expiry, which reads the record in the same
+    /// call, with an owner unique to this attempt. [`ControlFlow::Break`]: busy (another
+    /// worker holds the lock, or another transaction held the item this moment), the
+    /// message retried after `lock_busy_retry_secs`.
+    ///
+    /// # Errors
+    /// A [`PortError`] of the lock other than contention.
+    pub(super) async fn take_lock(
+        &self,
+        env: &EnvironmentId,
+        now: u64,
+    ) -> Result<ControlFlow<Processed, Held>, PortError> {
+        let key = env.effect_key();
+        let owner = format!(
+            "{}#{}",
+            self.config.worker_id,
+            self.nonce.fetch_add(1, Ordering::Relaxed)
+        );
+        let locked = match self
+            .registry
+            .lock(&key, &owner, now + self.config.lock_ttl_secs, now)
+            .await
+        {
+            Ok(locked) => locked,
+            // Another transaction held the item this moment (issue 23 item 4): busy, a
+            // short hand-off like a held lock, never a failed job.
+            Err(e) if e.contended => {
+                tracing::info!(effect_key = %key, error = %e, "effect key contended: handed off as busy");
+                return Ok(ControlFlow::Break(Processed::skipped(
+                    "effect key contended (transaction conflict)",
+                    Disposition::RetryAfter(self.config.lock_busy_retry_secs),
+                )));
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(locked) = locked else {
+            return Ok(ControlFlow::Break(Processed::skipped(
+                "effect key locked by another worker",
+                Disposition::RetryAfter(self.config.lock_busy_retry_secs),
+            )));
+        };
+        crash_point("after-lock");
+        // Starts and stops are not sent after this: the lease minus a margin for the
+        // request's own transit and the release.
+        let ttl = self.config.lock_ttl_secs;
+        let not_after = now + ttl - (ttl / 8).min(EFFECT_MARGIN_SECS);
+        let held = Held {
+            locked,
+            fence: Fence { key, owner },
+            not_after,
+        };
+        Ok(ControlFlow::Continue(held))
+    }
+
     /// Issue 13 item 3, the concurrency cap per deployment
     /// ([`sandbox_core::observed::Policy::max_executors`]): a decision that starts a compute
     /// first takes an executor slot for the environment with one conditional write

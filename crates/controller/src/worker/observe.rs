@@ -1,15 +1,18 @@
 //! Observe: what a decision reads — the session, the environment it names, the record and
 //! the provider's inventory — without the lock (a swept job's read) and under it.
 
+use super::capped_delay;
 use super::{Act, Controller, Disposition, Processed, SlotTaken};
 use crate::job::Job;
 use crate::ports::{Compute, Fence, Locked, PortError, Queue, Registry};
 use sandbox_agents_api::{ApiError, SessionsApi};
 use sandbox_core::decision::{Outcome, TurnDetail, decide};
 use sandbox_core::ids::{EnvironmentId, InstanceId};
+use sandbox_core::observed::Trigger;
 use sandbox_core::observed::{EnvironmentRead, Inventory, Observed, SessionView, TurnEvidence};
 use sandbox_core::record::Record;
 use sandbox_core::workspace::SnapshotRead;
+use std::ops::ControlFlow;
 
 /// The session as an observation: 404 is deleted, any other error missing evidence.
 pub(crate) fn session_view(
@@ -35,6 +38,147 @@ where
     C: Compute,
     S: SessionsApi,
 {
+    /// Identifies the job's environment before any lock (step 1 of [`Controller::process`]):
+    /// a webhook job whose `webhook-id` is in the ledger is a duplicate (one registry read);
+    /// then the session (404 = deleted; errors = unavailable evidence) and the environment
+    /// (the job's, the session's, or the record's). [`ControlFlow::Break`]: the job ends
+    /// here (a duplicate, a job whose environment is not its session's, no environment).
+    ///
+    /// # Errors
+    /// A [`PortError`] of the ledger read, the record lookup or the ledger write.
+    pub(super) async fn identify(
+        &self,
+        job: &Job,
+        now: u64,
+    ) -> Result<ControlFlow<Processed, (EnvironmentId, SessionView)>, PortError> {
+        if let Some(id) = &job.webhook_id
+            && self.registry.seen_delivery(id, now).await?
+        {
+            tracing::debug!(webhook_id = %id, "duplicate delivery");
+            return Ok(ControlFlow::Break(Processed::skipped(
+                "duplicate delivery",
+                Disposition::Done,
+            )));
+        }
+        let session = session_view(self.sessions.retrieve_session(&job.session_id).await);
+        // A job names an environment its session does not have (a forged or corrupted
+        // job: in local mode anything that can write the queue database can enqueue one;
+        // issue 24): refused, so a job can never point one session's evidence at another
+        // environment's compute.
+        if let (Some(env), SessionView::Found { session }) = (&job.environment_id, &session)
+            && let Some(own) = session.self_hosted()
+            && own.id != *env
+        {
+            tracing::warn!(
+                session_id = %job.session_id,
+                job_environment_id = %env,
+                session_environment_id = %own.id,
+                "job refused: its environment is not its session's"
+            );
+            return Ok(ControlFlow::Break(Processed::skipped(
+                "job environment does not match its session",
+                Disposition::Done,
+            )));
+        }
+        let env = match (&job.environment_id, &session) {
+            (Some(env), _) => Some(env.clone()),
+            (None, SessionView::Found { session }) => session.self_hosted().map(|e| e.id.clone()),
+            (None, _) => None,
+        };
+        let env = match env {
+            Some(env) => env,
+            None => match (
+                &session,
+                self.registry.find_by_session(&job.session_id).await?,
+            ) {
+                (_, Some(record)) => record.environment_id,
+                (SessionView::Unavailable { .. }, None) => {
+                    let retry = capped_delay(self.config.policy.uncertain_retry_secs);
+                    return Ok(ControlFlow::Break(Processed::skipped(
+                        "session unavailable, environment unknown",
+                        Disposition::RetryAfter(retry),
+                    )));
+                }
+                (_, None) => {
+                    self.remember(job, now).await?;
+                    return Ok(ControlFlow::Break(Processed::skipped(
+                        "no self-hosted environment and no record",
+                        Disposition::Done,
+                    )));
+                }
+            },
+        };
+        Ok(ControlFlow::Continue((env, session)))
+    }
+
+    /// A fanned-out sweep job's lock-free read (step 2 of [`Controller::process`],
+    /// [`Controller::no_effect_without_lock`]): [`ControlFlow::Break`] when its decision
+    /// changes nothing (done, nothing written), else what it read, for reuse under the
+    /// lock. Every other job reads nothing here (`None`).
+    ///
+    /// # Errors
+    /// A [`PortError`] when the record cannot be read (the job is retried).
+    pub(super) async fn read_without_lock(
+        &self,
+        job: &Job,
+        env: &EnvironmentId,
+        session: &SessionView,
+        now: u64,
+    ) -> Result<ControlFlow<Processed, Option<Prefetched>>, PortError> {
+        if job.trigger == Trigger::Sweep && job.swept.is_some() {
+            match self.no_effect_without_lock(job, env, session, now).await? {
+                LockFree::Done(done) => Ok(ControlFlow::Break(*done)),
+                LockFree::Act(read) => Ok(ControlFlow::Continue(Some(read))),
+            }
+        } else {
+            Ok(ControlFlow::Continue(None))
+        }
+    }
+
+    /// Observes under the lock (step 4 of [`Controller::process`]): the swept job's
+    /// lock-free read is reused when the lock read the same record version and no unclean
+    /// holder came before (the same evidence, read once); otherwise the inventory
+    /// ([`Controller::inventory`]) and the evidence ([`Controller::evidence`]) are read
+    /// now. Returns what the decision reads and the evidence gathered.
+    pub(super) async fn observe(
+        &self,
+        job: &Job,
+        env: &EnvironmentId,
+        session: SessionView,
+        locked: &Locked,
+        prefetched: Option<Prefetched>,
+        now: u64,
+    ) -> (Observed, Gathered) {
+        // A sweep job's lock-free read (issue 22) is reused when the lock read the same
+        // record and no unclean holder came before: the same evidence, read once.
+        let reuse = prefetched.filter(|p| {
+            !locked.recovered && p.record_version == locked.record.as_ref().map(|r| r.version)
+        });
+        let (inventory, gathered) = match reuse {
+            Some(p) => (p.inventory, p.gathered),
+            None => {
+                let inventory = self.inventory(job, env, locked, now).await;
+                let gathered = self
+                    .evidence(job, env, &session, &inventory, locked.record.as_ref(), now)
+                    .await;
+                (inventory, gathered)
+            }
+        };
+        if locked.recovered {
+            tracing::info!(effect_key = %env.effect_key(), "lock recovered from an unclean holder: the environment's live instances were read");
+        }
+        let observed = self.observed(
+            job,
+            env,
+            session,
+            locked.record.clone(),
+            inventory,
+            &gathered,
+            now,
+        );
+        (observed, gathered)
+    }
+
     /// Issue 22 item 3: a fanned-out sweep job's decision on a lock-free, consistent read
     /// of its record ([`Registry::get`]), with the same inventory and evidence rules as
     /// under the lock. [`LockFree::Done`] (nothing written) only when acting on it would

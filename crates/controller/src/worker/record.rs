@@ -2,13 +2,26 @@
 //! ledger and the audit entry.
 
 use super::{Act, Controller, capped_delay};
+use super::{Disposition, Processed, session_of};
 use crate::job::Job;
+use crate::ports::Release;
 use crate::ports::{AuditEntry, Compute, Outgoing, PortError, Queue, Registry, Write};
 use sandbox_agents_api::SessionsApi;
+use sandbox_core::decision::Outcome;
 use sandbox_core::decision::{Decision, Effect};
 use sandbox_core::ids::{EnvironmentId, SessionId};
 use sandbox_core::observed::{Inventory, Observed, SessionView, Trigger};
 use serde_json::json;
+
+/// What [`Controller::schedule`] settled before the release.
+pub(super) struct Scheduled {
+    /// The effect that failed, if any (the independent one's otherwise).
+    error: Option<String>,
+    /// What to do with the message.
+    disposition: Disposition,
+    /// The recheck could not be sent: returned after the release, so the job is retried.
+    send_error: Option<PortError>,
+}
 
 impl<Q, R, C, S> Controller<Q, R, C, S>
 where
@@ -17,6 +30,131 @@ where
     C: Compute,
     S: SessionsApi,
 {
+    /// What to do with the message, and the recheck the decision asks for (step 7 of
+    /// [`Controller::process`]): retry after the effect's own delay, after `recheck_secs`
+    /// when an effect failed, after the recheck delay of an `uncertain` decision, else done;
+    /// a done job's recheck is sent on the timers queue ([`Controller::schedule_recheck`]).
+    pub(super) async fn schedule(
+        &self,
+        job: &Job,
+        observed: &Observed,
+        decision: &Decision,
+        act: &Act,
+        now: u64,
+    ) -> Scheduled {
+        let error = act.error.clone().or(act.deferred_error.clone());
+
+        let disposition = if let Some(secs) = act.retry_after {
+            Disposition::RetryAfter(capped_delay(secs))
+        } else if error.is_some() {
+            Disposition::RetryAfter(capped_delay(self.config.policy.recheck_secs))
+        } else if decision.outcome == Outcome::Uncertain {
+            Disposition::RetryAfter(capped_delay(
+                decision
+                    .recheck_after_secs
+                    .unwrap_or(self.config.policy.uncertain_retry_secs),
+            ))
+        } else {
+            Disposition::Done
+        };
+        // The recheck is sent before the release that remembers the delivery: if the send
+        // fails the job is retried (not yet a duplicate) and the recheck sent then.
+        let mut send_error = None;
+        if disposition == Disposition::Done
+            && let Some(secs) = decision.recheck_after_secs
+            && let Err(e) = self
+                .schedule_recheck(
+                    job,
+                    &observed.environment_id,
+                    &session_of(job, observed),
+                    decision,
+                    now,
+                    secs,
+                )
+                .await
+        {
+            send_error = Some(e);
+        }
+        Scheduled {
+            error,
+            disposition,
+            send_error,
+        }
+    }
+
+    /// Records and releases (step 8 of [`Controller::process`]): one atomic release — the
+    /// record (when changed), the audit entry, the webhook-id in the ledger (a done job
+    /// whose recheck was sent), the lock deleted, or left expired when a start's outcome is
+    /// unknown so the next holder reads the inventory. A lost lock or a changed record
+    /// writes nothing of the decision: the audit entry alone is written and the message
+    /// retried.
+    ///
+    /// # Errors
+    /// The release's [`PortError`] (the lock expires on its own), or the recheck's send
+    /// error (the job is retried, not yet a duplicate).
+    pub(super) async fn release(
+        &self,
+        job: &Job,
+        observed: &Observed,
+        decision: Decision,
+        act: Act,
+        scheduled: Scheduled,
+        now: u64,
+    ) -> Result<Processed, PortError> {
+        let Scheduled {
+            mut error,
+            mut disposition,
+            send_error,
+        } = scheduled;
+        let remember = match (&job.webhook_id, disposition, &send_error) {
+            (Some(id), Disposition::Done, None) => {
+                Some((id.as_str(), now + self.config.ledger_ttl_secs))
+            }
+            _ => None,
+        };
+        let entry = audit_entry(job, observed, &decision, &act, error.clone());
+        let release = Release {
+            record: act
+                .dirty
+                .then(|| (&act.fresh, act.record.as_ref().map(|r| r.version))),
+            audit: Some(&entry),
+            delivery: remember,
+            clean: act.clean,
+        };
+        let released = self
+            .registry
+            .release(&act.fence, self.clock.now(), release)
+            .await;
+        match released {
+            Ok(true) => {}
+            Ok(false) => {
+                // The lock was lost (paused past its lease) or the record changed: nothing
+                // of this decision was written. The next holder decides again.
+                let lost = "lock lost or record changed before the release: nothing written";
+                tracing::warn!(effect_key = %act.fence.key, "{lost}");
+                error = Some(lost.into());
+                disposition =
+                    Disposition::RetryAfter(capped_delay(self.config.policy.recheck_secs));
+                let entry = audit_entry(job, observed, &decision, &act, error.clone());
+                if let Err(e) = self.registry.audit(&entry).await {
+                    tracing::warn!(error = %e, "audit write failed");
+                }
+            }
+            // The lock expires on its own; the message is retried.
+            Err(e) => return Err(e),
+        }
+        if let Some(e) = send_error {
+            return Err(e);
+        }
+        Ok(Processed {
+            decision: Some(decision),
+            applied: act.applied,
+            error,
+            disposition,
+            note: None,
+        })
+    }
+
     /// The close's terminal record (issue 25), written once as its own item right before
     /// the record is marked closed, from the receipts the close confirmed (the
     /// `workspace_closed` one just written included): every closed record has one, and a
