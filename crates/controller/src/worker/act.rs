@@ -213,7 +213,6 @@ where
     }
 }
 
-/// The environment whose workspace a stop or save concerns (the record's).
 /// When the record began naming its instance, if this observation is the first to see that
 /// instance's executor connected: the status reads `connected`, the record has not seen it
 /// connected yet, and the instance is the only active compute and running (with two
@@ -237,6 +236,7 @@ pub(super) fn first_connected(observed: &Observed, record: &Record) -> Option<u6
     }
 }
 
+/// The environment whose workspace a stop or save concerns (the record's).
 pub(super) fn stop_environment(act: &Act) -> EnvironmentId {
     act.fresh.environment_id.clone()
 }

@@ -1,35 +1,45 @@
 //! The worker: process one job. Observe, decide, act under the effect-key lock, record
 //! before release, audit.
 //!
-//! Flow of [`Controller::process`]:
-//! 1. a webhook job whose `webhook-id` is in the ledger is a duplicate: done, nothing
-//!    written (one registry read);
-//! 2. retrieve the session (404 = deleted; errors = unavailable evidence) and resolve the
-//!    environment (event, session or record);
-//! 3. a sweep job first decides on a lock-free, consistent read of its record (issue 22
-//!    item 3; fanned-out ones, carrying the sweep's evidence): when that decision has no effect — no effect, no recheck, nothing for the
+//! The job is [`Controller::process`] (the operator gate, [`crate::operator_gate`]), then
+//! these steps in this order, each one method in its file:
+//! 1. **Identify** (`observe.rs`, `identify`): a webhook job whose `webhook-id` is in the
+//!    ledger is a duplicate: done, nothing written (one registry read). Then retrieve the
+//!    session (404 = deleted; errors = unavailable evidence) and resolve the environment
+//!    (event, session or record); a job whose environment is not its session's is refused.
+//! 2. **Read without the lock** (`observe.rs`, `read_without_lock`): a fanned-out sweep job
+//!    (carrying the sweep's evidence) first decides on a lock-free, consistent read of its
+//!    record; when that decision has no effect — no effect, no recheck, nothing for the
 //!    record — the job is done with nothing written (no lock, no audit entry; the
-//!    `sweep_no_effect` counter), see [`Controller::no_effect_without_lock`]; otherwise,
-//!    and for every other job, take the lock on `agents-api:environment:{id}:compute` (a
-//!    lease with an expiry), which reads the record in the same call, and decide again
-//!    under it;
-//! 4. read the compute the record names by its id — one `describe` (ECS `DescribeTasks`
-//!    on the ARN), whatever the size of the deployment; none when the record names no
-//!    active compute; none for a sweep job whose evidence is current
-//!    ([`crate::job::SweptEvidence`]); after an unclean predecessor (the lock is
-//!    `recovered`) also the environment's own live instances ([`Compute::find`]), so what
-//!    it started but never recorded is adopted — and, when they matter, the environment
-//!    status and the latest turn; then call [`sandbox_core::decide`]. The deployment is
-//!    never listed per job (docs/ARCHITECTURE.md principle 7); a replayed start presents the same
-//!    idempotency token (ECS answers `RunTask` with the same task for 24 h);
-//! 5. apply the effects in order; every write under the lock is fenced ([`Fence`]); the
-//!    record is written before any further side effect and before the lock is released;
-//!    a stop is read back before its receipt;
-//! 6. schedule a recheck if the decision asks for one, then one atomic release: record,
-//!    audit entry, the webhook-id in the ledger, the lock deleted (or left expired when a
-//!    start's outcome is unknown, so the next holder reads the inventory);
-//! 7. say what to do with the message: done, or retry the same message later (missing
-//!    evidence, a failed effect, a lost lock).
+//!    `sweep_no_effect` counter), see [`Controller::no_effect_without_lock`].
+//! 3. **Lock** (`lock.rs`, `take_lock`): otherwise, and for every other job, take the lock
+//!    on `agents-api:environment:{id}:compute` (a lease with an expiry), which reads the
+//!    record in the same call; busy when another worker holds it. Every path after this
+//!    ends in one release (step 8).
+//! 4. **Observe** (`observe.rs`, `observe`; `evidence.rs`): read the compute the record
+//!    names by its id — one `describe` (ECS `DescribeTasks` on the ARN), whatever the size
+//!    of the deployment; none when the record names no active compute; none for a sweep
+//!    job whose evidence is current ([`crate::job::SweptEvidence`]); after an unclean
+//!    predecessor (the lock is `recovered`) also the environment's own live instances
+//!    ([`crate::ports::Compute::find`]), so what it started but never recorded is adopted
+//!    — and, when they matter, the environment status and the latest turn. The deployment
+//!    is never listed per job (docs/ARCHITECTURE.md principle 7).
+//! 5. **Decide** (`decide.rs`): call [`sandbox_core::decide`] (again on the snapshot's
+//!    state when a start would restore one not read yet); a start first takes an executor
+//!    slot (`lock.rs`, `take_slot`), and at the cap becomes a `capacity_limit` wait.
+//! 6. **Apply** (`apply.rs`; `act.rs` holds the record being changed, `workspace.rs` the
+//!    files): keep the mapping record current, apply the effects in order; every write
+//!    under the lock is fenced ([`crate::ports::Fence`]); the record is written before any
+//!    further side effect and before the lock is released; a stop is read back before its
+//!    receipt; a replayed start presents the same idempotency token (ECS answers `RunTask`
+//!    with the same task for 24 h); the executor slot is given back once no compute may
+//!    live (`lock.rs`, `give_back_slot`).
+//! 7. **Schedule** (`record.rs`, `schedule`): say what to do with the message — done, or
+//!    retry the same message later (missing evidence, a failed effect, a lost lock) — and
+//!    send the recheck the decision asks for.
+//! 8. **Record and release** (`record.rs`, `release`): one atomic release: record, audit
+//!    entry, the webhook-id in the ledger, the lock deleted (or left expired when a start's
+//!    outcome is unknown, so the next holder reads the inventory).
 //!
 //! Remote calls of a first start: ledger read, session read, lock (+ record), provider
 //! start, release = 5; provider calls of any job: at most 2 on the happy path (a read by
