@@ -28,8 +28,8 @@ where
         fence: &Fence,
     ) -> (Decision, SlotTaken) {
         let decision = self.decide_with_snapshot(observed).await;
-        // Issue 13 item 3: a start takes an executor slot first (one conditional write);
-        // at the cap the start becomes a `capacity_limit` wait.
+        // A start takes an executor slot first (one conditional write); at the cap the
+        // start becomes a `capacity_limit` wait.
         let (decision, slot) = self.take_slot(decision, observed, fence).await;
         tracing::info!(
             session_id = %job.session_id, environment_id = %observed.environment_id, outcome = %decision.outcome,

@@ -59,8 +59,8 @@ where
             .await
         {
             Ok(locked) => locked,
-            // Another transaction held the item this moment (issue 23 item 4): busy, a
-            // short hand-off like a held lock, never a failed job.
+            // Another transaction held the item this moment: busy, a short hand-off like
+            // a held lock, never a failed job.
             Err(e) if e.contended => {
                 tracing::info!(effect_key = %key, error = %e, "effect key contended: handed off as busy");
                 return Ok(ControlFlow::Break(Processed::skipped(

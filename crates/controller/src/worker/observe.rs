@@ -149,8 +149,8 @@ where
         prefetched: Option<Prefetched>,
         now: u64,
     ) -> (Observed, Gathered) {
-        // A sweep job's lock-free read (issue 22) is reused when the lock read the same
-        // record and no unclean holder came before: the same evidence, read once.
+        // A sweep job's lock-free read is reused when the lock read the same record and
+        // no unclean holder came before: the same evidence, read once.
         let reuse = prefetched.filter(|p| {
             !locked.recovered && p.record_version == locked.record.as_ref().map(|r| r.version)
         });
