@@ -1,18 +1,15 @@
 //! The record one decision changes ([`Act`]): its record-only effects, and the mapping
 //! kept current before the effects.
 
-use super::Held;
-use super::{Controller, SlotTaken};
+use super::{Controller, Held, SlotTaken};
 use crate::job::Job;
 use crate::ports::{Compute, Fence, Queue, Registry};
 use sandbox_agents_api::SessionsApi;
 use sandbox_core::compute::ComputeStatus;
 use sandbox_core::decision::{Decision, Effect, TurnDetail, evidence_for};
 use sandbox_core::evidence::ConnectionObservation;
-use sandbox_core::ids::EnvironmentId;
-use sandbox_core::ids::SessionId;
-use sandbox_core::observed::SessionView;
-use sandbox_core::observed::{Inventory, Observed};
+use sandbox_core::ids::{EnvironmentId, SessionId};
+use sandbox_core::observed::{Inventory, Observed, SessionView};
 use sandbox_core::record::Record;
 
 /// The record being changed by one decision, and what was applied.

@@ -1,8 +1,7 @@
 //! Apply: the decision's effects in order — starts, stops and session deletes; record-only
 //! effects change the [`Act`](super::Act).
 
-use super::Gathered;
-use super::{Act, Controller, SlotTaken};
+use super::{Act, Controller, Gathered, SlotTaken};
 use crate::crash_point::crash_point;
 use crate::job::Job;
 use crate::ports::{Compute, Queue, Receipt, ReceiptKind, Registry, Started};

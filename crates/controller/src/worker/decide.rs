@@ -1,11 +1,9 @@
 //! Decide: [`sandbox_core::decide`] on what was observed, reading the state of the
 //! snapshot a start would restore when the decision needs it.
 
-use super::Controller;
-use super::SlotTaken;
+use super::{Controller, SlotTaken};
 use crate::job::Job;
-use crate::ports::Fence;
-use crate::ports::{Compute, Queue, Registry};
+use crate::ports::{Compute, Fence, Queue, Registry};
 use sandbox_agents_api::SessionsApi;
 use sandbox_core::decision::{Decision, Reason, decide};
 use sandbox_core::observed::Observed;

@@ -1,15 +1,12 @@
 //! The lock a job holds and the executor slot it takes under it.
 
-use super::{Act, Controller};
-use super::{Disposition, Processed};
+use super::{Act, Controller, Disposition, Processed};
 use crate::crash_point::crash_point;
 use crate::job::Job;
-use crate::ports::PortError;
-use crate::ports::{Compute, Fence, Locked, Queue, Registry, Slot, SlotRelease};
+use crate::ports::{Compute, Fence, Locked, PortError, Queue, Registry, Slot, SlotRelease};
 use sandbox_agents_api::SessionsApi;
 use sandbox_core::decision::{Decision, Effect};
-use sandbox_core::ids::EnvironmentId;
-use sandbox_core::ids::InstanceId;
+use sandbox_core::ids::{EnvironmentId, InstanceId};
 use sandbox_core::observed::{Inventory, Observed, Trigger};
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;

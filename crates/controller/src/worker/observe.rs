@@ -1,15 +1,15 @@
 //! Observe: what a decision reads — the session, the environment it names, the record and
 //! the provider's inventory — without the lock (a swept job's read) and under it.
 
-use super::capped_delay;
-use super::{Act, Controller, Disposition, Processed, SlotTaken};
+use super::{Act, Controller, Disposition, Processed, SlotTaken, capped_delay};
 use crate::job::Job;
 use crate::ports::{Compute, Fence, Locked, PortError, Queue, Registry};
 use sandbox_agents_api::{ApiError, SessionsApi};
 use sandbox_core::decision::{Outcome, TurnDetail, decide};
 use sandbox_core::ids::{EnvironmentId, InstanceId};
-use sandbox_core::observed::Trigger;
-use sandbox_core::observed::{EnvironmentRead, Inventory, Observed, SessionView, TurnEvidence};
+use sandbox_core::observed::{
+    EnvironmentRead, Inventory, Observed, SessionView, Trigger, TurnEvidence,
+};
 use sandbox_core::record::Record;
 use sandbox_core::workspace::SnapshotRead;
 use std::ops::ControlFlow;

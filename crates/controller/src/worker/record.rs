@@ -1,14 +1,11 @@
 //! Record: the fenced record write, the recheck, the terminal record, the delivery
 //! ledger and the audit entry.
 
-use super::{Act, Controller, capped_delay};
-use super::{Disposition, Processed, session_of};
+use super::{Act, Controller, Disposition, Processed, capped_delay, session_of};
 use crate::job::Job;
-use crate::ports::Release;
-use crate::ports::{AuditEntry, Compute, Outgoing, PortError, Queue, Registry, Write};
+use crate::ports::{AuditEntry, Compute, Outgoing, PortError, Queue, Registry, Release, Write};
 use sandbox_agents_api::SessionsApi;
-use sandbox_core::decision::Outcome;
-use sandbox_core::decision::{Decision, Effect};
+use sandbox_core::decision::{Decision, Effect, Outcome};
 use sandbox_core::ids::{EnvironmentId, SessionId};
 use sandbox_core::observed::{Inventory, Observed, SessionView, Trigger};
 use serde_json::json;
