@@ -1,5 +1,7 @@
-//! Observe: what a decision reads — the session, the environment it names, the record and
-//! the provider's inventory — without the lock (a swept job's read) and under it.
+//! Observe: what a decision reads — the session, the environment it names (`identify`),
+//! the record and the provider's inventory — without the lock (a swept job's read,
+//! `read_without_lock`) and under it (`observe`). The status and turn evidence is read by
+//! `evidence.rs`.
 
 use super::{Act, Controller, Disposition, Processed, SlotTaken, capped_delay};
 use crate::job::Job;
@@ -62,8 +64,8 @@ where
         }
         let session = session_view(self.sessions.retrieve_session(&job.session_id).await);
         // A job names an environment its session does not have (a forged or corrupted
-        // job: in local mode anything that can write the queue database can enqueue one;
-        // issue 24): refused, so a job can never point one session's evidence at another
+        // job: in local mode anything that can write the queue database can enqueue one):
+        // refused, so a job can never point one session's evidence at another
         // environment's compute.
         if let (Some(env), SessionView::Found { session }) = (&job.environment_id, &session)
             && let Some(own) = session.self_hosted()
