@@ -1,5 +1,5 @@
-//! The warm pool (issue 27): pre-started executors that serve no environment yet, claimed
-//! by a start instead of a cold start.
+//! The warm pool (docs/WARM_POOL.md): pre-started executors that serve no environment
+//! yet, claimed by a start instead of a cold start.
 //!
 //! - **Claim.** A `StartCompute` effect is applied by [`start_or_claim`]: with the pool on
 //!   ([`PoolSettings::size`] > 0) it first claims an idle member

@@ -20,9 +20,9 @@ pub enum Started {
     },
 }
 
-/// An idle member of the warm pool (issue 27): a pre-started executor that serves no
-/// environment yet (its listening executor up, no forwarder or a forwarder waiting for
-/// its assignment), single-use: once claimed it is an ordinary instance of one
+/// An idle member of the warm pool (docs/WARM_POOL.md): a pre-started executor that
+/// serves no environment yet (its listening executor up, no forwarder or a forwarder
+/// waiting for its assignment), single-use: once claimed it is an ordinary instance of one
 /// environment, stopped at release like any other, never returned to the pool.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolMember {
@@ -160,7 +160,7 @@ pub trait Compute: Workspaces + Send + Sync + 'static {
         reason: &str,
         not_after: u64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
-    /// Issue 27: starts one warm pool member of `deployment` (see [`PoolMember`]), unless
+    /// Starts one warm pool member of `deployment` (see [`PoolMember`]), unless
     /// `not_after` passed. A member is in neither [`Compute::list`] nor [`Compute::find`]
     /// until it is claimed (it names no environment): only in [`Compute::list_pool`].
     /// It is stopped with [`Compute::stop`] like any instance, and a stopped member is
@@ -181,7 +181,7 @@ pub trait Compute: Workspaces + Send + Sync + 'static {
             ))
         }
     }
-    /// Issue 27: the idle, live members of `deployment`'s pool, oldest first (claimed,
+    /// The idle, live members of `deployment`'s pool, oldest first (claimed,
     /// stopped or dead members are left out). The default: none.
     fn list_pool(
         &self,
@@ -189,7 +189,7 @@ pub trait Compute: Workspaces + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<PoolMember>, PortError>> + Send {
         async { Ok(Vec::new()) }
     }
-    /// Issue 27: assigns `spec` (environment id, session, `remote_url`, generation,
+    /// Assigns `spec` (environment id, session, `remote_url`, generation,
     /// idempotency token, restore) to one idle, live member of `deployment` created at or
     /// after `created_after` (Unix seconds: older members are past their maximum age and
     /// left for the refill to recycle), unless `not_after` passed.
@@ -241,7 +241,7 @@ pub trait Compute: Workspaces + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Started>, PortError>> + Send {
         self.claim_pool_member(spec, deployment, created_after, not_after)
     }
-    /// Issue 27: stops the idle member `id` for its age, unless it was claimed since the
+    /// Stops the idle member `id` for its age, unless it was claimed since the
     /// refill listed it. The guard is one conditional write (idle → recycled: twin under
     /// its mutex, SQLite `UPDATE ... WHERE state = 'idle'`, DynamoDB `UpdateItem` with
     /// `ConditionExpression` `#state = :idle`), then the stop (reason
@@ -264,7 +264,7 @@ pub trait Compute: Workspaces + Send + Sync + 'static {
                 .map(|()| true)
         }
     }
-    /// Issue 27: ends what the pool's bookkeeping lost track of in `deployment`, unless
+    /// Ends what the pool's bookkeeping lost track of in `deployment`, unless
     /// `not_after` passed, and returns how many members it stopped or forgot: a member
     /// started whose bookkeeping was never written (ECS: a pool task no item names, a
     /// worker killed between `RunTask` and `PutItem`) is stopped once it is older than
@@ -282,7 +282,7 @@ pub trait Compute: Workspaces + Send + Sync + 'static {
     ) -> impl Future<Output = Result<usize, PortError>> + Send {
         async { Ok(0) }
     }
-    /// Issue 27: takes `deployment`'s refill lease for `lease_secs` as `holder` at `now`
+    /// Takes `deployment`'s refill lease for `lease_secs` as `holder` at `now`
     /// (Unix seconds), so that concurrent refills (several Lambda workers) do not overfill
     /// the pool: `Ok(false)` while another holder's lease runs. DynamoDB: one conditional
     /// `UpdateItem` on `refill#<deployment>` (`attribute_not_exists(lease_until) OR

@@ -45,7 +45,7 @@ pub struct AuditEntry {
 /// `key`, unexpired, at the writer's `now`.
 ///
 /// Why: a worker paused past its lease (GC, a stopped process, a slow network) must not
-/// overwrite what the next holder decided (the soak of issue 6 found exactly that: a
+/// overwrite what the next holder decided (a soak found exactly that: a
 /// record write landing after the sweeper had released the compute it named).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fence {
@@ -127,8 +127,8 @@ pub struct Release<'a> {
     pub clean: bool,
 }
 
-/// What [`Registry::acquire_slot`] did (issue 13 item 3, the executor cap per
-/// deployment).
+/// What [`Registry::acquire_slot`] did (the executor cap per deployment,
+/// [`sandbox_core::observed::Policy::max_executors`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Slot {
     /// A slot was taken: the environment's holder written and the deployment's counter
@@ -207,8 +207,8 @@ pub trait Registry: Send + Sync + 'static {
     /// Every record, closed ones included (operators' views: `sandboxctl status`,
     /// `explain`).
     fn list(&self) -> impl Future<Output = Result<Vec<Record>, PortError>> + Send;
-    /// Every record that is not closed, by environment id (the sweep's read, issue 22
-    /// item 1): its cost is that of the open records only, never of closed records or
+    /// Every record that is not closed, by environment id (the sweep's read): its
+    /// cost is that of the open records only, never of closed records or
     /// history (DynamoDB: a `Query` per shard of a sparse index; SQLite: an index on
     /// the open rows). It may lag the latest writes (DynamoDB GSIs are eventually
     /// consistent): callers re-read a record consistently under its lock before acting
@@ -259,7 +259,7 @@ pub trait Registry: Send + Sync + 'static {
         key: &EffectKey,
     ) -> impl Future<Output = Result<Vec<Receipt>, PortError>> + Send;
     /// Takes an executor slot for the environment of `fence.key` under the deployment's
-    /// cap `cap` (≥ 1; issue 13 item 3), all or nothing, if `fence.owner` holds the lock
+    /// cap `cap` (≥ 1), all or nothing, if `fence.owner` holds the lock
     /// at `now`: writes the environment's holder (absent before) and raises the
     /// deployment's counter by one (below `cap` before). Never counts live compute first:
     /// the conditional write is what makes concurrent workers unable to exceed the cap.
@@ -285,8 +285,8 @@ pub trait Registry: Send + Sync + 'static {
     /// read consistently).
     fn slots(&self) -> impl Future<Output = Result<Slots, PortError>> + Send;
     /// Stores the terminal record of a close under `terminal.effect_key`, **once**
-    /// (issue 25): `true` when written, `false` when one is already stored (nothing
-    /// changes: the first close's answer stands). Its own item, outside the record and the
+    /// ([`crate::terminal`]): `true` when written, `false` when one is already stored
+    /// (nothing changes: the first close's answer stands). Its own item, outside the record and the
     /// history: it never expires (DynamoDB: no `expires_at`; SQLite: no prune). One
     /// conditional write (DynamoDB: `PutItem` with `attribute_not_exists(pk)`; SQLite:
     /// `INSERT ... ON CONFLICT DO NOTHING`).
@@ -301,8 +301,8 @@ pub trait Registry: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<crate::terminal::TerminalRecord>, PortError>> + Send;
 }
 
-/// How long audit entries and receipts are kept by default, seconds (30 days; issue 22
-/// item 2): DynamoDB writes them with `expires_at` = `at` + this (TTL), SQLite prunes them
+/// How long audit entries and receipts are kept by default, seconds (30 days):
+/// DynamoDB writes them with `expires_at` = `at` + this (TTL), SQLite prunes them
 /// after every local sweep, the twin reads them as absent. Every adapter reads an entry
 /// with `at + retention <= now` as absent, whether or not it was deleted yet
 /// ([`crate::contract::registry_history_retention_contract`]). Terminal records never

@@ -46,9 +46,9 @@ pub struct StoredWorkspace {
 pub trait Workspaces: Send + Sync + 'static {
     /// Saves the workspace of `generation` of `environment_id`: requests its snapshot
     /// (EBS `CreateSnapshot`) and returns at once, without waiting for it to complete and
-    /// without deleting the working copy (issue 23: the record must name the snapshot
-    /// before the working copy can go; [`Workspaces::delete_working_copy`] does that once
-    /// the snapshot is `completed`). Returns `Snapshot { id }` (its state may be
+    /// without deleting the working copy (docs/ARCHITECTURE.md principle 8: the record
+    /// must name the snapshot before the working copy can go;
+    /// [`Workspaces::delete_working_copy`] does that once the snapshot is `completed`). Returns `Snapshot { id }` (its state may be
     /// `pending`: [`Workspaces::snapshot_state`]), `None` when there is nothing to save
     /// (never written or saved already and gone), or `RetainedLocalDir` when the working
     /// copy could not be saved and was left in place. A second call for a generation
@@ -83,8 +83,8 @@ pub trait Workspaces: Send + Sync + 'static {
     /// snapshot the record names for it, is `completed`: `Ok(true)` when deleted or
     /// already gone, `Ok(false)` when kept because the snapshot is not `completed` yet (a
     /// later save of that generation or the sweeper deletes it). The caller calls it only
-    /// after the record naming `snapshot_id` was written (issue 23: the only copy of the
-    /// files is never a snapshot nobody recorded). The default: `Ok(true)`.
+    /// after the record naming `snapshot_id` was written (docs/ARCHITECTURE.md principle 8:
+    /// the only copy of the files is never a snapshot nobody recorded). The default: `Ok(true)`.
     ///
     /// # Errors
     /// A [`PortError`]: nothing was deleted; retry.
@@ -113,7 +113,7 @@ pub trait Workspaces: Send + Sync + 'static {
     /// Deletes one stored workspace by kind and id (a pruned or expired snapshot, an
     /// orphaned volume); one that is gone already counts as deleted. A working copy that
     /// has snapshots, none of them `completed`, is kept (a transient error): it may be
-    /// the only copy of the files (issue 23).
+    /// the only copy of the files (docs/ARCHITECTURE.md principle 8).
     ///
     /// # Errors
     /// A [`PortError`]: retry.

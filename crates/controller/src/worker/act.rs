@@ -33,16 +33,18 @@ pub(super) struct Act {
     pub(super) deferred_error: Option<String>,
     /// Retry the message after this many seconds instead of the default.
     pub(super) retry_after: Option<u64>,
-    /// The executor slot this decision took or found (issue 13 item 3).
+    /// The executor slot this decision took or found
+    /// ([`sandbox_core::observed::Policy::max_executors`]).
     pub(super) slot: SlotTaken,
     /// The provider answered a start without an instance.
     pub(super) start_failed: bool,
     /// The snapshot state this decision read ([`Observed::snapshot`]): a start whose
-    /// restore it does not show `completed` reads the state again first (issue 23).
+    /// restore it does not show `completed` reads the state again first
+    /// (docs/ARCHITECTURE.md principle 8).
     pub(super) restorable: sandbox_core::workspace::SnapshotRead,
     /// Whether a start may claim a new warm pool member: not after an unclean predecessor
     /// (the lock was `recovered`), whose start with the same token may have been cold
-    /// (issue 27, [`crate::pool::REPLAY_ONLY`]).
+    /// (docs/WARM_POOL.md, [`crate::pool::REPLAY_ONLY`]).
     pub(super) new_claims: bool,
 }
 

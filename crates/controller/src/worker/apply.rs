@@ -107,8 +107,8 @@ where
     }
 
     /// Applies a start; `Ok(false)`: deferred (nothing sent) because the snapshot it would
-    /// restore is not `completed` yet (issue 23), the job retried after
-    /// [`sandbox_core::observed::Policy::snapshot_recheck_secs`].
+    /// restore is not `completed` yet (docs/ARCHITECTURE.md principle 8), the job retried
+    /// after [`sandbox_core::observed::Policy::snapshot_recheck_secs`].
     pub(super) async fn start(
         &self,
         spec: &sandbox_core::decision::StartSpec,
@@ -132,7 +132,7 @@ where
         let mut spec = spec.clone();
         spec.restore = act.fresh.latest_snapshot().cloned();
         let spec = &spec;
-        // Issue 23: a start restores only a `completed` snapshot. One this decision did
+        // A start restores only a `completed` snapshot. One this decision did
         // not read completed (a replacement's stop or the save above just took it) is
         // read now; not completed, nothing starts and the next decision waits for it.
         if let Some(r) = &spec.restore
@@ -157,7 +157,7 @@ where
                 return Ok(false);
             }
         }
-        // Issue 27: a claim of a warm pool member first, when the pool is on.
+        // A claim of a warm pool member first, when the pool is on (docs/WARM_POOL.md).
         let started = crate::pool::start_or_claim(
             &self.compute,
             spec,

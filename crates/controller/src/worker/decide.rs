@@ -37,7 +37,7 @@ where
     }
 
     /// [`decide`], and when the decision needs the state of the snapshot a start would
-    /// restore ([`Reason::SnapshotNotRead`], issue 23) the state read through
+    /// restore ([`Reason::SnapshotNotRead`]) the state read through
     /// [`crate::ports::Workspaces::snapshot_state`] (one call) and `decide` again on it.
     /// A failed read is [`SnapshotRead::Unavailable`]: the decision is `uncertain`.
     pub(crate) async fn decide_with_snapshot(&self, observed: &mut Observed) -> Decision {

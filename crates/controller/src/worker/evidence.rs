@@ -26,7 +26,7 @@ where
     /// 20); the latest turn and its items for row 20 and a timed-out submission (row 21,
     /// the reported submission's turn); the latest turn alone (one turns read, no items)
     /// before every stop of an idle session — a due lease, on its timer or a sweep — so a
-    /// queued or running turn cancels the stop (issue 15). A failed status read is
+    /// queued or running turn cancels the stop. A failed status read is
     /// [`EnvironmentRead::Unavailable`]: missing evidence, never "not connected"; a failed
     /// turns read is no evidence (never "no turn").
     pub(crate) async fn evidence(
@@ -122,8 +122,8 @@ where
         gathered
     }
 
-    /// Whether this decision may stop an idle session's compute (issue 25: every such
-    /// stop reads the latest turn first): a compute is active, and the idle lease is due
+    /// Whether this decision may stop an idle session's compute (every such stop
+    /// reads the latest turn first): a compute is active, and the idle lease is due
     /// (its timer fired, or a sweep found it due) while the session reads idle, or the
     /// maximum lifetime has passed for an active compute, or the no-work lease is due (its
     /// timer, or any look once due). Then one turns read (the latest turn) precedes the

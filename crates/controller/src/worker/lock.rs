@@ -86,7 +86,7 @@ where
         Ok(ControlFlow::Continue(held))
     }
 
-    /// Issue 13 item 3, the concurrency cap per deployment
+    /// The concurrency cap per deployment
     /// ([`sandbox_core::observed::Policy::max_executors`]): a decision that starts a compute
     /// first takes an executor slot for the environment with one conditional write
     /// ([`Registry::acquire_slot`]; the environment's own slot is reused, so a replacement
@@ -140,7 +140,7 @@ where
     }
 
     /// Gives the environment's executor slot back once it has no compute, under the lock
-    /// before the release (issue 13 item 3): asked only when the cap is on and this
+    /// before the release: asked only when the cap is on and this
     /// decision could have ended the environment's compute or its claim to one — it took a
     /// slot, stopped a compute (read back `STOPPED`), marked the record stopped or closed,
     /// had a start fail — or on a sweep (which repairs slots left by crashes). The slot is
@@ -216,7 +216,7 @@ where
     }
 }
 
-/// What [`Controller::take_slot`] found before the effects (issue 13 item 3).
+/// What [`Controller::take_slot`] found before the effects.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum SlotTaken {
     /// No slot needed: the cap is off, or the decision starts nothing.

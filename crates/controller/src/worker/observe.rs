@@ -181,7 +181,7 @@ where
         (observed, gathered)
     }
 
-    /// Issue 22 item 3: a fanned-out sweep job's decision on a lock-free, consistent read
+    /// A fanned-out sweep job's decision on a lock-free, consistent read
     /// of its record ([`Registry::get`]), with the same inventory and evidence rules as
     /// under the lock. [`LockFree::Done`] (nothing written) only when acting on it would
     /// change nothing: no effect, no recheck, not `uncertain`, nothing the record would
@@ -407,7 +407,7 @@ pub(crate) struct Gathered {
     pub(crate) detail: Option<TurnDetail>,
     /// A reported submission's turns were read and none matched.
     pub(crate) turn_not_found: bool,
-    /// The latest turn was read (issue 25: [`Observed::turns_read`]).
+    /// The latest turn was read ([`Observed::turns_read`]).
     pub(crate) turns_read: bool,
 }
 

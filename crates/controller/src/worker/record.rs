@@ -152,8 +152,8 @@ where
         })
     }
 
-    /// The close's terminal record (issue 25), written once as its own item right before
-    /// the record is marked closed, from the receipts the close confirmed (the
+    /// The close's terminal record ([`crate::terminal`]), written once as its own item
+    /// right before the record is marked closed, from the receipts the close confirmed (the
     /// `workspace_closed` one just written included): every closed record has one, and a
     /// close that resumes after a crash finds it stored and leaves it as it is. A failed
     /// write fails `MarkClosed` (the close is retried), so "closed" never lacks its record.

@@ -60,7 +60,7 @@ where
     /// chain (its parent: what that generation was restored from) and prunes the chain.
     /// The save returns at once (the snapshot may be `pending`); the working copy is
     /// deleted here only when the written record already names the snapshot and it is
-    /// `completed` (issue 23), else by a later save or the sweeper.
+    /// `completed` (docs/ARCHITECTURE.md principle 8), else by a later save or the sweeper.
     pub(super) async fn save_workspace(
         &self,
         act: &mut Act,
@@ -75,7 +75,7 @@ where
         let WorkspaceDisposition::Snapshot { snapshot_id } = &saved else {
             return Ok(saved);
         };
-        // Issue 23: a working copy is deleted only once the record as written names its
+        // A working copy is deleted only once the record as written names its
         // snapshot (the version read under the lock or flushed since, never one only in
         // memory) and that snapshot is `completed`. A snapshot just taken is recorded by
         // this job's release; its working copy goes with a later save of the generation
