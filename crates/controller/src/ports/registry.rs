@@ -286,8 +286,8 @@ pub trait Registry: Send + Sync + 'static {
     fn slots(&self) -> impl Future<Output = Result<Slots, PortError>> + Send;
     /// Stores the terminal record of a close under `terminal.effect_key`, **once**
     /// ([`crate::terminal`]): `true` when written, `false` when one is already stored
-    /// (nothing changes: the first close's answer stands). Its own item, outside the record and the
-    /// history: it never expires (DynamoDB: no `expires_at`; SQLite: no prune). One
+    /// (nothing changes: the first close's answer stands). Its own item, outside the record
+    /// and the history: it never expires (DynamoDB: no `expires_at`; SQLite: no prune). One
     /// conditional write (DynamoDB: `PutItem` with `attribute_not_exists(pk)`; SQLite:
     /// `INSERT ... ON CONFLICT DO NOTHING`).
     fn put_terminal(

@@ -48,8 +48,8 @@ pub trait Workspaces: Send + Sync + 'static {
     /// (EBS `CreateSnapshot`) and returns at once, without waiting for it to complete and
     /// without deleting the working copy (docs/ARCHITECTURE.md principle 8: the record
     /// must name the snapshot before the working copy can go;
-    /// [`Workspaces::delete_working_copy`] does that once the snapshot is `completed`). Returns `Snapshot { id }` (its state may be
-    /// `pending`: [`Workspaces::snapshot_state`]), `None` when there is nothing to save
+    /// [`Workspaces::delete_working_copy`] does that once the snapshot is `completed`).
+    /// Returns `Snapshot { id }` (its state may be `pending`: [`Workspaces::snapshot_state`]), `None` when there is nothing to save
     /// (never written or saved already and gone), or `RetainedLocalDir` when the working
     /// copy could not be saved and was left in place. A second call for a generation
     /// already saved returns the same snapshot (one in `error` does not count: a new one
@@ -84,7 +84,8 @@ pub trait Workspaces: Send + Sync + 'static {
     /// already gone, `Ok(false)` when kept because the snapshot is not `completed` yet (a
     /// later save of that generation or the sweeper deletes it). The caller calls it only
     /// after the record naming `snapshot_id` was written (docs/ARCHITECTURE.md principle 8:
-    /// the only copy of the files is never a snapshot nobody recorded). The default: `Ok(true)`.
+    /// the only copy of the files is never a snapshot nobody recorded). The default:
+    /// `Ok(true)`.
     ///
     /// # Errors
     /// A [`PortError`]: nothing was deleted; retry.
