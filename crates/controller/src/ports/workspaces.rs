@@ -49,9 +49,9 @@ pub trait Workspaces: Send + Sync + 'static {
     /// without deleting the working copy (docs/ARCHITECTURE.md principle 8: the record
     /// must name the snapshot before the working copy can go;
     /// [`Workspaces::delete_working_copy`] does that once the snapshot is `completed`).
-    /// Returns `Snapshot { id }` (its state may be `pending`: [`Workspaces::snapshot_state`]), `None` when there is nothing to save
-    /// (never written or saved already and gone), or `RetainedLocalDir` when the working
-    /// copy could not be saved and was left in place. A second call for a generation
+    /// Returns `Snapshot { id }` (its state may be `pending`: [`Workspaces::snapshot_state`]),
+    /// `None` when there is nothing to save (never written or saved already and gone), or
+    /// `RetainedLocalDir` when the working copy could not be saved and was left in place. A second call for a generation
     /// already saved returns the same snapshot (one in `error` does not count: a new one
     /// is taken).
     ///
