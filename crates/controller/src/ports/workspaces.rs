@@ -51,9 +51,9 @@ pub trait Workspaces: Send + Sync + 'static {
     /// [`Workspaces::delete_working_copy`] does that once the snapshot is `completed`).
     /// Returns `Snapshot { id }` (its state may be `pending`: [`Workspaces::snapshot_state`]),
     /// `None` when there is nothing to save (never written or saved already and gone), or
-    /// `RetainedLocalDir` when the working copy could not be saved and was left in place. A second call for a generation
-    /// already saved returns the same snapshot (one in `error` does not count: a new one
-    /// is taken).
+    /// `RetainedLocalDir` when the working copy could not be saved and was left in place. A
+    /// second call for a generation already saved returns the same snapshot (one in `error`
+    /// does not count: a new one is taken).
     ///
     /// # Errors
     /// A [`PortError`]: nothing was deleted; the caller retries (e.g. through the queue
