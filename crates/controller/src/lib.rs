@@ -5,11 +5,14 @@
 //! - [`worker`] — `process` one job: observe, [`sandbox_core::decide`], act under the
 //!   effect-key lock, record before release, audit;
 //! - [`consume`] — receive, process, ack or retry (local mode's queue loop);
+//! - [`refill`] — keep the warm pool at its size ([`pool`]: the plan and the claim);
 //! - [`sweep`] — reconcile the registry against the provider inventory and the sessions;
 //! - [`close`] — the operator's cleanup transaction;
 //! - [`dry_run`] — what a sweep would decide, without a lock or an effect;
 //! - [`terminal`] — the terminal record a close writes once;
 //! - [`ports`] — the traits every backend implements;
+//! - [`receipt`] — the proofs that a resource reached its final state (the registry
+//!   stores them; the terminal record is assembled from them);
 //! - [`metrics`] — the metric names and where they are recorded (the `metrics` facade;
 //!   the Lambda functions emit them in CloudWatch embedded metric format).
 //!
@@ -37,6 +40,8 @@ pub mod no_sessions;
 pub mod operator_gate;
 pub mod pool;
 pub mod ports;
+pub mod receipt;
+pub mod refill;
 pub mod sweep;
 pub mod terminal;
 pub mod webhook;

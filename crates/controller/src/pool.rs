@@ -1,5 +1,5 @@
-//! The warm pool (issue 27): pre-started executors that serve no environment yet, claimed
-//! by a start instead of a cold start.
+//! The warm pool (docs/WARM_POOL.md): pre-started executors that serve no environment
+//! yet, claimed by a start instead of a cold start.
 //!
 //! - **Claim.** A `StartCompute` effect is applied by [`start_or_claim`]: with the pool on
 //!   ([`PoolSettings::size`] > 0) it first claims an idle member
@@ -13,13 +13,14 @@
 //!   executor cap on ([`sandbox_core::observed::Policy::max_executors`]) — slots in use plus
 //!   idle members stay within the cap. It recycles members older than
 //!   [`PoolSettings::max_age_secs`], and also the oldest young members beyond the size or
-//!   beyond the room the cap leaves. [`Controller::refill_pool`] applies it: on a short
-//!   timer in local mode, and on AWS after every batch that started an executor and every
-//!   minute.
+//!   beyond the room the cap leaves. [`crate::refill`] applies it
+//!   ([`crate::Controller::refill_pool`]): on a short timer in local mode, and on AWS after
+//!   every batch that started an executor and every minute.
 //!
-//!   The cap's guard is still the slot counter ([`Registry::acquire_slot`]). A claimed
-//!   member takes the slot of the environment that claims it, like a started compute.
-//!   Idle members hold no slot, and the refill's count of slots in use is a read. So a start
+//!   The cap's guard is still the slot counter
+//!   ([`crate::ports::Registry::acquire_slot`]). A claimed member takes the slot of the
+//!   environment that claims it, like a started compute. Idle members hold no slot, and
+//!   the refill's count of slots in use is a read. So a start
 //!   that takes a slot without taking a member (a miss, a replay, a member too old) can put
 //!   slots in use plus idle members above the cap, by at most the pool's size. The next
 //!   refill recycles the excess (the simulation's seeds 17218092366221545609 and
@@ -39,19 +40,11 @@
 //!   stopped under its new environment.
 
 use crate::config::PoolSettings;
-use crate::ports::{Compute, Fence, PoolMember, PortError, Queue, Registry, Started};
-use crate::worker::Controller;
-use sandbox_agents_api::SessionsApi;
+use crate::ports::{Compute, Fence, PoolMember, PortError, Started};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, InstanceId};
 
-/// The stop reason of a member recycled for its age (ECS `StopTask` `reason`).
-pub const RECYCLE_REASON: &str = "pool_max_age";
-
-/// `created_after` of a claim that may only replay: no member is created after
-/// `u64::MAX`, so [`Compute::claim_pool_member`] returns the member its token already
-/// claimed, if any, and claims nothing new (after an unclean predecessor).
-pub const REPLAY_ONLY: u64 = u64::MAX;
+pub use crate::ports::{RECYCLE_REASON, REPLAY_ONLY};
 
 /// How a start was applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,168 +172,10 @@ pub fn plan_refill(
 pub const REFILL_LEASE_SECS: u64 = 20;
 
 /// The longest a refill may act, seconds: no `RunTask` or `StopTask` is sent after its
-/// start + this (nor after the caller's deadline, [`Controller::refill_pool_until`]), and
-/// the whole refill is cut off then. Well inside the Lambda limit of 900 s ("Lambda
+/// start + this (nor after the caller's deadline,
+/// [`crate::Controller::refill_pool_until`]), and the whole refill is cut off then. Well inside the Lambda limit of 900 s ("Lambda
 /// quotas": function timeout) and the worker's function timeout.
 pub const REFILL_MAX_SECS: u64 = 60;
-
-/// A fresh refill-lease holder: `<worker id>#<start, Unix s>#<counter>`, unique per refill,
-/// so a second refill of the same process never re-takes a lease a running refill holds
-/// (the lease's own-holder re-take is for a retried request whose answer was lost).
-fn refill_holder(worker_id: &str, now: u64) -> String {
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{worker_id}#{now}#{n}")
-}
-
-/// What [`Controller::refill_pool`] did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Refilled {
-    /// Another holder's refill lease was running: nothing was done.
-    pub skipped: bool,
-    /// What the provider's pool bookkeeping lost track of and was ended
-    /// ([`Compute::reconcile_pool`]).
-    pub reconciled: usize,
-    /// Members stopped for their age.
-    pub recycled: usize,
-    /// Members started.
-    pub started: usize,
-    /// Idle, live members afterwards (as listed before, minus the recycled, plus the
-    /// started).
-    pub idle: usize,
-}
-
-impl<Q, R, C, S> Controller<Q, R, C, S>
-where
-    Q: Queue,
-    R: Registry,
-    C: Compute,
-    S: SessionsApi,
-{
-    /// Keeps the pool at its size: ends what the provider lost track of
-    /// ([`Compute::reconcile_pool`]), then applies [`plan_refill`] over
-    /// [`Compute::list_pool`] and, with the cap on, [`Registry::slots`] (a recycle that
-    /// loses the race to a claim leaves the member to its environment), then records
-    /// `pool_size`. Takes no effect-key lock (members belong to no environment) but the
-    /// deployment's refill lease ([`Compute::take_pool_refill_lease`], held while the
-    /// refill may act and [`REFILL_LEASE_SECS`] after; [`Controller::refill_pool_until`]),
-    /// so concurrent workers do not overfill the pool; while
-    /// another holder's lease runs it does nothing ([`Refilled::skipped`]). Nothing to do
-    /// when the pool is off and empty.
-    ///
-    /// # Errors
-    /// The first [`PortError`] of a read, a stop or a start; what was done before stays
-    /// done (the next refill picks up from the provider's listing).
-    pub async fn refill_pool(&self) -> Result<Refilled, PortError> {
-        self.refill_pool_until(u64::MAX).await
-    }
-
-    /// [`Controller::refill_pool`] within `deadline` (Unix seconds; the caller's own, e.g.
-    /// the Lambda invocation's deadline less what it needs to answer): the refill acts
-    /// until `not_after` = min(start + [`REFILL_MAX_SECS`], `deadline`) — every `RunTask`
-    /// and `StopTask` is checked against it, and the whole refill is cut off at it
-    /// (`tokio::time::timeout`; a member started and cut off before its bookkeeping is the
-    /// next reconcile's). The lease is taken with a holder unique to this refill
-    /// ([`refill_holder`]) for `not_after` − start + [`REFILL_LEASE_SECS`], so it outlasts
-    /// everything this refill may still do, and is shortened to end + [`REFILL_LEASE_SECS`]
-    /// when the refill ends (the same holder's re-take). With no time left nothing is
-    /// done ([`Refilled::skipped`]).
-    ///
-    /// # Errors
-    /// As [`Controller::refill_pool`]; a refill cut off at `not_after` is a transient error.
-    pub async fn refill_pool_until(&self, deadline: u64) -> Result<Refilled, PortError> {
-        let deployment = &self.config.deployment;
-        let now = self.clock.now();
-        let not_after = now.saturating_add(REFILL_MAX_SECS).min(deadline);
-        if not_after <= now {
-            tracing::info!(deadline, "no time left for a pool refill: skipped");
-            return Ok(Refilled {
-                skipped: true,
-                ..Refilled::default()
-            });
-        }
-        let holder = refill_holder(&self.config.worker_id, now);
-        let lease_secs = (not_after - now).saturating_add(REFILL_LEASE_SECS);
-        if !self
-            .compute
-            .take_pool_refill_lease(deployment, &holder, now, lease_secs)
-            .await?
-        {
-            return Ok(Refilled {
-                skipped: true,
-                ..Refilled::default()
-            });
-        }
-        let budget = std::time::Duration::from_secs(not_after - now);
-        let result = match tokio::time::timeout(budget, self.refill_within(now, not_after)).await {
-            Ok(r) => r,
-            Err(_) => Err(PortError::transient(
-                "pool",
-                "refill_pool",
-                format!(
-                    "the refill was cut off at its deadline ({} s)",
-                    not_after - now
-                ),
-            )),
-        };
-        let end = self.clock.now();
-        if let Err(e) = self
-            .compute
-            .take_pool_refill_lease(deployment, &holder, end, REFILL_LEASE_SECS)
-            .await
-        {
-            tracing::warn!(error = %e, "the refill lease was not shortened: it expires on its own");
-        }
-        result
-    }
-
-    async fn refill_within(&self, now: u64, not_after: u64) -> Result<Refilled, PortError> {
-        let settings = self.config.pool;
-        let deployment = &self.config.deployment;
-        let reconciled = self.compute.reconcile_pool(deployment, not_after).await?;
-        let idle = self.compute.list_pool(deployment).await?;
-        if settings.size == 0 && idle.is_empty() {
-            return Ok(Refilled {
-                reconciled,
-                ..Refilled::default()
-            });
-        }
-        let cap = self.config.policy.max_executors;
-        let in_use = if cap > 0 {
-            self.registry.slots().await?.in_use
-        } else {
-            0
-        };
-        let plan = plan_refill(&idle, settings, cap, in_use, now);
-        let mut recycled = 0;
-        for id in &plan.recycle {
-            if self.compute.recycle_pool_member(id, not_after).await? {
-                tracing::info!(instance_id = %id, max_age_secs = settings.max_age_secs, "pool member past its age: recycled");
-                recycled += 1;
-            } else {
-                tracing::info!(instance_id = %id, "pool member claimed before its recycle: left to its environment");
-            }
-        }
-        let mut started = 0;
-        for _ in 0..plan.start {
-            let member = self
-                .compute
-                .start_pool_member(deployment, not_after)
-                .await?;
-            tracing::info!(instance_id = %member.instance_id, "pool member started");
-            started += 1;
-        }
-        let idle = idle.len() - plan.recycle.len() + started;
-        crate::metrics::pool_size(idle);
-        Ok(Refilled {
-            skipped: false,
-            reconciled,
-            recycled,
-            started,
-            idle,
-        })
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -27,7 +27,7 @@
 //! - `forced` — the close was forced past open evidence (`sandboxctl close --force`), which
 //!   was then resolved `abandoned` by the operator named in `forced_by`.
 
-use crate::ports::{Receipt, ReceiptKind};
+use crate::receipt::{Receipt, ReceiptKind};
 use sandbox_core::ids::{EffectKey, EnvironmentId, InstanceId, SessionId};
 use sandbox_core::record::Record;
 use serde::{Deserialize, Serialize};
