@@ -601,8 +601,9 @@ export class SandboxLifecycle extends Construct {
     const volumeArns = stack.formatArn({ service: "ec2", resource: "volume", resourceName: "*" });
     // Snapshot ARNs have no account: arn:PARTITION:ec2:REGION::snapshot/ID.
     const snapshotArns = stack.formatArn({ service: "ec2", account: "", resource: "snapshot", resourceName: "*" });
-    // Issue 24: one set of statements per function, each with exactly the actions its code
-    // sends (crates/lambda/src/iam.rs; infra/tests checks both templates against it).
+    // One set of statements per function, each with exactly the actions its code sends
+    // (infra/tests/test_iam_per_function.py derives them from crates/aws/src and checks
+    // both templates against them).
     // Workspace statements only with workspaces on.
     const sharedControllerStatements = (): iam.PolicyStatement[] => [
       new iam.PolicyStatement({
