@@ -1,10 +1,10 @@
-# Benchmarks and long-running proofs (issue 6): `make bench`, `make fuzz`, `make soak`.
+# Benchmarks and long-running proofs: `make bench`, `make fuzz`, `make soak`.
 #
 # make bench   one table (stdout) + $(BENCH_DIR)/bench.json, from:
 #              criterion (verify + parse + route vs bare HMAC-SHA256; decide()), the official
 #              Python SDK on the same signed deliveries, the webhook bootstrap's cold start
 #              against local Lambda Runtime API / AWS stubs, and worker throughput on the
-#              embedded backend, and time to executor (issue 27: connection request →
+#              embedded backend, and time to executor (connection request →
 #              environment connected, warm and cold, real pinned codex and the stand-in,
 #              in local mode), and the warm pool refill's calls after 100 / 1,000 / 10,000
 #              members claimed, and the delay of due rechecks while a sweep of 10,000
@@ -24,9 +24,9 @@ BENCH_COLD_RUNS ?= 25
 BENCH_ENVIRONMENTS ?= 2100
 # Worker loops of the third throughput run (`sandboxctl serve --workers`; the default is 2).
 BENCH_MANY_WORKERS ?= 16
-# Deployment sizes of the scale table (ECS calls per job and per sweep, issue 11).
+# Deployment sizes of the scale table (ECS calls per job and per sweep).
 BENCH_SCALE_SIZES ?= 100,1000,10000
-# Sessions per time-to-executor row (executor × warm/cold; issue 27: at least 100).
+# Sessions per time-to-executor row (executor × warm/cold; at least 200).
 BENCH_TTE_SESSIONS ?= 200
 # The pinned codex the time-to-executor rows run (infra/executor, npm ci; mk/infra.mk).
 BENCH_CODEX := $(INFRA)/executor/node_modules/.bin/codex
@@ -76,8 +76,8 @@ fuzz:
 		-- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 > $(FUZZ_DIR)/last-run.log 2>&1; \
 		rc=$$?; tail -n 25 $(FUZZ_DIR)/last-run.log; exit $$rc
 
-# 1,000,000 schedules with the ECS-like compute twin (issue 11), the warm pool on in 30 % of
-# them (issue 27: claims, refills, recycles, members dying idle and claimed); SOAK_SCHEDULES and
+# 1,000,000 schedules with the ECS-like compute twin, the warm pool on in 30 % of
+# them (claims, refills, recycles, members dying idle and claimed); SOAK_SCHEDULES and
 # SOAK_BASE (the seeds' base) to change them.
 SOAK_SCHEDULES ?= 1000000
 SOAK_BASE ?= 0

@@ -1,4 +1,4 @@
-# Infrastructure (issue 5): the SAM template, the CDK app and construct, the executor image.
+# Infrastructure: the SAM template, the CDK app and construct, the executor image.
 #
 #   make infra-test   offline checks, part of `make test` (no AWS credentials, no network
 #                     after the first install, no Docker, no Rust build):
@@ -81,12 +81,12 @@ infra-test: infra-tools
 	rm -rf $(INFRA_OUT)
 	cd $(CDK_DIR) && $(INFRA_ENV) node_modules/.bin/cdk synth --no-notices --quiet \
 		-o cdk.out $(CDK_TEST_CONTEXT)
-	@echo "== cdk synth with workspaces on (issue 24: EC2 statements and the infrastructure role only then)"
+	@echo "== cdk synth with workspaces on (EC2 statements and the infrastructure role only then)"
 	rm -rf $(INFRA_OUT).workspaces
 	cd $(CDK_DIR) && $(INFRA_ENV) node_modules/.bin/cdk synth --no-notices --quiet \
 		-o cdk.out.workspaces $(CDK_TEST_CONTEXT) -c workspaceVolumeGiB=100
 	$(INFRA_BIN)/cfn-lint --ignore-checks W3005 -- $(abspath $(INFRA_OUT)).workspaces/SandboxLifecycle.template.json
-	@echo "== cdk synth with the warm pool on (issue 27: the pool table, the task role's one grant, the alarm only then)"
+	@echo "== cdk synth with the warm pool on (the pool table, the task role's one grant, the alarm only then)"
 	rm -rf $(INFRA_OUT).pool
 	cd $(CDK_DIR) && $(INFRA_ENV) node_modules/.bin/cdk synth --no-notices --quiet \
 		-o cdk.out.pool $(CDK_TEST_CONTEXT) -c poolSize=2

@@ -1,5 +1,5 @@
 // await-assignment.mjs: a warm-pool member's forwarder waits here for its assignment
-// (issue 27, docs/WARM_POOL.md "The forwarder waits for its assignment").
+// (docs/WARM_POOL.md "The forwarder waits for its assignment").
 //
 // entrypoint.sh runs it in the `forwarder` role when REMOTE_URL is unset and POOL_TABLE_NAME
 // is set (a member started by the pool's RunTask, which gives the forwarder only

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Executor entrypoint: PID 1 of each container of the ECS Fargate executor task. The first
-# argument (the task definition's `command`) is the container's role (issue 26):
+# argument (the task definition's `command`) is the container's role:
 #
 #   executor URL   codex exec-server --listen URL (ws://127.0.0.1:PORT): the executor the
 #                  agent's commands run in. It holds no credential: it refuses to start when
@@ -11,7 +11,7 @@
 #                  registers with the Agents API (CODEX_API_KEY, from the task definition's
 #                  `secrets`) and copies the authenticated remote messages to the executor
 #                  over the task's shared loopback (awsvpc).
-#                  A warm-pool member (issue 27, docs/WARM_POOL.md) has no REMOTE_URL but
+#                  A warm-pool member (docs/WARM_POOL.md) has no REMOTE_URL but
 #                  POOL_TABLE_NAME: it first waits for its assignment with
 #                  await-assignment.mjs (its own pool item, read with the task role), then
 #                  goes on exactly as above with the assignment's remote URL and

@@ -22,7 +22,7 @@ CDK_WORKSPACES_TEMPLATE = Path(
         "CDK_WORKSPACES_TEMPLATE", INFRA / "cdk" / "cdk.out.workspaces" / "SandboxLifecycle.template.json"
     )
 )
-# The same stack with the warm pool on (poolSize > 0, issue 27); workspaces are off (the
+# The same stack with the warm pool on (poolSize > 0); workspaces are off (the
 # templates refuse the pool with workspaces).
 CDK_POOL_TEMPLATE = Path(
     os.environ.get("CDK_POOL_TEMPLATE", INFRA / "cdk" / "cdk.out.pool" / "SandboxLifecycle.template.json")

@@ -1,4 +1,4 @@
-"""The warm pool's forwarder waiting for its assignment (issue 27, docs/WARM_POOL.md "The
+"""The warm pool's forwarder waiting for its assignment (docs/WARM_POOL.md "The
 forwarder waits for its assignment"): infra/executor/await-assignment.mjs against a real
 moto server (DynamoDB and STS) on 127.0.0.1 and a local stand-in for the ECS task metadata
 endpoint v4, and entrypoint.sh's `forwarder` role running it.

@@ -166,7 +166,7 @@ def test_dockerfile_builds_a_non_root_node_lts_image():
     assert "COPY --chmod=0755 entrypoint.sh /usr/local/bin/executor-entrypoint" in text
 
 
-# ------------------------------------------------------------ issue 26: the split roles
+# ------------------------------------------------------------ the split roles
 LISTEN = "ws://127.0.0.1:7070"
 
 

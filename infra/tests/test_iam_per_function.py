@@ -1,6 +1,6 @@
-"""Issue 24 item 1: one role per function, each granting exactly the AWS actions that
+"""One role per function, each granting exactly the AWS actions that
 function's code sends, in SAM and CDK, with workspaces off and on and the warm pool
-(issue 27) off and on.
+ off and on.
 
 The actions come from the code: every SDK operation an adapter in crates/aws/src sends is
 found in its source (a call `client.<operation>()` on an SDK client, test modules and
@@ -36,7 +36,7 @@ ADAPTERS = {
     "sqs_queue.rs": "sqs",
     "sqs_dead_letters.rs": "sqs",
     "secrets.rs": "secretsmanager",
-    # Issue 27, the warm pool (docs/WARM_POOL.md "ECS calls").
+    # The warm pool (docs/WARM_POOL.md "ECS calls").
     "pool_table.rs": "dynamodb",
     "ecs_pool.rs": "ecs",
 }
@@ -96,7 +96,7 @@ NOT_DEPLOYED = {
     ("sqs_queue.rs", "receive_message"): "event source mapping / sandboxctl",
     ("sqs_queue.rs", "delete_message"): "event source mapping / sandboxctl",
     # Registry::list (a Scan of records) serves sandboxctl status and explain only; the
-    # sweep reads the sparse by_open index with Query (issue 22).
+    # sweep reads the sparse by_open index with Query.
     ("dynamo_registry.rs", "scan"): "sandboxctl status / explain",
     # The pool table is created by the template too; these serve the moto tests.
     ("pool_table.rs", "create_table"): "tests (moto) only",

@@ -6,7 +6,7 @@
   resource for the ECS, IAM, DynamoDB, SQS and Secrets Manager actions; RunTask only on the
   executor family; PassRole only on the executor's two roles for ecs-tasks; task actions
   conditioned on the cluster; each secret readable only where it is needed; an executor
-  task role without any policy, or with the warm pool on (issue 27) one statement reading
+  task role without any policy, or with the warm pool on one statement reading
   only the task's own pool item.
 - Wiring: every function environment variable is one the Rust code reads
   (crates/aws/src/settings.rs, parsed here), every required one is set, and the
@@ -39,7 +39,7 @@ ALLOWED_TYPE_DIFFERENCES: Counter = Counter()
 SCOPED_PREFIXES = ("ecs:", "iam:", "dynamodb:", "sqs:", "secretsmanager:", "ec2:")
 # The actions granted on "*": they have no resource type in the Service Authorization
 # Reference (ecr:GetAuthorizationToken grants no image access by itself; the two EC2
-# reads list the workspace volumes and snapshots, issue 14).
+# reads list the workspace volumes and snapshots).
 STAR_ONLY_ACTIONS = {"ecr:GetAuthorizationToken", "ec2:DescribeVolumes", "ec2:DescribeSnapshots"}
 # EC2 actions that change something: each only on this deployment's tagged resources.
 EC2_WRITE_ACTIONS = {"ec2:CreateSnapshot", "ec2:CreateTags", "ec2:DeleteVolume", "ec2:DeleteSnapshot"}
@@ -217,8 +217,8 @@ def flat(value) -> str:
 
 
 def test_sweeper_role_starts_stops_and_passes_nothing(any_cfn, any_workspaces_cfn, any_pool_cfn):
-    # Issue 24: a sweep reads, fans out and deletes stored workspaces; the jobs it fans out
-    # run in the worker. Issue 27: also with the warm pool on (its refill is a worker job).
+    # A sweep reads, fans out and deletes stored workspaces; the jobs it fans out
+    # run in the worker. Also with the warm pool on (its refill is a worker job).
     for cfn in (any_cfn, any_workspaces_cfn, any_pool_cfn):
         roles = roles_by_purpose(cfn)
         (role_id,) = [r for p, r in roles.items() if p.startswith("sandbox-lifecycle sweeper")]
@@ -233,7 +233,7 @@ def test_sweeper_role_starts_stops_and_passes_nothing(any_cfn, any_workspaces_cf
 
 
 def test_only_the_worker_holds_the_agents_api_key(any_cfn, any_workspaces_cfn):
-    # Issue 24: a sweep reads no session (aws_wiring::sweeper_controller builds the sweeper
+    # A sweep reads no session (aws_wiring::sweeper_controller builds the sweeper
     # with NoSessions), so the sweeper gets neither the key's ARN nor GetSecretValue on it.
     for cfn in (any_cfn, any_workspaces_cfn):
         sweeper = function_by_binary(cfn, "sweeper")["Environment"]["Variables"]
@@ -273,7 +273,7 @@ def test_image_pull_is_scoped_to_the_executor_repository(any_cfn):
 
 
 def test_webhook_and_worker_have_reserved_concurrency(sam_cfn, cdk_cfn):
-    # Issue 24: a flood of unsigned POSTs is throttled at the webhook's own limit and cannot
+    # A flood of unsigned POSTs is throttled at the webhook's own limit and cannot
     # take the regional concurrency the worker and the sweeper need.
     sam = {b: function_by_binary(sam_cfn, b).get("ReservedConcurrentExecutions") for b in ("webhook", "worker")}
     assert sam == {
@@ -524,7 +524,7 @@ def test_each_secret_is_readable_only_where_needed(any_cfn):
         [
             ("executor execution role",),
             ("sandbox-lifecycle webhook",),
-            # Issue 24: the sweeper reads no session, so only the worker reads the API key.
+            # The sweeper reads no session, so only the worker reads the API key.
             ("sandbox-lifecycle worker",),
         ]
     ), readers
@@ -590,11 +590,11 @@ def test_settings_parser_sees_the_known_variables():
     wanted = settings_vars()
     assert wanted["webhook"]["required"] == {"EVENTS_QUEUE_URL", "WEBHOOK_SECRET_ARN"}
     assert {"TABLE_NAME", "DEPLOYMENT_ID", "SUBNETS"} <= wanted["controller"]["required"]
-    # Issue 24: required only where sessions are read (the worker; ControllerSettings::
+    # Required only where sessions are read (the worker; ControllerSettings::
     # api_key_secret); the sweeper is given none (test_only_the_worker_holds_the_agents_api_key).
     assert "OPENAI_API_KEY_SECRET_ARN" in wanted["controller"]["optional"]
     assert {"AGENT_IDS", "WORKSPACE_DIRECTORY", "SHUTDOWN_GRACE_SECS"} <= wanted["controller"]["optional"]
-    # Issue 13: the cost and safety ceilings, and the webhook's rotation and tolerance.
+    # The cost and safety ceilings, and the webhook's rotation and tolerance.
     assert {
         "MAX_LIFETIME_SECS",
         "LIFETIME_HARD_CAP_SECS",
@@ -639,7 +639,7 @@ def test_ceiling_parameters_reach_both_controller_functions_in_sam_and_cdk(sam_c
 
 
 def test_ownership_and_provisioning_settings_reach_the_functions_in_sam_and_cdk(sam_cfn, cdk_cfn):
-    """Issue 25: `OWNER_METADATA` goes wherever `AGENT_IDS` goes (worker, sweeper), and
+    """`OWNER_METADATA` goes wherever `AGENT_IDS` goes (worker, sweeper), and
     `PROVISION_ON` to them and to the webhook (whose intake keeps `agent.session.created`
     only when it is `created`); SAM through parameters, CDK with the code's defaults."""
     wanted = settings_vars()
@@ -707,7 +707,7 @@ def test_executor_gets_only_the_key_from_secrets(any_cfn):
 
 
 def test_the_executor_container_holds_no_credential(any_cfn):
-    """Issue 26: in the default (split) mode the agent's container holds no credential.
+    """In the default (split) mode the agent's container holds no credential.
 
     - two containers, `executor` and `forwarder`, both essential, same image;
     - the executor container: no `Secrets`, no `Environment`, no `EnvironmentFiles`, it runs
@@ -779,7 +779,7 @@ def test_registry_table_matches_the_adapter_schema(any_cfn):
     assert set(gsis) == {"by_session", "by_open"}
     assert gsis["by_session"]["KeySchema"] == [{"AttributeName": "session_id", "KeyType": "HASH"}]
     assert gsis["by_session"]["Projection"] == {"ProjectionType": "KEYS_ONLY"}
-    # Issue 22: the sweep's read, the sparse index of records that are not closed.
+    # The sweep's read, the sparse index of records that are not closed.
     assert gsis["by_open"]["KeySchema"] == [
         {"AttributeName": "open_shard", "KeyType": "HASH"},
         {"AttributeName": "pk", "KeyType": "RANGE"},
@@ -790,7 +790,7 @@ def test_registry_table_matches_the_adapter_schema(any_cfn):
 
 
 def test_the_sweeper_runs_one_at_a_time_without_retries(any_cfn):
-    """Issue 22 item 4: reserved concurrency 1; no Lambda async retries and a short event
+    """The sweeper: reserved concurrency 1; no Lambda async retries and a short event
     age (an event throttled behind a running sweep is dropped, not queued for hours); the
     schedule's target without EventBridge retries."""
     (fn_id,) = [
@@ -889,7 +889,7 @@ def test_alarms_cover_the_lifecycle_and_name_only_emitted_metrics(any_cfn):
         ("stuck_jobs", None, 1),
         ("start_failures", None, 1),
         ("executor_never_connected", None, 1),
-        # Issue 13: the ceilings that need an owner at once.
+        # The ceilings that need an owner at once.
         ("ceilings", "remote_url_not_allowed", 1),
         ("ceilings", "replacement_cap", 1),
     }
@@ -931,7 +931,7 @@ def test_make_deploy_passes_every_parameter_and_context_key(sam_cfn):
         )
 
 
-# ----------------------------------------------------------------------------- the warm pool (issue 27)
+# ----------------------------------------------------------------------------- the warm pool
 # docs/WARM_POOL.md: PoolSize > 0 adds the pool table, the executor task role's one
 # statement, the worker's and the sweeper's pool statements, the pool settings and the
 # "pool runs dry" alarm; PoolSize 0 (the default) adds none of them.
@@ -1230,7 +1230,7 @@ def test_the_pool_needs_the_split_executor(sam_cfn_raw):
 
 
 def test_the_pool_is_refilled_by_a_schedule_that_invokes_the_worker(any_cfn, any_pool_cfn):
-    """Issue 27: with the pool on, one EventBridge rule invokes the worker every minute with
+    """With the pool on, one EventBridge rule invokes the worker every minute with
     {"pool_refill": {}} (crates/lambda/src/worker_handler.rs WorkerEvent), no retries, and
     a permission lets only that rule invoke it; the sweeper is never the target (it holds
     no RunTask). With the pool off there is no such rule."""

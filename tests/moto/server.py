@@ -26,7 +26,7 @@ handler; every other service and operation is moto's own:
   the RUNNING state"). moto sets neither; its tasks are RUNNING at once, so both are the
   RunTask time (the executor lifetime ceiling reads `startedAt`).
 
-- RunTask `volumeConfigurations` (ECS-managed Amazon EBS volumes, issue 14): moto ignores
+- RunTask `volumeConfigurations` (ECS-managed Amazon EBS volumes): moto ignores
   them. Here a RunTask that names one is checked as ECS documents it — the name must be a
   task definition volume with `configuredAtLaunch: true` ("To configure a volume at launch
   time, use this task definition revision and specify a volumeConfigurations object",
@@ -39,7 +39,7 @@ handler; every other service and operation is moto's own:
   `false` (the documented default deletes it). A task returned again for its client
   token creates nothing.
 
-- EBS snapshots take time (issue 23): "Snapshot creation is asynchronous. The snapshot is
+- EBS snapshots take time: "Snapshot creation is asynchronous. The snapshot is
   created immediately, but it remains in the pending state until all of data has been
   transferred to Amazon S3. This can take several hours" (Amazon EBS User Guide, "Create
   Amazon EBS snapshots"). moto's snapshots are `completed` at once. Here a new snapshot
@@ -62,7 +62,7 @@ transactions": serializable between TransactWriteItems and other writes). moto_s
 handles requests on threads, and moto's `transact_write_items` backs up the whole table
 (a deep copy) before it starts and, when any condition fails, puts that copy back —
 undoing every write other threads made to the table meanwhile. Seen under 32 workers: a
-cancelled executor-slot transaction (issue 13 item 3) restored a counter from before
+cancelled executor-slot transaction restored a counter from before
 other workers' increments, so 15 slot holders stood against a counter of 12 and a 13th
 task started past a cap of 12. (Probably also the "500 under 32 workers" the concurrency
 test mentions; not verified.)

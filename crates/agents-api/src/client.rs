@@ -324,7 +324,7 @@ fn parse_base_url(raw: &str) -> Result<Url, ConfigError> {
     if url.cannot_be_a_base() || url.host().is_none() {
         return Err(invalid("URL has no host"));
     }
-    // Issue 24: the bearer key never travels in clear text, except to this machine (a
+    // The bearer key never travels in clear text, except to this machine (a
     // local simulator or a TLS proxy on loopback).
     let loopback = url.host_str().is_some_and(|h| {
         h.eq_ignore_ascii_case("localhost")

@@ -190,7 +190,7 @@ impl SimConfig {
     }
 
     /// Sets [`SimConfig::turn_command`]: the command of every turn (run for real when the
-    /// executor's forwarder named a listening executor, issue 26).
+    /// executor's forwarder named a listening executor).
     pub fn with_turn_command(mut self, command: impl Into<String>) -> Self {
         self.turn_command = command.into();
         self

@@ -254,7 +254,7 @@ fn finish_turn(sh: &Shared, t: &mut TurnRec, now: f64, interrupted: bool) {
     {
         ran_command = true;
         if let (false, Some(result)) = (interrupted, &harness) {
-            // Issue 26: what the executor really answered.
+            // What the executor really answered.
             let (status, code, output) = match result {
                 Ok(r) => (
                     if r.exit_code == Some(0) {

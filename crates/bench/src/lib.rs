@@ -1,4 +1,4 @@
-//! The benchmarks of issue 6, run by `make bench` (mk/bench.mk):
+//! The benchmarks of docs/PERFORMANCE.md, run by `make bench` (mk/bench.mk):
 //!
 //! - [`deliveries`] — signed 1 KiB deliveries, written to a file so that the criterion
 //!   benches (`benches/webhook_intake.rs`) and the official Python SDK
@@ -11,7 +11,7 @@
 //!   against the Agents API simulator, with duplicate deliveries, exactly-once asserted;
 //! - [`transitions`] — remote calls per transition, counted by `sandbox-testkit`'s
 //!   counting ports over its twins;
-//! - [`time_to_executor`] — issue 27: connection request → environment `connected` in
+//! - [`time_to_executor`] — connection request → environment `connected` in
 //!   local mode, warm (pool claims) and cold, with the real pinned codex executor when it
 //!   is installed and the stand-in, and the controller's own share;
 //! - [`pool_refill`] — the warm pool's refill: its remote calls after 100 / 1,000 /

@@ -10,7 +10,7 @@ use sandbox_bench::{
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(about = "Benchmarks of sandbox-lifecycle (issue 6)")]
+#[command(about = "Benchmarks of sandbox-lifecycle")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -64,7 +64,7 @@ enum Command {
         out: PathBuf,
     },
     /// ECS calls per job and per sweep, and the sweep's wall time, at N environments on
-    /// the twins (issue 11).
+    /// the twins.
     Scale {
         /// Output file (JSON).
         #[arg(long)]
@@ -72,7 +72,7 @@ enum Command {
         /// Deployment sizes, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
         sizes: Vec<usize>,
-        /// Days of simulated history per size, comma-separated (issue 22).
+        /// Days of simulated history per size, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "0,30")]
         history_days: Vec<u64>,
     },
@@ -108,7 +108,7 @@ enum Command {
         #[arg(long, default_value_t = 35)]
         seed: u64,
     },
-    /// Issue 27: connection request → environment `connected` in local mode, warm and
+    /// Connection request → environment `connected` in local mode, warm and
     /// cold, per executor (the real pinned codex when installed, and the stand-in), with
     /// the controller's own share.
     TimeToExecutor {

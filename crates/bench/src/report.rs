@@ -535,7 +535,7 @@ fn scale_rows(all: &[Scaled]) -> Vec<Row> {
     rows
 }
 
-/// Issue 27: per executor and path, connection request → environment `connected` (warm
+/// Per executor and path, connection request → environment `connected` (warm
 /// target ≤ 2 s p99) and the controller's own share (warm target ≤ 50 ms p99).
 fn time_to_executor_rows(t: &TimeToExecutor) -> Vec<Row> {
     let mut rows = Vec::new();
@@ -600,7 +600,7 @@ fn time_to_executor_rows(t: &TimeToExecutor) -> Vec<Row> {
     rows
 }
 
-/// Issue 22: per N and days of history, the registry items the sweep reads (target ≤ 1.1 ×
+/// Per N and days of history, the registry items the sweep reads (target ≤ 1.1 ×
 /// the open records and the same with and without history), per job (flat), the
 /// no-effect sweep's registry writes (0) and the fan-out's queue calls (≤ ⌈N/10⌉).
 fn registry_rows(all: &[Scaled]) -> Vec<Row> {

@@ -1,7 +1,7 @@
 //! ECS calls per worker job and per sweep at N environments, and the sweep's wall time on
-//! the twins, from [`sandbox_testkit::scale::measure_scale_table`] (issue 11). ECS calls
+//! the twins, from [`sandbox_testkit::scale::measure_scale_table`]. ECS calls
 //! are counted as the AWS adapter makes them (`ListTasks` pages and `DescribeTasks` per
-//! 100 tasks; see `sandbox_testkit::compute`). Issue 22: registry items read per sweep and
+//! 100 tasks; see `sandbox_testkit::compute`). Registry items read per sweep and
 //! per job, registry writes of the no-effect sweep and queue calls of the fan-out, each
 //! with no history and with days of simulated history
 //! ([`sandbox_testkit::scale::measure_scale_with_history`]).

@@ -132,7 +132,7 @@ pub async fn run<O: Ops>(
             }
         }
         DlqCommand::Redrive(_) => {
-            // Issue 24: a job whose session no record names is refused without --force
+            // A job whose session no record names is refused without --force
             // (it would act on a session this deployment never handled).
             if !args.guard.force {
                 let mut unknown = vec![];

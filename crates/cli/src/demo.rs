@@ -2,7 +2,7 @@
 //!
 //! Starts the Agents API simulator, the embedded stack (webhook endpoint, worker loops,
 //! sweeper timer, SQLite queues and registry, child-process executors running the
-//! simulator's `sim-executor` stand-in in the credential-free split of issue 26: a
+//! simulator's `sim-executor` stand-in in the credential-free split (docs/SECURITY.md): a
 //! listening executor child with no key and a forwarder child that alone holds it; the
 //! simulator runs each turn's command in the executor), drives a scripted scenario of real-shaped,
 //! signed deliveries (duplicated and reordered by the simulator), prints the timeline
@@ -156,7 +156,7 @@ impl Demo {
         let sim = agents_sim::spawn(sim_cfg).await?;
         let key_file = data_dir.join("executor.key");
         sandbox_local::private::create_private_dir(data_dir)?;
-        // 0600 before the key is written (issue 24).
+        // 0600 before the key is written.
         let _ = std::fs::remove_file(&key_file);
         sandbox_local::private::create_private_file(&key_file)?;
         std::fs::write(&key_file, agents_sim::DEFAULT_EXECUTOR_KEY)?;
@@ -173,7 +173,7 @@ impl Demo {
             ..Policy::default()
         };
         controller.stop_readback_interval = Duration::from_millis(100);
-        // Issue 27: two warm listening executors; a session's start claims one.
+        // Two warm listening executors; a session's start claims one.
         controller.pool.size = 2;
         let mut api = ClientConfig::new(agents_sim::DEFAULT_API_KEY);
         api.base_url = sim.base_url();
@@ -185,7 +185,7 @@ impl Demo {
             KeySource::File(key_file),
             controller,
         );
-        // Issue 26, the credential-free split: the listening executor holds no key; the
+        // The credential-free split: the listening executor holds no key; the
         // forwarder child alone does (no single-mode fallback warning).
         cfg.forwarder = Some(ExecutorCommand::forward(executor.display().to_string()));
         cfg.supervisor = Some(crate::supervisor_command()?);

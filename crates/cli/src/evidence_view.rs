@@ -1,4 +1,4 @@
-//! How `status` and `explain` show a record's reconciliation evidence (issue 15): one JSON
+//! How `status` and `explain` show a record's reconciliation evidence: one JSON
 //! shape and one text rendering, shared.
 
 use crate::timestamps::{stamp, utc};

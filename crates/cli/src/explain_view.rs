@@ -12,7 +12,7 @@
 //! id nothing matches is a usage error that names the kinds tried.
 //!
 //! The terminal record (the seed's cleanup record): the one the close stored when it ended
-//! (issue 25, [`sandbox_controller::terminal`]: written once, never expires with the
+//! ([`sandbox_controller::terminal`]: written once, never expires with the
 //! history; `"stored": true`), read back as it was written. While a close is still in
 //! progress (or for a record closed before terminal records were stored) it is assembled
 //! as below, `"stored": false`:
@@ -27,7 +27,7 @@
 //! - `workspace_disposition`: what the close did with the files, from its
 //!   `workspace_closed` receipt (`deleted`, or `snapshot <id>` retained until a time), else
 //!   what the last stop receipt says (`snapshot <id>`, `deleted`, `none`), else `none`;
-//! - `effect_reconciliation`: from the record's evidence when it holds any (issue 15):
+//! - `effect_reconciliation`: from the record's evidence when it holds any:
 //!   `unknown` while a question is open, else the latest resolution's effect (`observed`,
 //!   `compensated`, `not_needed`, `abandoned`); without evidence, `observed` when a
 //!   decision recorded turn and tool evidence
@@ -287,7 +287,7 @@ fn terminal(record: Option<&Record>, audit: &[AuditEntry], receipts: &[Receipt])
     }))
 }
 
-/// Whether history before the oldest kept decision was pruned (issue 22 item 2), and
+/// Whether history before the oldest kept decision was pruned, and
 /// from when it is kept: the first decision about an environment observed no record, so
 /// a record whose oldest kept decision observed one (or that has no decision at all) lost
 /// its earlier history to the retention. `None`: the whole history is there.
@@ -319,7 +319,7 @@ fn credential_json(c: &ExecutorCredential) -> Value {
     json!({"revoked": c.revoked, "why": c.why, "location": c.location, "rotate": c.rotate})
 }
 
-/// The stored terminal record (issue 25) in `explain`'s shape.
+/// The stored terminal record in `explain`'s shape.
 fn stored_terminal_json(t: &TerminalRecord, record: Option<&Record>) -> Value {
     let deleted = match t.session_deleted.at {
         Some(at) if t.session_deleted.confirmed => {

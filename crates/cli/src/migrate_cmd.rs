@@ -1,6 +1,6 @@
 //! `sandboxctl migrate`: brings a deployment's stored data up to what this version reads.
 //!
-//! One migration today (issue 22): the sweep reads the open records through the sparse
+//! One migration today: the sweep reads the open records through the sparse
 //! `by_open` index of the DynamoDB table, which holds only record items carrying
 //! `open_shard`. A record written by a version before that index has no `open_shard` until
 //! its next write, so an environment untouched since the upgrade is invisible to the

@@ -20,7 +20,7 @@
 //! - `resolve <session|environment> --effect observed|compensated|not_needed|abandoned
 //!   [--note TEXT] [--wait]`: a `resolve` job; the worker closes the open reconciliation
 //!   under the lock (who, when, what), then rechecks: only then may the idle stop of a
-//!   held compute proceed (issue 15).
+//!   held compute proceed.
 //! - `report-timeout <session> [--turn ID] [--submitted-at UNIX] [--wait]`: a
 //!   `timeout_reported` job (the same message an application can put on the events queue,
 //!   `events/jobs/`); the worker records what became of the submission — `still_running`,
@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Guard rails of the commands that delete or move something (`close`, `resolve`, `dlq
-/// redrive`; issue 24).
+/// redrive`).
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct GuardArgs {
     /// Act even on a session no record of this deployment names (a typo, or another
@@ -59,7 +59,7 @@ pub struct GuardArgs {
 }
 
 /// Refuses a destructive command whose backend would be chosen by `TABLE_NAME` alone
-/// (issue 24): `--backend` (or `--data-dir`) must say it. Called before any backend is
+/// (docs/SECURITY.md): `--backend` (or `--data-dir`) must say it. Called before any backend is
 /// opened.
 ///
 /// # Errors
@@ -200,7 +200,7 @@ pub async fn close<O: Ops>(
 ) -> anyhow::Result<Verdict> {
     let session = SessionId::new(checked_id("the session id", &args.session)?);
     let record = ops.registry().find_by_session(&session).await?;
-    // Issue 24: the ownership filter may accept every session, so a typo or another
+    // The ownership filter may accept every session, so a typo or another
     // deployment's id would delete a session this deployment never handled.
     if record.is_none() && !args.guard.force {
         anyhow::bail!(
@@ -211,7 +211,7 @@ pub async fn close<O: Ops>(
     confirm_target(ops, &args.backend, &args.guard, "close")?;
     let now = SystemClock.now();
     let env = record.as_ref().map(|r| r.environment_id.clone());
-    // Issue 25: seed 001 orders "reconcile effects" before the session delete. A close of
+    // Seed 001 orders "reconcile effects" before the session delete. A close of
     // an environment with open evidence waits for `resolve`; `--force` resolves it first
     // (`abandoned`, recorded as a forced close), in the same message group, so the worker
     // sees the resolution before the close.

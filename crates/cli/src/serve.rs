@@ -49,7 +49,7 @@ pub struct ServeArgs {
     /// Arguments of `--executor`.
     #[arg(last = true)]
     executor_args: Vec<String>,
-    /// Issue 26, without `--executor`: `split` (default) runs `codex exec-server --listen`
+    /// Without `--executor`: `split` (default) runs `codex exec-server --listen`
     /// with no key and a forwarder child (`codex exec-server ... forward --connect`) that
     /// alone holds it; `single` runs `codex exec-server --remote` holding the key (for
     /// codex versions without `forward`; logged at start-up). A custom `--executor` is
@@ -72,7 +72,7 @@ pub struct ServeArgs {
     #[arg(long)]
     workspace_directory: Option<String>,
     /// Only handle sessions whose `metadata` carries this `key=value` pair (repeatable:
-    /// every pair must match; default: any metadata). Issue 25: the metadata ownership rule
+    /// every pair must match; default: any metadata). The metadata ownership rule
     /// that lets handlers sharing a project split sessions (`OWNER_METADATA` on AWS).
     #[arg(long = "owner-metadata", value_name = "KEY=VALUE")]
     owner_metadata: Vec<String>,
@@ -144,12 +144,12 @@ pub struct ServeArgs {
     /// executor's connection.
     #[arg(long, default_value_t = Policy::default().max_executors)]
     max_executors: u32,
-    /// Issue 27: warm pool size, listening executors started ahead of any session and
+    /// Warm pool size, listening executors started ahead of any session and
     /// claimed by a start (0 = off). Split mode only (default there: 2; without a
     /// forwarder: off); members count toward `--max-executors`.
     #[arg(long)]
     pool_size: Option<u32>,
-    /// Issue 27: a pool member older than this, seconds, is never claimed and is replaced
+    /// A pool member older than this, seconds, is never claimed and is replaced
     /// (a new executor binary or a rotated key reaches the pool within this).
     #[arg(long, default_value_t = sandbox_controller::config::PoolSettings::default().max_age_secs,
           value_parser = clap::value_parser!(u64).range(1..))]
@@ -167,7 +167,7 @@ fn secret_env(name: &str) -> anyhow::Result<String> {
     }
 }
 
-/// A secret from the file `path` (issue 24): refused unless only its owner may read it
+/// A secret from the file `path`: refused unless only its owner may read it
 /// (mode `& 0o077 == 0`), so a key file left world-readable is caught at start-up. The
 /// error names the file and its mode, never the content.
 fn secret_file(path: &Path, what: &str) -> anyhow::Result<String> {
@@ -199,7 +199,7 @@ fn webhook_secret_env(name: &str, what: &str) -> anyhow::Result<String> {
     Ok(value)
 }
 
-/// The cost and safety ceilings (issue 13) from the flags into `policy`.
+/// The cost and safety ceilings from the flags into `policy`.
 fn ceilings(args: &ServeArgs, policy: &mut Policy) -> anyhow::Result<()> {
     if args.lifetime_hard_cap_secs != 0
         && args.max_lifetime_secs != 0
@@ -221,12 +221,12 @@ fn ceilings(args: &ServeArgs, policy: &mut Policy) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Issue 27: the warm pool's size in split mode when `--pool-size` is not given.
+/// The warm pool's size in split mode when `--pool-size` is not given.
 pub const DEFAULT_LOCAL_POOL_SIZE: u32 = 2;
 
 /// Runs the stack until Ctrl-C.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    // Before any secret is read (issue 24): a same-user process cannot read this one's
+    // Before any secret is read: a same-user process cannot read this one's
     // environment or memory from /proc.
     sandbox_local::private::make_non_dumpable().context("prctl(PR_SET_DUMPABLE, 0)")?;
     let api_key = match &args.api_key_file {

@@ -235,7 +235,7 @@ pub async fn run<O: Ops>(
             o.instance_id, o.environment_id
         ));
     }
-    // Issue 27: the warm pool's idle members and their age (seconds).
+    // The warm pool's idle members and their age (seconds).
     let pool: Vec<serde_json::Value> = ops
         .compute()
         .list_pool(&ops.config().deployment)

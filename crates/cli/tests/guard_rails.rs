@@ -1,4 +1,4 @@
-//! Issue 24 item 4: the operator's destructive commands (`close`, `resolve`, `dlq redrive`)
+//! The operator's destructive commands (`close`, `resolve`, `dlq redrive`)
 //! refuse a session no record names unless `--force`, say which backend, deployment and
 //! store they act on, need `--yes` off a terminal, and never take the backend from
 //! `TABLE_NAME` alone.

@@ -1,4 +1,4 @@
-//! Issue 24 item 5: `serve` takes secrets from files only when their owner alone may read
+//! `serve` takes secrets from files only when their owner alone may read
 //! them, and names the file and its mode (never the content) otherwise.
 
 use std::os::unix::fs::PermissionsExt as _;

@@ -48,15 +48,15 @@ pub struct ControllerConfig {
     /// 3,600; 0 sweeps it every time). Closed records are never swept again unless a live
     /// compute of theirs shows up.
     pub settled_resweep_secs: u64,
-    /// Stored workspaces one sweep deletes at most (default 100; issue 22 item 4): the
+    /// Stored workspaces one sweep deletes at most (default 100): the
     /// cleanup runs after the fan-out and what is left waits for the next sweep, so a
     /// backlog of deletions never delays the jobs or outlasts the invocation.
     pub sweep_workspace_deletions_max: usize,
     /// Where the deployment's executor key lives, for the terminal record's
-    /// `executor_credential` (issue 25: what to rotate and where), e.g. the Secrets
+    /// `executor_credential` (what to rotate and where), e.g. the Secrets
     /// Manager secret the task definition injects, or `serve`'s key file.
     pub executor_key_location: String,
-    /// The warm pool (issue 27, [`crate::pool`]). Default: off.
+    /// The warm pool ([`crate::pool`]). Default: off.
     pub pool: PoolSettings,
     /// The operator key ([`sandbox_core::operator_proof`]): verifies the proof a forced
     /// `close`, `resolve` or `timeout_reported` job for an unrecorded session carries
@@ -64,7 +64,7 @@ pub struct ControllerConfig {
     pub operator_key: Option<OperatorKey>,
 }
 
-/// The warm pool's settings (issue 27).
+/// The warm pool's settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolSettings {
     /// Idle members the refill keeps (`pool_size`). 0 (the default, and AWS's): no pool,

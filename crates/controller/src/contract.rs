@@ -39,7 +39,7 @@ use sandbox_core::record::{Record, RecordStatus, ShutdownLease};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The terminal record (issue 25): absent before a close; the first `put_terminal` is
+/// The terminal record: absent before a close; the first `put_terminal` is
 /// stored and reads back equal; a second one (a different answer) returns `false` and
 /// changes nothing; it is neither a record (`get`, `list`, `find_by_session` do not see
 /// it) nor a receipt; terminal records of two keys are independent.
@@ -603,7 +603,7 @@ fn fence(key: &EffectKey, owner: &str) -> Fence {
     }
 }
 
-/// History expires (issue 22 item 2), for an adapter built with the default retention
+/// History expires, for an adapter built with the default retention
 /// ([`crate::ports::DEFAULT_HISTORY_RETENTION_SECS`]) on the system clock: a receipt whose
 /// `at` is older than the retention reads as absent (DynamoDB: `expires_at` = `at` +
 /// retention is already past, read as absent before TTL deletes it; SQLite: before the
@@ -1202,7 +1202,7 @@ pub async fn registry_contract<R: Registry>(r: &R) {
 }
 
 /// A start spec with unique environment and session ids for generation 1.
-/// The open-records read every adapter must honour (issue 22 item 1): `list_open` returns
+/// The open-records read every adapter must honour: `list_open` returns
 /// each record that is not closed once, with its stored version, and never a closed one
 /// (closing a record takes it out, reopening puts it back) or a key that was only locked;
 /// `list` still returns the closed one. Run by [`registry_contract`].
@@ -1604,7 +1604,7 @@ pub async fn compute_idempotency_contract<C: Compute>(c: &C, deployment: &Deploy
     stop_and_confirm(c, &second.instance_id).await;
 }
 
-/// Issue 15, part of [`registry_contract`]: the reconciliation evidence and the mapping
+/// Part of [`registry_contract`]: the reconciliation evidence and the mapping
 /// fields (connection state, last reconciled event id) are stored and read back exactly,
 /// through a fenced `put`, through the atomic `release`, by `get`, `find_by_session` and
 /// `list`; a resolution written under the lock replaces the open entry.
@@ -1773,14 +1773,14 @@ fn stored_of<'a>(
         .collect()
 }
 
-/// The workspace contract (issue 14), for provider adapters with workspace persistence.
+/// The workspace contract, for provider adapters with workspace persistence.
 ///
 /// Starts generation 1 (`probe` writes a file into it), then checks: a save while the
 /// compute is live is refused and deletes nothing; after the stop reads back `Stopped`,
 /// `save_workspace` returns `snapshot <id>`, and again the same id (idempotent);
 /// `list_stored(deployment)` shows the snapshot with its environment and generation tags
 /// and still the working copy of generation 1 unless its snapshot is already `completed`
-/// (issue 23: a local archive is complete when written; an EBS snapshot is `pending`), and
+/// (a local archive is complete when written; an EBS snapshot is `pending`), and
 /// nothing of it under another deployment; while the snapshot is `pending`
 /// (`snapshot_state`), `delete_working_copy` keeps the working copy and `delete_stored`
 /// refuses it; once `completed` (waited for, at most 120 s), `delete_working_copy` deletes
@@ -1856,7 +1856,7 @@ pub async fn workspace_contract<C: Compute, P: WorkspaceProbe>(
                 .await
                 .unwrap_or_else(|e| fail(rule_list, e)),
             SnapshotState::Completed,
-            "workspace contract [{rule_list}]: generation 1's working copy outlives a save whose snapshot is not completed (issue 23): {stored:?}"
+            "workspace contract [{rule_list}]: generation 1's working copy outlives a save whose snapshot is not completed: {stored:?}"
         );
     }
     let others = c
@@ -2016,7 +2016,7 @@ pub async fn workspace_contract<C: Compute, P: WorkspaceProbe>(
     );
 }
 
-/// Issue 13 item 3, the executor cap per deployment: the registry's slots. Needs a
+/// The executor cap per deployment: the registry's slots. Needs a
 /// registry *of its own* (no slot held and no other user of slots: the counter is
 /// deployment-wide); `cap` of 3 is used.
 ///
@@ -2283,7 +2283,7 @@ async fn pool_member<C: Compute>(c: &C, d: &DeploymentId) -> PoolMember {
         .unwrap_or_else(|e| panic!("pool contract [start]: start_pool_member failed: {e}"))
 }
 
-/// Issue 27, the warm pool, for every adapter that has one ([`Compute::start_pool_member`],
+/// The warm pool, for every adapter that has one ([`Compute::start_pool_member`],
 /// [`Compute::list_pool`], [`Compute::claim_pool_member`]) in a deployment of its own (no
 /// other member in `deployment`): an idle member is listed in the pool and in neither
 /// `list` nor `find`; of two concurrent claims exactly one gets it, as an instance tagged

@@ -106,7 +106,7 @@ impl Job {
 mod tests {
     use super::*;
 
-    /// The application's `timeout_reported` message (events/jobs/, issue 15) is a job the
+    /// The application's `timeout_reported` message (events/jobs/) is a job the
     /// worker reads as it is documented.
     #[test]
     fn the_documented_timeout_reported_message_is_a_job() {

@@ -28,11 +28,11 @@
 //! | `webhook_accepted` | count | | a delivery queued |
 //! | `webhook_ignored` | count | | a verified delivery that is not compute's business |
 //! | `webhook_rejected` | count | `reason` (`too_large`, `headers`, `signature`, `malformed`, `queue_unavailable`) | a delivery answered 4xx/503 |
-//! | `capacity_waits` | count | | a start that found the deployment's executor cap reached and waits (issue 13 item 3, reason `capacity_limit`) |
+//! | `capacity_waits` | count | | a start that found the deployment's executor cap reached and waits (reason `capacity_limit`) |
 //! | `executor_slots` | count (one value per sweep) | | executor slots in use (the cap's counter), read by every sweep while the cap is on |
-//! | `held_environments` | count (one value per sweep) | | environments with open reconciliation evidence (issue 15: held for an owner), counted by every sweep in the registry's list (a value, not a gauge: the EMF recorder writes a gauge on every flush, and an invocation that recorded nothing writes nothing) |
+//! | `held_environments` | count (one value per sweep) | | environments with open reconciliation evidence (held for an owner), counted by every sweep in the registry's list (a value, not a gauge: the EMF recorder writes a gauge on every flush, and an invocation that recorded nothing writes nothing) |
 //!
-//! | `pool_hits` | count | | a start applied by claiming a warm pool member (issue 27, [`crate::pool`]) |
+//! | `pool_hits` | count | | a start applied by claiming a warm pool member ([`crate::pool`]) |
 //! | `pool_misses` | count | | a start with the pool on that found no usable member and started cold |
 //! | `pool_size` | count (one value per refill) | | idle, live pool members after a refill |
 //!
@@ -83,23 +83,23 @@ pub mod names {
     pub const WEBHOOK_REJECTED: &str = "webhook_rejected";
     /// Environments with open reconciliation evidence (one value per sweep).
     pub const HELD_ENVIRONMENTS: &str = "held_environments";
-    /// Cost and safety ceilings that acted (issue 13), label `reason`:
+    /// Cost and safety ceilings that acted, label `reason`:
     /// `lifetime_exceeded`, `lifetime_hard_cap`, `no_work` (executor stops),
     /// `replacement_cap` (a stop or a held start at the cap), `remote_url_not_allowed`
     /// (no compute for the session).
     pub const CEILINGS: &str = "ceilings";
-    /// Starts that waited at the executor cap (issue 13 item 3).
+    /// Starts that waited at the executor cap.
     pub const CAPACITY_WAITS: &str = "capacity_waits";
-    /// Executor slots in use, one value per sweep (issue 13 item 3).
+    /// Executor slots in use, one value per sweep.
     pub const EXECUTOR_SLOTS: &str = "executor_slots";
     /// Sweep jobs decided without the lock and without an effect: nothing written, no
-    /// audit entry (issue 22 item 3).
+    /// audit entry.
     pub const SWEEP_NO_EFFECT: &str = "sweep_no_effect";
-    /// Starts applied by claiming a warm pool member (issue 27).
+    /// Starts applied by claiming a warm pool member.
     pub const POOL_HITS: &str = "pool_hits";
-    /// Starts with the pool on that found no usable member (issue 27).
+    /// Starts with the pool on that found no usable member.
     pub const POOL_MISSES: &str = "pool_misses";
-    /// Idle, live pool members after a refill, one value per refill (issue 27).
+    /// Idle, live pool members after a refill, one value per refill.
     pub const POOL_SIZE: &str = "pool_size";
 }
 
@@ -251,7 +251,7 @@ pub fn executor_connected(secs: u64, warm: bool) {
     metrics::histogram!(names::START_TO_CONNECTED, "path" => path).record(secs as f64);
 }
 
-/// A start claimed a pool member (`hit`) or found none and started cold (issue 27).
+/// A start claimed a pool member (`hit`) or found none and started cold.
 pub fn pool_claim(hit: bool) {
     let name = if hit {
         names::POOL_HITS
@@ -261,17 +261,17 @@ pub fn pool_claim(hit: bool) {
     metrics::counter!(name).increment(1);
 }
 
-/// The idle, live pool members after a refill (issue 27).
+/// The idle, live pool members after a refill.
 pub fn pool_size(idle: usize) {
     metrics::histogram!(names::POOL_SIZE).record(idle as f64);
 }
 
-/// The executor slots in use, read by a sweep (issue 13 item 3).
+/// The executor slots in use, read by a sweep.
 pub fn executor_slots(in_use: u64) {
     metrics::histogram!(names::EXECUTOR_SLOTS).record(in_use as f64);
 }
 
-/// A sweep job decided without the lock, with no effect (issue 22 item 3).
+/// A sweep job decided without the lock, with no effect.
 pub fn sweep_no_effect() {
     metrics::counter!(names::SWEEP_NO_EFFECT).increment(1);
 }

@@ -2,7 +2,7 @@
 //! A sweep (`Controller::sweep_fan_out`: the registry's open records, the provider
 //! inventory, the timers queue, stored workspaces) reads no session: the jobs it fans
 //! out are decided by the worker, which re-reads each session. So the sweeper function
-//! and `sandboxctl sweep` are built with this port and hold no Agents API key (issue 24:
+//! and `sandboxctl sweep` are built with this port and hold no Agents API key (docs/SECURITY.md:
 //! one role per function with exactly what its code calls). Every call is refused with
 //! [`ApiError::InvalidArgument`], without a request.
 

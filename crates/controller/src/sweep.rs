@@ -3,7 +3,7 @@
 //!
 //! A sweep reads once and decides per environment ([`Controller::plan_sweep`]):
 //! 1. every record that is not closed ([`Registry::list_open`]: DynamoDB's sparse
-//!    `by_open` index, never the closed records or the history, issue 22 item 1);
+//!    `by_open` index, never the closed records or the history);
 //! 2. the live compute of this deployment, once ([`Compute::list`]: ECS `ListTasks` with
 //!    `startedBy` as the only filter, every page, then `DescribeTasks` per 100 ARNs);
 //! 3. the computes records name that the list did not show, by id
@@ -91,7 +91,7 @@ pub struct SweepPlan {
     /// The records the plan read: the open ones (the workspace sweep reuses them).
     pub records: Vec<Record>,
     /// Environments holding an executor slot with no record and no live compute, for
-    /// longer than the lock's lease (issue 13 item 3: a worker crashed between taking the
+    /// longer than the lock's lease (a worker crashed between taking the
     /// slot and recording anything); [`Controller::release_orphan_slots`] gives them back.
     pub orphan_slots: Vec<EnvironmentId>,
 }
@@ -122,7 +122,7 @@ fn settled_turn(env: &EnvironmentId, now: u64, interval_secs: u64, every_secs: u
     stable_hash(env.as_str()) % slots == (now / interval_secs.max(1)) % slots
 }
 
-/// The delay of job `i` of a fanned-out sweep of `jobs` jobs, seconds (issue 22 item 4):
+/// The delay of job `i` of a fanned-out sweep of `jobs` jobs, seconds:
 /// `i / jobs_per_sec` while the whole sweep fits the window, else the jobs spread evenly
 /// over it (`i × window / jobs`). The window is the sweep interval, at most SQS's 900 s
 /// delay limit, so every delay is below the interval: the next sweep never starts while
@@ -183,7 +183,7 @@ where
             self.compute.describe_many(&unlisted).await?
         };
         // Hash maps and sets for the per-environment lookups (one each per record): the
-        // sweep's own work stays linear in what is live (issue 22 item 5; a tree map's
+        // sweep's own work stays linear in what is live (a tree map's
         // string comparisons made it grow ×2 faster than N from 100 to 10,000).
         let mut by_env: HashMap<EnvironmentId, Vec<ComputeInstance>> = HashMap::new();
         for i in live.into_iter().chain(described) {
@@ -251,7 +251,7 @@ where
         Ok(plan)
     }
 
-    /// Issue 13 item 3: the slots' share of a sweep plan (see the module docs).
+    /// The slots' share of a sweep plan (see the module docs).
     async fn plan_slot_repairs(
         &self,
         plan: &mut SweepPlan,
@@ -489,7 +489,7 @@ fn expendable(w: &StoredWorkspace, record: Option<&Record>, now: u64, grace_secs
     match w.kind {
         StoredKind::Snapshot => {
             let kept = record.and_then(|r| r.snapshots.iter().find(|s| s.snapshot_id == w.id));
-            // Issue 23: a snapshot newer than the latest an open record names may be the
+            // A snapshot newer than the latest an open record names may be the
             // only copy of a generation whose save was never recorded (a release that
             // failed); the next save of that generation records it.
             let unrecorded_newer = record.is_some_and(|r| {
@@ -528,7 +528,7 @@ where
     /// - a snapshot no record's chain names (a worker that crashed before recording it, a
     ///   record that is gone), older than `Policy::visibility_window_secs` (a snapshot just
     ///   taken is recorded when its worker releases the lock), and never one of a newer
-    ///   generation than the latest snapshot an open record names (issue 23: it may be the
+    ///   generation than the latest snapshot an open record names (it may be the
     ///   only copy of that generation's files; the next save of it records it);
     /// - a working copy (EBS volume, local directory) not in use whose environment has no
     ///   record, a closed one, or a snapshot of that generation or a later one, older than

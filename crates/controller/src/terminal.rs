@@ -1,10 +1,10 @@
-//! The terminal record of a close (issue 25, F9; seed 001: "cleanup needs an
+//! The terminal record of a close (F9; seed 001: "cleanup needs an
 //! application-owned terminal record"): written **once**, at the end of the close, as its
 //! own stored item ([`crate::ports::Registry::put_terminal`]), and read back by
 //! `sandboxctl explain`. It is assembled from what the close confirmed — the
 //! `session_deleted` and `compute_stopped` receipts, the close's `workspace_closed`
 //! receipt, the record's evidence — at the moment the record is marked closed, so later
-//! history retention (audit entries and receipts expire, issue 22) or a lost receipt
+//! history retention (audit entries and receipts expire) or a lost receipt
 //! cannot change the answer.
 //!
 //! **Retention:** the terminal record never expires. It carries no `expires_at` (DynamoDB)

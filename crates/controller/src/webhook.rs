@@ -86,7 +86,7 @@ pub fn route(event: &AgentEvent) -> Route {
 }
 
 /// As [`route`], and with [`ProvisionOn::Created`] also keeps `agent.session.created` of a
-/// self-hosted session as [`Trigger::SessionCreated`] (issue 25: the payload names the
+/// self-hosted session as [`Trigger::SessionCreated`] (the payload names the
 /// environment and `connect.remote_url`; the worker still retrieves the session before
 /// starting anything).
 pub fn route_with(event: &AgentEvent, provision_on: ProvisionOn) -> Route {
@@ -145,7 +145,7 @@ impl<Q: Queue> Intake<Q> {
         }
     }
 
-    /// Sets when the deployment provisions (issue 25): with [`ProvisionOn::Created`] the
+    /// Sets when the deployment provisions: with [`ProvisionOn::Created`] the
     /// intake keeps `agent.session.created` of self-hosted sessions ([`route_with`]).
     pub fn with_provision_on(mut self, provision_on: ProvisionOn) -> Self {
         self.provision_on = provision_on;
@@ -177,7 +177,7 @@ impl<Q: Queue> Intake<Q> {
         let verified = match self.verifier.verify(headers, body, now) {
             Ok(v) => v,
             Err(e) => {
-                // Debug, not warn (issue 24): anyone can send unsigned POSTs, so a warn per
+                // Debug, not warn: anyone can send unsigned POSTs, so a warn per
                 // rejection lets a flood fill the logs; the metric counts every one.
                 tracing::debug!(error = %e, "webhook rejected");
                 crate::metrics::webhook_rejected(if e.http_status() == 401 {

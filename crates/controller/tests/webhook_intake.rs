@@ -195,7 +195,7 @@ async fn failing_queue_answers_503_so_the_sender_retries() {
     assert!(body["error"].as_str().unwrap().contains("retry"));
 }
 
-/// Issue 25: `agent.session.created` of a self-hosted session is dropped by default and
+/// `agent.session.created` of a self-hosted session is dropped by default and
 /// kept as `SessionCreated` (with its environment id) only when the deployment provisions
 /// on creation; other environment types are dropped either way.
 #[tokio::test]

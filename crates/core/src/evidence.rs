@@ -1,5 +1,5 @@
 //! Reconciliation evidence: what the controller saw when it could not settle a question
-//! alone, kept on the environment's record for a platform owner (issue 15).
+//! alone, kept on the environment's record for a platform owner.
 //!
 //! Source: the controller design seed ("reconcile at least four layers: turn, tool,
 //! workspace, business effect"; "route `reconcile`, `uncertain` and `divergent` decisions
@@ -55,7 +55,7 @@ pub enum EvidenceTrigger {
     Uncertain,
     /// More than one compute, or a record the provider contradicts (rows 11, 13, 27).
     Divergent,
-    /// Issue 25: the executor was stopped at the hard lifetime cap while a turn ran (or
+    /// The executor was stopped at the hard lifetime cap while a turn ran (or
     /// with the turn unread): the turn may have been cut short, an owner checks it.
     LifetimeHardCap,
 }
@@ -108,7 +108,7 @@ pub struct WorkspaceLayer {
     /// The compute that holds the files ("live in task X"), if one runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live_in: Option<InstanceRef>,
-    /// A snapshot of the files, once workspaces persist (issue 14 fills it): with one, the
+    /// A snapshot of the files, once workspaces persist: with one, the
     /// files are safe and the compute is not held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,

@@ -52,7 +52,7 @@ pub enum Trigger {
     ResetStartFailures,
     /// An owner resolves the environment's open reconciliation (`sandboxctl resolve`):
     /// the evidence is closed under the effect-key lock with who, when and what; only
-    /// then may an idle stop of the held compute proceed (issue 15).
+    /// then may an idle stop of the held compute proceed.
     Resolve {
         /// The owner's answer.
         resolution: crate::evidence::Resolution,
@@ -286,7 +286,7 @@ pub struct Policy {
     /// this long after the last failure (default 3,600); an operator can reset them at
     /// once ([`Trigger::ResetStartFailures`]).
     pub start_failing_cooldown_secs: u64,
-    // --- Cost and safety ceilings (issue 13). ---
+    // --- Cost and safety ceilings. ---
     /// Maximum executor lifetime, seconds since the provider started it (default 28,800
     /// = 8 h; 0 = off). Past it an executor whose session is idle is stopped at once
     /// (`lifetime_exceeded`); a busy one at its next idle or at
@@ -331,7 +331,7 @@ pub struct Policy {
     /// days (default `retain:7`), after which the sweeper deletes them.
     #[serde(default)]
     pub close_workspace: crate::workspace::CloseWorkspace,
-    /// Concurrency cap per deployment (issue 13 item 3): at most this many environments
+    /// Concurrency cap per deployment: at most this many environments
     /// hold an executor at once (default 0 = off). A start beyond it waits
     /// ([`crate::decision::Reason::CapacityLimit`]) and is retried with
     /// [`Policy::capacity_retry_secs`] until a slot frees. Enforced by the registry with a
@@ -339,7 +339,7 @@ pub struct Policy {
     /// changed in one transaction), never by counting before the start.
     #[serde(default)]
     pub max_executors: u32,
-    /// When a self-hosted session's executor is first started (issue 25, seeds 000 and
+    /// When a self-hosted session's executor is first started (seeds 000 and
     /// 004): on its first `environment_connection` requirement (the default), or already
     /// on `agent.session.created` ([`ProvisionOn::Created`], opt-in). The idle rules are
     /// the same either way.
@@ -505,7 +505,7 @@ pub struct Observed {
     /// submission (it never started). `false` when not read or when found.
     #[serde(default)]
     pub turn_not_found: bool,
-    /// The session's latest turn was read for this decision (issue 25): `latest_turn` is
+    /// The session's latest turn was read for this decision: `latest_turn` is
     /// the answer (`None`: the session has no turn). `false` when not read or when the
     /// read failed. Every stop of an idle session — its lease, the maximum lifetime, the
     /// no-work lease — needs it: without a turn read nothing is stopped (a queued turn
@@ -513,7 +513,7 @@ pub struct Observed {
     /// the stop is recorded with evidence for an owner.
     #[serde(default)]
     pub turns_read: bool,
-    /// The state of the record's latest snapshot, what a start would restore (issue 23):
+    /// The state of the record's latest snapshot, what a start would restore:
     /// read by the worker when the decision asks for it before a start
     /// ([`crate::decision::Reason::SnapshotNotRead`]); [`crate::workspace::SnapshotRead::NotRead`] otherwise.
     #[serde(default)]

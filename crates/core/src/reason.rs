@@ -141,7 +141,7 @@ pub enum Reason {
         /// The snapshot.
         snapshot_id: String,
     },
-    /// The snapshot a start would restore is still `pending` (issue 23: EBS snapshots take
+    /// The snapshot a start would restore is still `pending` (EBS snapshots take
     /// minutes to hours; a start restores only a `completed` one): the start waits,
     /// rechecking every [`crate::observed::Policy::snapshot_recheck_secs`], up to
     /// [`crate::observed::Policy::snapshot_wait_secs`].
@@ -199,17 +199,17 @@ pub enum Reason {
     StaleIdleEvent,
     /// Nothing to change.
     Converged,
-    /// An open reconciliation holds the compute with the files (issue 15): the idle lease
+    /// An open reconciliation holds the compute with the files: the idle lease
     /// does not stop it until an owner resolves it (`sandboxctl resolve`).
     HeldForOwner {
         /// The turn in question, if the evidence names one.
         turn_id: Option<String>,
     },
-    /// Issue 25: an idle stop (its lease, the maximum lifetime, the no-work lease) was due
+    /// An idle stop (its lease, the maximum lifetime, the no-work lease) was due
     /// but the session's latest turn was not read for this decision: nothing is stopped,
     /// the stop is decided again on a fresh read (a queued turn may be about to start).
     TurnsNotRead,
-    /// Issue 25: a close of an environment with open reconciliation evidence waits for an
+    /// A close of an environment with open reconciliation evidence waits for an
     /// owner's `sandboxctl resolve` (or `close --force`) before the session is deleted
     /// (seed 001: reconcile effects, then delete); new work is refused meanwhile.
     CloseAwaitsResolution {
@@ -224,7 +224,7 @@ pub enum Reason {
     /// A timed-out submission has no turn: it never started (row 21). Never resubmit:
     /// the application decides.
     SubmissionNotFound,
-    // --- Cost and safety ceilings (issue 13). ---
+    // --- Cost and safety ceilings. ---
     /// The executor ran past [`crate::observed::Policy::max_lifetime_secs`] and its session
     /// is idle: stopped at once.
     LifetimeExceeded {

@@ -47,7 +47,7 @@ pub struct Record {
     pub cleanup_required: bool,
     /// Optimistic-concurrency version: every write conditions on it and increments it.
     pub version: u64,
-    /// Reconciliation evidence held for an owner, open and recently resolved (issue 15;
+    /// Reconciliation evidence held for an owner, open and recently resolved (
     /// [`crate::evidence`]). An open entry whose tool did not complete holds the compute:
     /// the idle lease does not stop it until `sandboxctl resolve` closes it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -62,7 +62,7 @@ pub struct Record {
     /// the decision that processed it (the seed's mapping record).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_reconciled_event_id: Option<String>,
-    // --- Cost and safety ceilings (issue 13). ---
+    // --- Cost and safety ceilings. ---
     /// A pending no-work stop ([`crate::observed::Policy::no_work_secs`]): stop exactly
     /// `target` at `due_at` unless work arrives first. Separate from [`Record::lease`]
     /// (the idle lease), which any busy status cancels: a session waiting on a
@@ -89,10 +89,10 @@ pub struct Record {
     /// names a new instance. Observed, not reported: the worker reads the status once the
     /// connection request it started the instance for is no longer required (typically on
     /// the session's `in_progress` webhook), so this is an upper bound of the connect time.
-    /// Feeds the `start_to_connected_seconds` metric (issue 12).
+    /// Feeds the `start_to_connected_seconds` metric.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_connected_at: Option<u64>,
-    /// Issue 27: the current instance was a claimed warm pool member (not a cold start);
+    /// The current instance was a claimed warm pool member (not a cold start);
     /// cleared whenever the record names a new instance. Labels `start_to_connected_seconds`
     /// (`path` = `warm` / `cold`). Absent in records written before the field: `false`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -2,7 +2,7 @@
 //!
 //! agents-api.md: `remote_url` is passed unchanged to the executor on every start. The
 //! executor connects there holding the restricted key, so a session whose `remote_url`
-//! points elsewhere must never get compute (issue 13). The check parses the URL with the
+//! points elsewhere must never get compute. The check parses the URL with the
 //! WHATWG rules (the `url` crate, as reqwest does), so `https://api.openai.com@evil.test/`
 //! has host `evil.test`, and compares the scheme, the host and (when an entry names one)
 //! the port; the URL itself (it may carry a token) is never echoed, only its scheme and
@@ -180,7 +180,7 @@ impl Entry {
     }
 }
 
-/// The `remote_url` allowlist, parsed once when the policy is built (issue 21: parsing
+/// The `remote_url` allowlist, parsed once when the policy is built (parsing
 /// every entry on each `decide()` made a decision ten times slower). Serialises as the
 /// list of entries it was built from; equality is that of the entries' text.
 #[derive(Clone, Debug)]
@@ -366,7 +366,7 @@ mod tests {
         Err(RemoteUrlRefusal::NotCanonical { host: host.into() })
     }
 
-    /// Issue 24: every input the WHATWG parser normalises into an allowed host is refused,
+    /// Every input the WHATWG parser normalises into an allowed host is refused,
     /// because the executor would get the text, which another parser reads otherwise.
     #[test]
     fn texts_that_only_normalise_to_an_allowed_host_are_refused() {

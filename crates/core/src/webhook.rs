@@ -47,7 +47,7 @@ const TAG_DECODE_BUF: usize = 64;
 
 /// Default timestamp tolerance, in seconds, in both directions (official SDK: 300 s).
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
-/// Largest timestamp tolerance a deployment may configure, seconds (issue 24): a signed
+/// Largest timestamp tolerance a deployment may configure, seconds: a signed
 /// delivery can be replayed for as long as its timestamp is accepted, and the events
 /// FIFO queue deduplicates a `webhook-id` for 5 minutes only (SQS
 /// `MessageDeduplicationId`), so the window stays within a few dedup periods. A replay
@@ -349,7 +349,7 @@ impl WebhookVerifier {
         }
         let ts = parse_timestamp(timestamp)?;
         self.check_window(ts, now)?;
-        // The cheap pre-check first (issue 24): decode every `v1,` entry; without one
+        // The cheap pre-check first: decode every `v1,` entry; without one
         // that decodes to a 32-byte tag nothing can match, so the request is refused
         // before any HMAC over the (up to 1 MiB) body is computed.
         let mut saw_v1 = false;

@@ -13,7 +13,7 @@
 //! A snapshot is an EBS snapshot id (`snap-…`) on AWS, an archive name
 //! (`g<generation>-<unix secs>.tar.zst`) in local mode.
 //!
-//! Snapshots take time (issue 23): an EBS snapshot "remains in the pending state until all
+//! Snapshots take time: an EBS snapshot "remains in the pending state until all
 //! of data has been transferred to Amazon S3. This can take several hours" (Amazon EBS
 //! User Guide, "Create Amazon EBS snapshots"), and a `RunTask` `snapshotId` is
 //! `CreateVolume`'s `SnapshotId`, which restores only a `completed` snapshot. So a start
@@ -263,7 +263,7 @@ impl std::str::FromStr for CloseWorkspace {
 ///
 /// `latest_completed`: whether the latest is known [`SnapshotState::Completed`]. When it
 /// is not (still `pending`, or not read), one more is kept: the last completed snapshot is
-/// never pruned while a newer one may still fail (issue 23); the next prune, after the
+/// never pruned while a newer one may still fail; the next prune, after the
 /// newer one completed, deletes it.
 pub fn prune(chain: &[SnapshotRef], keep: u32, latest_completed: bool) -> Vec<SnapshotRef> {
     let keep = keep.max(1).saturating_add(u32::from(!latest_completed));

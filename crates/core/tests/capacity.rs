@@ -1,4 +1,4 @@
-//! Issue 13 item 3, the concurrency cap per deployment: the pure part of the rule, one
+//! The concurrency cap per deployment: the pure part of the rule, one
 //! test per situation. The worker takes an executor slot with a conditional write just
 //! before a start; a start that finds none becomes [`at_capacity`]'s decision.
 

@@ -1,4 +1,4 @@
-//! The cost and safety ceilings of issue 13, one test per rule, named after the situation:
+//! The cost and safety ceilings (docs/DEPLOYING.md, "Ceilings"), one test per rule, named after the situation:
 //! the maximum executor lifetime, idle without work, the replacement cap and the
 //! `remote_url` allowlist. Each asserts the named outcome and the exact side effects.
 
@@ -134,7 +134,7 @@ fn active_turn_evidence_counts_as_busy_for_the_lifetime() {
 fn busy_session_executor_past_the_hard_cap_is_stopped_mid_turn_as_lifetime_hard_cap() {
     let hard = LIFETIME + HOUR;
     let d = decide(&aged(Trigger::Sweep, in_progress(), hard));
-    // Issue 25: stopped mid-turn, so reconciled with evidence for an owner, never silent.
+    // Stopped mid-turn, so reconciled with evidence for an owner, never silent.
     assert_eq!(d.outcome, Outcome::Reconcile);
     assert_eq!(d.reason, Reason::LifetimeHardCap { age_secs: hard });
     assert_eq!(

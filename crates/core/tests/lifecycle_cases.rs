@@ -382,7 +382,7 @@ fn row20_mid_turn_disconnect_with_failed_tool_is_reconciled_never_resubmitted() 
 
 #[test]
 fn row21_submission_timeout_is_uncertain_until_turn_evidence_is_read() {
-    // The one timed-out-input path (issue 25 item 5): the application's report.
+    // The one timed-out-input path: the application's report.
     let o = observe(
         Trigger::TimeoutReported {
             turn_id: Some("turn_2".into()),
@@ -682,7 +682,7 @@ fn every_effect_serializes_for_the_audit_trail() {
     assert_eq!(back, d);
 }
 
-// ---- ECS as it really is (issue 11) ---------------------------------------------------
+// ---- ECS as it really is ---------------------------------------------------
 
 #[test]
 fn second_connection_request_while_the_recorded_task_is_not_visible_yet_waits_never_starts() {

@@ -1,4 +1,4 @@
-//! The metadata ownership rule as a setting (issue 25, F3): parsing `key=value` entries.
+//! The metadata ownership rule as a setting (F3): parsing `key=value` entries.
 
 use sandbox_core::observed::{MetadataRuleError, parse_metadata_rule};
 

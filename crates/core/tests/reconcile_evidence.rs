@@ -1,4 +1,4 @@
-//! Issue 15, "reconcile with evidence": one test per rule, named after the situation.
+//! Reconcile with evidence (docs/OPERATING.md): one test per rule, named after the situation.
 //! Rows 20 and 21 of lifecycle-cases.md held for an owner with the four layers recorded,
 //! resolvable, and turn evidence before every stop of an idle session.
 
@@ -376,7 +376,7 @@ fn evidence_round_trips_through_the_record_json_and_old_records_still_parse() {
     assert!(parsed.evidence.is_empty() && parsed.connection.is_none());
 }
 
-// ----------------------------------------------- the hold beside the ceilings (issue 13)
+// ----------------------------------------------- the hold beside the ceilings
 
 /// A held record (`task-1`, started 3 h ago) whose session waits on a function call and
 /// was last active 2 h ago: past the no-work period (1 h).

@@ -1,4 +1,4 @@
-//! Issue 24 item 3: whatever the `remote_url` allowlist accepts, Python's
+//! Whatever the `remote_url` allowlist accepts, Python's
 //! `urllib.parse.urlsplit` (what a Python executor or tool would use) reads the same host
 //! as the WHATWG parser the check uses. The generated URLs mix the inputs parsers
 //! disagree on (`\`, `@`, percent-encoded and full-width dots, tabs, upper case, numeric

@@ -1,4 +1,4 @@
-//! Issue 25, decided purely: one turn read before every stop of an idle session (its idle
+//! Decided purely: one turn read before every stop of an idle session (its idle
 //! lease, the maximum lifetime, the no-work lease), a hard-cap stop of a busy executor
 //! reconciled with evidence, and the opt-in start on `agent.session.created`.
 

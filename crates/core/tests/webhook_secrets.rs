@@ -1,4 +1,4 @@
-//! Webhook secrets (issue 13 item 6): a list for rotation without downtime, and malformed
+//! Webhook secrets: a list for rotation without downtime, and malformed
 //! secrets refused when the verifier is built, naming the mistake and never the value.
 
 use sandbox_core::webhook::{SecretError, VerifyError, WebhookVerifier};

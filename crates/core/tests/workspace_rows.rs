@@ -1,7 +1,7 @@
-//! Workspaces survive replacement (issue 14): every start that follows a generation names
+//! Workspaces survive replacement: every start that follows a generation names
 //! the environment's latest snapshot to restore (lifecycle-cases.md rows 10 and 11, and a
 //! start after an idle stop); the first start restores nothing. A start restores only a
-//! `completed` snapshot (issue 23): it waits while the latest is `pending`, and a snapshot
+//! `completed` snapshot: it waits while the latest is `pending`, and a snapshot
 //! pending too long, in `error` or gone is a failed start.
 
 mod support;

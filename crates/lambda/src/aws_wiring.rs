@@ -121,7 +121,7 @@ mod controller_stack {
     }
 
     /// The sweeper's controller: the queues, the registry table, ECS; no secret is read
-    /// and no Agents API client is built (issue 24: its role grants no `GetSecretValue`).
+    /// and no Agents API client is built (its role grants no `GetSecretValue`).
     ///
     /// # Errors
     /// [`InitError::Settings`] when the ECS or workspace settings are unusable.

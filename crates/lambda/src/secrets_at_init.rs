@@ -4,7 +4,7 @@
 //!
 //! Each secret is stored as the plain value in `SecretString` (`whsec_...`, `sk-...`).
 //! Surrounding whitespace is ignored in the API key; a webhook secret must be the bare
-//! value (issue 13: whitespace, a `v1,` prefix or another malformed shape is refused, as
+//! value (whitespace, a `v1,` prefix or another malformed shape is refused, as
 //! it would otherwise reject every delivery with 401). The webhook function may read two
 //! secrets, the current one (`WEBHOOK_SECRET_ARN`) and, during a rotation, the previous
 //! one (`WEBHOOK_PREVIOUS_SECRET_ARN`): a delivery signed with either verifies. A secret

@@ -53,7 +53,7 @@
 //! toward the dead-letter queue, where an operator sees it. The same applies when the
 //! deferral's `SendMessage` fails, and to an undecodable body (nothing to defer).
 //!
-//! **The warm pool** (issue 27, docs/WARM_POOL.md "Refill"): with `POOL_SIZE` > 0 a batch
+//! **The warm pool** (docs/WARM_POOL.md "Refill"): with `POOL_SIZE` > 0 a batch
 //! that applied a start (a claim or a cold start after a miss) ends with
 //! [`Controller::refill_pool`], if [`REFILL_BUDGET`] remains before the deadline; and an
 //! EventBridge schedule invokes the function with `{"pool_refill": {}}` (every minute, only

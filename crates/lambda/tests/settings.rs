@@ -149,7 +149,7 @@ fn each_missing_required_controller_variable_is_named_in_the_error() {
     }
 }
 
-/// Issue 24: the sweeper reads no session, so its settings parse without the API key's
+/// The sweeper reads no session, so its settings parse without the API key's
 /// secret; what reads sessions (the worker's cold start, `sandboxctl close`) asks for it
 /// through `api_key_secret()`, which names the variable.
 #[test]
@@ -259,7 +259,7 @@ fn queue_name_is_the_last_segment_of_the_url() {
     );
 }
 
-// ----------------------------------------------------------------- issue 13: ceilings
+// ----------------------------------------------------------------- ceilings
 
 #[test]
 fn ceilings_default_when_unset() {
@@ -372,7 +372,7 @@ fn webhook_reads_the_previous_secret_arn_and_the_tolerance() {
     for (var, value) in [
         ("WEBHOOK_TOLERANCE_SECS", "0"),
         ("WEBHOOK_TOLERANCE_SECS", "five"),
-        // Issue 24: capped at 900 s (replays past the FIFO deduplication otherwise).
+        // Capped at 900 s (replays past the FIFO deduplication otherwise).
         ("WEBHOOK_TOLERANCE_SECS", "901"),
         ("WEBHOOK_PREVIOUS_SECRET_ARN", "whsec_pastedthesecretitself"),
     ] {
@@ -415,7 +415,7 @@ fn workspace_volume_settings_are_read_with_their_default_type() {
     assert_eq!(ws.iops, Some(3000));
 }
 
-/// Issue 23 item 5: only volumes `RunTask` accepts (ECS API reference,
+/// Only volumes `RunTask` accepts (ECS API reference,
 /// TaskManagedEBSVolumeConfiguration): each type's size range, `iops` where the type needs
 /// or takes it, `throughput` on gp3 only; every mistake fails at start-up naming the
 /// variable at fault.
@@ -641,7 +641,7 @@ fn invalid_workspace_volume_settings_name_the_variable_and_never_repeat_the_valu
     }
 }
 
-/// Issue 25: `OWNER_METADATA` (the metadata ownership rule, beside `AGENT_IDS`) and
+/// `OWNER_METADATA` (the metadata ownership rule, beside `AGENT_IDS`) and
 /// `PROVISION_ON` (worker, sweeper and webhook), parsed or refused naming the variable.
 #[test]
 fn owner_metadata_and_provision_on_are_read_or_refused_by_name() {
@@ -706,7 +706,7 @@ fn owner_metadata_and_provision_on_are_read_or_refused_by_name() {
     ));
 }
 
-/// Issue 27 (docs/WARM_POOL.md): the warm pool is off unless `POOL_SIZE` > 0; then its
+/// The warm pool (docs/WARM_POOL.md) is off is off unless `POOL_SIZE` > 0; then its
 /// table and the task role's unique id are required, by name.
 #[test]
 fn the_warm_pool_is_off_by_default_and_needs_its_table_and_task_role_id_when_on() {

@@ -439,7 +439,7 @@ async fn a_job_past_the_hand_off_cap_is_retried_on_its_own_queue_toward_the_dead
     );
 }
 
-/// Issue 27: with the warm pool on, a batch that applied a start ends with a refill (the
+/// With the warm pool on, a batch that applied a start ends with a refill (the
 /// claim's member is replaced); a batch that started nothing does not refill.
 #[tokio::test]
 async fn a_batch_that_started_an_executor_ends_with_a_pool_refill() {

@@ -1,5 +1,5 @@
 //! The worker on real SQS semantics (moto, through `tests/moto/run.sh`): what becomes of
-//! the records of a batch it does not attempt (issue 23 item 3). The registry, compute
+//! the records of a batch it does not attempt. The registry, compute
 //! and Agents API are the in-memory doubles; both queues are `SqsQueue`s on moto with
 //! redrive policies, as deployed.
 
@@ -217,7 +217,7 @@ fn job_of(r: &SqsMessage) -> Job {
     serde_json::from_str(r.body.as_deref().unwrap()).unwrap()
 }
 
-/// Issue 23 item 3: a batch whose invocation has less than the record budget left
+/// A batch whose invocation has less than the record budget left
 /// attempts its first record only; every other record is visible again at once — its job
 /// as a new timers message (receive count 1: not one step closer to the dead-letter
 /// queue) — and nothing waits out the 900 s visibility timeout. A job past the hand-off

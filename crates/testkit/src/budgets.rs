@@ -20,11 +20,11 @@ use sandbox_core::ids::{EnvironmentId, SessionId};
 use sandbox_core::observed::Trigger;
 use sandbox_core::session::SessionStatus;
 
-/// Target: remote calls of a start (issue 6).
+/// Target: remote calls of a start.
 pub const START_MAX_REMOTE_CALLS: usize = 4;
-/// Target: remote reads of a duplicate delivery (issue 6).
+/// Target: remote reads of a duplicate delivery.
 pub const DUPLICATE_MAX_REMOTE_READS: usize = 2;
-/// Target: remote writes of a duplicate delivery (issue 6).
+/// Target: remote writes of a duplicate delivery.
 pub const DUPLICATE_MAX_REMOTE_WRITES: usize = 0;
 
 /// The calls one transition made.
@@ -215,7 +215,7 @@ pub async fn measure_recovered_start() -> Transition {
 }
 
 /// A sweep that finds an idle environment's shutdown lease due (the lease's own timer
-/// was lost or is late): the sweep stops the compute, after one turns read (issue 15:
+/// was lost or is late): the sweep stops the compute, after one turns read (
 /// turn evidence before every stop of an idle session). Measured with
 /// `settled_resweep_secs = 0`, the sweep's fixed cost (registry and provider listings)
 /// included.

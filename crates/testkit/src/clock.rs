@@ -97,7 +97,7 @@ impl Clock for SimClock {
 /// A host's view of a [`SimClock`], running `ahead_ms` ahead of it: another machine's
 /// clock. NTP keeps hosts within milliseconds, but the controller reads whole seconds
 /// ([`Clock::now`]), so two hosts can disagree by a second at a boundary: the simulation
-/// gives the warm pool's refill such a clock (issue 27), so that a member at its maximum
+/// gives the warm pool's refill such a clock, so that a member at its maximum
 /// age is recycled by the refill while a worker may still claim it.
 #[derive(Clone, Debug)]
 pub struct SkewedClock {

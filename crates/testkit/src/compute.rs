@@ -32,7 +32,7 @@
 //! `DescribeTasks`, `describe_many` of n ids ⌈n/100⌉, a list of L live tasks
 //! max(1, ⌈L/100⌉) `ListTasks` pages and ⌈L/100⌉ `DescribeTasks`.
 //!
-//! Workspaces follow Amazon EBS (issue 23): a snapshot is `pending` for
+//! Workspaces follow Amazon EBS: a snapshot is `pending` for
 //! [`SnapshotTiming::pending_secs`] on the twin's clock, then `completed` (or, for
 //! [`SnapshotTiming::error_per_mille`] of them, `error`); "Snapshot creation is
 //! asynchronous ... it remains in the pending state until all of data has been transferred
@@ -71,7 +71,7 @@ pub struct ComputeTiming {
     pub stop_secs: u64,
 }
 
-/// How EBS snapshots take time on the twin (issue 23). Default: instant and never `error`
+/// How EBS snapshots take time on the twin. Default: instant and never `error`
 /// (the contract suite); the simulation keeps them `pending` for minutes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotTiming {
@@ -81,7 +81,7 @@ pub struct SnapshotTiming {
     pub error_per_mille: u64,
 }
 
-/// How warm pool members (issue 27) behave on the twin. Default: a member is `RUNNING` at
+/// How warm pool members behave on the twin. Default: a member is `RUNNING` at
 /// once and a recycle's stop always goes out (the contract suite). The simulation makes
 /// them behave as on AWS, where a member is a Fargate task started by `RunTask` and a
 /// recycle is two requests (docs/WARM_POOL.md, "ECS calls").
@@ -266,12 +266,12 @@ pub struct EcsAnswers {
     pub failing_starts: u64,
     /// Requests throttled.
     pub throttled: u64,
-    /// Snapshot state reads answered `pending` (issue 23: a start waited for one).
+    /// Snapshot state reads answered `pending` (a start waited for one).
     pub snapshot_pending_reads: u64,
-    /// Recycles whose guard found the member claimed since (issue 27: left to its
+    /// Recycles whose guard found the member claimed since (left to its
     /// environment).
     pub recycles_lost_to_claims: u64,
-    /// Claims of a member still `PROVISIONING` (issue 27).
+    /// Claims of a member still `PROVISIONING`.
     pub claims_provisioning: u64,
 }
 
@@ -294,7 +294,7 @@ pub enum ComputeEvent {
         /// Unix milliseconds.
         at_ms: u64,
     },
-    /// A start named a snapshot that is not `completed` (issue 23): refused like EC2's
+    /// A start named a snapshot that is not `completed`: refused like EC2's
     /// `CreateVolume` (`IncorrectState`), answered as a failed start. A controller that
     /// restores only completed snapshots never causes one.
     RestoreRefused {
@@ -361,7 +361,7 @@ struct State {
     by_id: HashMap<InstanceId, usize>,
     /// The latest instance started with each (deployment, token).
     by_token: HashMap<(DeploymentId, String), usize>,
-    /// The member each (deployment, token) claimed (issue 27). Apart from `by_token`, as
+    /// The member each (deployment, token) claimed. Apart from `by_token`, as
     /// on AWS: the pool's token items are the pool's, and ECS knows only `RunTask`'s own
     /// `clientToken`s, so a cold start with a token that claimed a member starts a new
     /// task, and a claim with a token that started cold claims anew.
@@ -383,7 +383,7 @@ struct State {
     snapshots: HashMap<String, TwinSnapshot>,
     /// Counter of volume and snapshot ids.
     ws_next: u64,
-    /// Warm pool members (issue 27), in start order.
+    /// Warm pool members, in start order.
     pool: Vec<TwinPoolMember>,
     /// How members behave ([`TwinCompute::set_pool_timing`]).
     pool_timing: PoolTiming,
@@ -394,7 +394,7 @@ struct State {
     cold_start_secs: Option<(u64, u64)>,
 }
 
-/// Where a warm pool member of the twin stands (issue 27).
+/// Where a warm pool member of the twin stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemberState {
     /// In the pool, live, serving no environment.
@@ -568,12 +568,12 @@ impl TwinCompute {
         })
     }
 
-    /// From now on, new snapshots take time as `timing` says (issue 23).
+    /// From now on, new snapshots take time as `timing` says.
     pub fn set_snapshot_timing(&self, timing: SnapshotTiming) {
         self.state().snapshot_timing = timing;
     }
 
-    /// From now on, pool members behave as `timing` says (issue 27); members already
+    /// From now on, pool members behave as `timing` says; members already
     /// started keep their start time.
     pub fn set_pool_timing(&self, timing: PoolTiming) {
         self.state().pool_timing = timing;
@@ -1142,7 +1142,7 @@ impl Workspaces for TwinCompute {
             })
             .collect();
         // Which volumes an instance still uses, in one pass over the instances (asking
-        // `volume_in_use` per volume made the sweep quadratic in the deployment: issue 22).
+        // `volume_in_use` per volume made the sweep quadratic in the deployment).
         let in_use: std::collections::HashSet<(&EnvironmentId, Generation)> = s
             .instances
             .iter()

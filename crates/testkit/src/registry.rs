@@ -2,12 +2,12 @@
 //! the delivery ledger, the audit trail and receipts, in memory (DynamoDB semantics as
 //! `sandbox-aws` uses them).
 //!
-//! Reads cost what DynamoDB's would (issue 22): the open records are kept in their own
+//! Reads cost what DynamoDB's would: the open records are kept in their own
 //! index (the sparse `by_open` index), receipts per effect key (one partition), and
 //! [`TwinRegistry::items_read`] counts every item a read examined, so a test can show
 //! that the sweep's reads do not grow with closed records or history.
 //!
-//! History expires as on DynamoDB (issue 22 item 2): a receipt with `at` + the history
+//! History expires as on DynamoDB: a receipt with `at` + the history
 //! retention ([`TwinRegistry::with_history_retention`], default
 //! [`DEFAULT_HISTORY_RETENTION_SECS`]) `<= now` of the registry's clock reads as absent,
 //! whether or not TTL deleted it yet; a read still examines it (TTL deletes late, and
@@ -47,11 +47,11 @@ struct State {
     open: BTreeSet<EffectKey>,
     /// Items examined by reads so far (records, receipts, slot items).
     items_read: u64,
-    /// Executor slots (issue 13 item 3): holders by effect key (acquired at) and the
+    /// Executor slots: holders by effect key (acquired at) and the
     /// deployment's counter, changed together under the state's mutex (one transaction).
     slot_holders: BTreeMap<EffectKey, u64>,
     slots_in_use: u64,
-    /// Terminal records of closes (issue 25): written once, never expire.
+    /// Terminal records of closes: written once, never expire.
     terminals: BTreeMap<EffectKey, TerminalRecord>,
 }
 

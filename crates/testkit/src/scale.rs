@@ -1,4 +1,4 @@
-//! ECS calls per worker job and per sweep as the deployment grows (issue 11): what
+//! ECS calls per worker job and per sweep as the deployment grows: what
 //! `make bench` prints as its scale table and what `tests/scale.rs` bounds.
 //!
 //! A world of N environments is built through the controller itself (each environment's
@@ -18,7 +18,7 @@
 //!   connection), timed (wall clock, this process);
 //! - **sweep fan-out**: the same read, the jobs sent to the timers queue instead, timed.
 //!
-//! Registry and queue cost (issue 22 item 5): the twin registry counts the items each read
+//! Registry and queue cost: the twin registry counts the items each read
 //! examines ([`crate::registry::TwinRegistry::items_read`], as DynamoDB would for the
 //! layout of `sandbox_aws::dynamo_registry`), the counting ports count registry writes and
 //! queue calls. [`measure_scale_with_history`] first adds `days` of history: per

@@ -160,7 +160,7 @@ impl TwinSessions {
     }
 
     /// How many turns the session has: the twin never adds one itself, so a test can
-    /// assert that the controller submitted no input (issue 15: never resubmit).
+    /// assert that the controller submitted no input (never resubmit).
     pub fn turn_count(&self, session: &SessionId) -> usize {
         self.state().turns.get(session).map_or(0, Vec::len)
     }

@@ -31,14 +31,14 @@
 //! names it; nothing lost (a session that still requires a connection has exactly one
 //! active compute; deleted, failed, closed and idle sessions have none).
 //!
-//! Snapshots take time (issue 23, [`SimConfig::snapshots`]: `pending` for minutes by
+//! Snapshots take time ([`SimConfig::snapshots`]: `pending` for minutes by
 //! default). Checked after every step: no start restored from a snapshot that is not
 //! `completed` (the twin refuses it, [`ComputeEvent::RestoreRefused`]), and no working
 //! copy with snapshots was deleted before one of them was `completed` and named by its
 //! environment's record ([`ComputeEvent::VolumeDeleted`]; a discard, and a closed or
 //! missing record, delete on purpose).
 //!
-//! **The warm pool** (issue 27, docs/WARM_POOL.md): [`SimConfig::pool_percent`] of the
+//! **The warm pool** (docs/WARM_POOL.md): [`SimConfig::pool_percent`] of the
 //! schedules, chosen from the seed by a generator of their own (the other schedules are
 //! exactly those of their seed before the pool), run with the pool on — 1 to 3 members,
 //! a maximum age of 2 to 10 simulated minutes so that members age out during the
@@ -131,16 +131,16 @@ pub struct SimConfig {
     /// Percent of sweeps run as [`Controller::sweep_fan_out`] (jobs to the sweep queue,
     /// decided by the workers) rather than [`Controller::sweep`] (in place).
     pub fan_out_percent: u64,
-    /// The Lambda timeouts (issue 23 item 1): a worker step dies
+    /// The Lambda timeouts: a worker step dies
     /// [`Deadlines::worker_secs`] after it began and a sweep [`Deadlines::sweeper_secs`]
     /// after, at that instant, like a crash (Lambda ends an invocation at its timeout
     /// wherever it stands). `None`: actors never time out. Default: the templates' 150 s
     /// and 300 s (infra/sam/template.yaml).
     pub deadlines: Option<Deadlines>,
-    /// How workspace snapshots take time (issue 23). Default: `pending` for 120 s, never
+    /// How workspace snapshots take time. Default: `pending` for 120 s, never
     /// `error`.
     pub snapshots: SnapshotTiming,
-    /// Percent of schedules run with the warm pool on (issue 27; see the module doc).
+    /// Percent of schedules run with the warm pool on (see the module doc).
     /// Default: 30.
     pub pool_percent: u64,
     /// How pool members behave on the twin in those schedules (during the chaos; the
@@ -260,12 +260,12 @@ pub struct ScheduleReport {
     pub fan_out_sweeps: usize,
     /// Actors killed at their invocation's deadline ([`SimConfig::deadlines`]).
     pub deadline_kills: usize,
-    /// Workspace volumes deleted (each checked: issue 23).
+    /// Workspace volumes deleted (each checked).
     pub volumes_deleted: usize,
     /// What the ECS-like compute twin did: reads answered `MISSING` because the task was
     /// new or forgotten, token replays, starts that ended `TaskFailedToStart`.
     pub ecs: crate::compute::EcsAnswers,
-    /// What the warm pool did (issue 27; all zero when it was off).
+    /// What the warm pool did (all zero when it was off).
     pub pool: PoolReport,
     /// Environments whose executors never connect.
     pub broken_environments: usize,
@@ -275,7 +275,7 @@ pub struct ScheduleReport {
     pub broken_max_in_hour: usize,
 }
 
-/// What the warm pool did in a schedule (issue 27).
+/// What the warm pool did in a schedule.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolReport {
     /// The pool was on.
@@ -446,7 +446,7 @@ impl Sim {
         let sessions = TwinSessions::new();
         let n_envs = 1 + rng.index(3);
         let n_workers = 2 + rng.index(3);
-        // Issue 27: the pool, from a generator of its own, so that a schedule without it
+        // The pool, from a generator of its own, so that a schedule without it
         // is the one its seed gave before the pool.
         let mut pool_rng = SimRng::new(seed ^ 0x706f_6f6c_5f73_696d);
         let (pool, cap, refill_ahead_ms) = if pool_rng.chance(cfg.pool_percent) {
@@ -742,7 +742,7 @@ impl Sim {
         }
     }
 
-    /// An idle member (or a recycled one still running) dies on its own (issue 27).
+    /// An idle member (or a recycled one still running) dies on its own.
     fn kill_idle_member(&mut self) {
         let idle: Vec<_> = self
             .compute
@@ -807,7 +807,7 @@ impl Sim {
         );
     }
 
-    /// Spawns the refill (issue 27) unless the pool is off or a refill runs. On AWS it is
+    /// Spawns the refill unless the pool is off or a refill runs. On AWS it is
     /// a worker job, so it has the worker's deadline.
     fn spawn_refill(&mut self) {
         if self.pool.size == 0 || self.sched.has("refill") {
@@ -953,7 +953,7 @@ impl Sim {
         self.check_pool(actor)
     }
 
-    /// Issue 27, after every step, by the twin's ground truth: single-use (a member is
+    /// After every step, by the twin's ground truth: single-use (a member is
     /// claimed by at most one environment, ever, and never returns to the pool), a
     /// recycled member is never claimed (nor a claimed one recycled), and with the cap on
     /// the idle members stay within the cap minus the slots in use at the read of the
@@ -1030,7 +1030,7 @@ impl Sim {
         Ok(())
     }
 
-    /// A `pool_max_age` stop (issue 27) hits a member no environment claimed, which its
+    /// A `pool_max_age` stop hits a member no environment claimed, which its
     /// recycle's guard took (idle → recycled) first.
     fn check_recycle_stop(
         &self,
@@ -1159,7 +1159,7 @@ impl Sim {
         self.check_one_active(actor)
     }
 
-    /// Issue 23: a working copy with snapshots is deleted (other than by a discard, or
+    /// A working copy with snapshots is deleted (other than by a discard, or
     /// for a closed or missing record) only once one of them is `completed` and the environment's
     /// record names it: the files are never left only in a snapshot nobody recorded or
     /// that may still fail.
@@ -1234,7 +1234,7 @@ impl Sim {
             "closed" => record
                 .as_ref()
                 .is_some_and(|r| r.cleanup_required || r.status == RecordStatus::Closed),
-            // Issue 13's ceilings, each by its own evidence.
+            // The ceilings, each by its own evidence.
             "replacement_cap" => {
                 let policy = &self.sweeper.config.policy;
                 let now = self.clock.now();
@@ -1275,7 +1275,7 @@ impl Sim {
         }
     }
 
-    /// Issue 27, after the settle (which ends with a refill): the pool holds at most its
+    /// After the settle (which ends with a refill): the pool holds at most its
     /// size in idle members, none past its maximum age (they were recycled), no recycled
     /// member still runs, and with the cap on slots in use plus idle members are within it.
     fn check_final_pool(&self) -> Result<(), Violation> {
@@ -1397,7 +1397,7 @@ impl Sim {
                             && now < f.last_failed_at + policy.start_backoff_secs(f.attempts))
                 })
             });
-            // Issue 13: after `max_replacements` executors in the window never connected,
+            // After `max_replacements` executors in the window never connected,
             // nothing starts until the window frees: held for an owner, not lost.
             let replacement_cap = policy.max_replacements > 0
                 && record.as_ref().is_some_and(|r| {
@@ -1408,13 +1408,13 @@ impl Sim {
                         >= policy.max_replacements as usize
                 });
             // An operator close that waits for an owner to resolve open evidence rejects
-            // new work until then (lifecycle-cases.md row 25, issue 15): held, not lost.
-            // Snapshots that take time (issue 23) make a start wait minutes, so such a
+            // new work until then (lifecycle-cases.md row 25): held, not lost.
+            // Snapshots that take time make a start wait minutes, so such a
             // close can now come before the start it used to follow.
             let close_held = record
                 .as_ref()
                 .is_some_and(|r| r.cleanup_required && r.open_evidence().next().is_some());
-            // Issue 23: a start waiting for the snapshot it restores (still `pending` at
+            // A start waiting for the snapshot it restores (still `pending` at
             // the end, a recheck queued) is deferred, not lost.
             let now_ms = self.clock.now_ms();
             let snapshot_wait = recheck_queued
@@ -1593,7 +1593,7 @@ impl Sim {
                 self.run_to_idle().await?;
             }
         }
-        // Issue 27: the last refill recycles what aged since the one before and stops
+        // The last refill recycles what aged since the one before and stops
         // what a recycle left running.
         self.spawn_refill();
         self.run_to_idle().await?;

@@ -108,7 +108,7 @@ async fn current_remote_call_sequences_are_pinned() {
     );
 }
 
-/// Issue 15: turn evidence before every stop of an idle session, and only one turns read
+/// Turn evidence before every stop of an idle session, and only one turns read
 /// per stop decision (no items read): on the lease's own timer and on a sweep that finds
 /// the lease due.
 #[tokio::test]
@@ -175,7 +175,7 @@ async fn a_job_never_lists_the_deployment() {
 /// read the record and the release carried record, audit and ledger): reported, not
 /// weakened. The fifth is the ledger read that keeps a duplicate delivery write-free.
 #[tokio::test]
-#[ignore = "controller exceeds the target: a start makes 5 remote calls (registry included); see the report in issue 6"]
+#[ignore = "controller exceeds the target: a start makes 5 remote calls (registry included); see docs/PERFORMANCE.md"]
 async fn a_start_costs_at_most_four_remote_calls() {
     let t = transition("start").await;
     assert!(

@@ -1,4 +1,4 @@
-//! Issue 13 item 3, the concurrency cap per deployment, through the worker and the sweeper
+//! The concurrency cap per deployment, through the worker and the sweeper
 //! over the twins: the slot is taken before a start and only then, a start at the cap
 //! waits (reason `capacity_limit`, rechecked through the timers queue, not handed off),
 //! slots come back once no compute lives, a lost lock or a registry failure starts

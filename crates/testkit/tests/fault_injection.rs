@@ -1,4 +1,4 @@
-//! Fault injection (issue 6, part 5): every port fails on demand — throttling, timeouts,
+//! Fault injection (part 5): every port fails on demand — throttling, timeouts,
 //! 5xx, lost responses, failed starts with HTTP 200, `MISSING` read-backs, conditional-
 //! check failures — and the controller loses nothing, never loops tightly (every retry
 //! waits, observably, in simulated time), and never starts or stops on missing evidence.

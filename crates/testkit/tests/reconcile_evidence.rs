@@ -1,4 +1,4 @@
-//! Issue 15 through the worker over the twins: evidence recorded on the record, held
+//! Reconcile with evidence through the worker over the twins: evidence recorded on the record, held
 //! compute, an owner's resolution through the lock path, timed-out submissions answered
 //! without resubmitting, turn evidence before stops, and the mapping fields.
 
@@ -295,7 +295,7 @@ async fn row21_reported_timeouts_record_four_outcomes_and_never_resubmit() {
     assert_eq!(turns, turns_before);
 }
 
-/// Issue 12: the time from `RunTask` to the executor connected. The first job after the
+/// The time from `RunTask` to the executor connected. The first job after the
 /// connection request is answered (the session's `in_progress`) reads the environment once,
 /// records when it first saw this instance connected and the `start_to_connected_seconds`
 /// metric; later jobs read nothing more for it, and a new instance starts over.
@@ -406,7 +406,7 @@ async fn a_held_generation_stopped_anyway_names_its_snapshot_and_retention_keeps
     assert_eq!(ids[0], snapshot, "the evidence's snapshot is kept");
 }
 
-/// Issue 25 (F9): a close with open evidence waits for `resolve` (nothing deleted, nothing
+/// A close with open evidence waits for `resolve` (nothing deleted, nothing
 /// stopped, no terminal record); once resolved it ends by storing the terminal record
 /// once, as its own item, with seed 001's fields; a later close leaves it as it was; a
 /// close forced past open evidence says so.

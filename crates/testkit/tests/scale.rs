@@ -1,4 +1,4 @@
-//! ECS calls per job are flat and per sweep linear in the deployment's size (issue 11):
+//! ECS calls per job are flat and per sweep linear in the deployment's size:
 //! counted, not timed. See `sandbox_testkit::scale` for the world and the jobs.
 
 use sandbox_testkit::scale::{ScaleRow, measure_scale};

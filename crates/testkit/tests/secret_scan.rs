@@ -1,4 +1,4 @@
-//! No secret in any log (issue 6, part 6): every tracing event at every level is captured
+//! No secret in any log (part 6): every tracing event at every level is captured
 //! while the pipeline runs — webhook intake (accepted, forged, malformed, queue down),
 //! worker, sweep, close, failure paths, and the real Agents API client failing against a
 //! closed port — with the webhook secret, the API key and the executor key set to

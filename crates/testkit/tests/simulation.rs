@@ -1,19 +1,19 @@
-//! Deterministic simulation of the invariants (issue 6, part 3): seeded schedules of N
+//! Deterministic simulation of the invariants (part 3): seeded schedules of N
 //! workers, the sweeper and an operator close over the interleaved twins, with crashes at
 //! every side-effect boundary, lost and duplicated messages and simulated time. See
 //! `sandbox_testkit::sim` for what each schedule does and checks.
 //!
 //! - `SIM_SCHEDULES=n` runs n schedules (default 2,000, the ECS-like compute twin on:
 //!   visibility lag, forgetting, failed starts, the token window; snapshots `pending` for
-//!   120 s, issue 23; the warm pool in 30 % of them, issue 27); `make soak` uses 1,000,000.
+//!   120 s,; the warm pool in 30 % of them); `make soak` uses 1,000,000.
 //! - `SIM_SEED=s` replays exactly the schedule of seed `s` (printed on failure).
 //! - `SIM_BASE=b` changes the base the schedule seeds derive from (default 0).
-//! - `SIM_POOL_PERCENT=p` runs p % of the schedules with the warm pool (issue 27; default
+//! - `SIM_POOL_PERCENT=p` runs p % of the schedules with the warm pool (default
 //!   30; 0: none, 100: all).
 //! - `SIM_REFILL_AHEAD_MS=ms`: how far ahead of the workers' clock the refill's may run
 //!   (default 2,000; larger makes the race of a recycle with a claim frequent).
 //! - `SIM_CAP_SLACK=n` also checks, in the schedules with the warm pool and the executor
-//!   cap (issue 27), that slots in use plus idle members never exceed the cap by more
+//!   cap, that slots in use plus idle members never exceed the cap by more
 //!   than n (`plan_refill`'s doc says 1; seed 17218092366221545609 shows 2: see
 //!   `SimConfig::cap_slack`).
 
@@ -61,7 +61,7 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
     let base = env_u64("SIM_BASE").unwrap_or(0);
     let started = Instant::now();
     let mut total = ScheduleReport::default();
-    // Issue 27: the warm pool's counters, and in how many schedules it was on (capped).
+    // The warm pool's counters, and in how many schedules it was on (capped).
     let mut pool = PoolReport::default();
     let (mut pool_schedules, mut capped_schedules) = (0u64, 0u64);
     // Progress on long runs (make soak): every tenth, at least every 100,000 schedules.
@@ -188,7 +188,7 @@ fn seeded_schedules_with_crashes_keep_every_invariant() {
     );
 }
 
-/// Issue 23 item 1: every job has its invocation's deadline and dies at that instant,
+/// Every job has its invocation's deadline and dies at that instant,
 /// like a crash. With deadlines far shorter than the templates' (a worker step 20 s, a
 /// sweep 40 s: the chaos clock often jumps past them mid-job), many jobs are killed
 /// mid-effect — after the lock, after a start, mid-stop — and still every schedule keeps

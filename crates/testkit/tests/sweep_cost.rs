@@ -1,4 +1,4 @@
-//! Issue 22: the sweep's cost is that of what is live, never of history; a no-effect sweep
+//! The sweep's cost is that of what is live, never of history; a no-effect sweep
 //! writes nothing; a fanned-out sweep fits its schedule. Counted on the twins (items each
 //! registry read examines, registry writes and queue calls through the counting ports);
 //! the moto-backed counterpart of the first test is in `crates/aws/tests/moto/registry.rs`.
@@ -113,7 +113,7 @@ async fn sweep_fan_out_fits_the_schedule() {
     assert_eq!(report.queue_calls, N.div_ceil(10), "{report:?}");
     assert_eq!(calls.of("queue", "send_batch"), N.div_ceil(10));
     assert_eq!(calls.of("queue", "send"), 0, "no one-by-one sends");
-    // Issue 24: the sweeper function holds no Agents API key (aws_wiring::
+    // The sweeper function holds no Agents API key (aws_wiring::
     // sweeper_controller, NoSessions): its sweep reads no session.
     assert_eq!(calls.of_port("agents_api"), 0, "a sweep reads no session");
     assert_eq!((report.enqueued, report.deferred), (N - 2, 2), "{report:?}");

@@ -1,4 +1,4 @@
-//! Issue 27, the warm pool, through the worker over the twins: a start claims an idle
+//! The warm pool, through the worker over the twins: a start claims an idle
 //! member (one conditional write) and records it like a started compute; a miss starts
 //! cold; members past their age are never claimed and the refill recycles them.
 

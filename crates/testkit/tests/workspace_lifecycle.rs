@@ -1,4 +1,4 @@
-//! Workspaces over the twins (issue 14): the worker snapshots after the read-back, keeps
+//! Workspaces over the twins: the worker snapshots after the read-back, keeps
 //! the last `snapshot_keep` per environment, restores the latest into the next
 //! generation, applies the close disposition, and the sweeper deletes expired snapshots
 //! and orphaned volumes.
@@ -211,7 +211,7 @@ async fn the_sweeper_deletes_expired_snapshots_and_orphaned_volumes_only() {
     world.clock.advance(Duration::from_secs(600));
     let r = c.sweep().await.unwrap();
     // The orphaned volume, and the closed session's working copy: a save never deletes
-    // it (issue 23), the sweeper does once its recorded snapshot is completed.
+    // it, the sweeper does once its recorded snapshot is completed.
     assert_eq!(
         r.workspaces_deleted, 2,
         "the orphaned volume and the saved working copy"
@@ -234,7 +234,7 @@ async fn the_sweeper_deletes_expired_snapshots_and_orphaned_volumes_only() {
     );
 }
 
-/// A world whose snapshots stay `pending` for 120 s (issue 23).
+/// A world whose snapshots stay `pending` for 120 s.
 fn pending_world() -> World {
     let world = World::new();
     world
@@ -255,7 +255,7 @@ fn restores_refused(world: &World) -> usize {
         .count()
 }
 
-/// Issue 23: generation 1 stopped on its own; the next start saves it, and its snapshot
+/// Generation 1 stopped on its own; the next start saves it, and its snapshot
 /// is `pending`: nothing starts (the twin would refuse the restore) until it completed,
 /// the wait visible as `snapshot_pending`; then generation 2 restores generation 1's files.
 #[tokio::test]
@@ -305,7 +305,7 @@ async fn a_start_never_restores_from_a_pending_snapshot() {
     assert_eq!(restores_refused(&world), 0);
 }
 
-/// Issue 23: the working copy outlives its save; it is deleted only after the record
+/// The working copy outlives its save; it is deleted only after the record
 /// names its snapshot and the snapshot completed (by the sweeper here), and a snapshot
 /// newer than the latest an open record names is never swept.
 #[tokio::test]

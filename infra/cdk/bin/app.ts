@@ -75,7 +75,7 @@ function code(): SandboxLifecycleCode {
   return { webhook: zip("webhook"), worker: zip("worker"), sweeper: zip("sweeper") };
 }
 
-/** `key=value,key=value` context as a metadata map (issue 25: `OWNER_METADATA`). */
+/** `key=value,key=value` context as a metadata map (`OWNER_METADATA`). */
 function metadataPairs(key: string): Record<string, string> | undefined {
   const items = list(key);
   if (items === undefined) return undefined;

@@ -28,7 +28,7 @@ import { ExecutorEgressFilter, executorEgressProblems } from "./executor-egress"
 
 /** The executor container's name in the task definition (the agent's commands run there). */
 export const EXECUTOR_CONTAINER_NAME = "executor";
-/** The forwarder container's name (issue 26, split mode): the key holder, `CONTAINER_NAME`. */
+/** The forwarder container's name (split mode): the key holder, `CONTAINER_NAME`. */
 export const FORWARDER_CONTAINER_NAME = "forwarder";
 /** Where the listening executor serves its WebSocket inside the task (loopback only). */
 export const EXECUTOR_LISTEN_URL = "ws://127.0.0.1:7070";
@@ -150,14 +150,14 @@ export interface SandboxLifecycleProps {
   /** `WORKSPACE_VOLUME_THROUGHPUT`: gp3 throughput, MiB/s, 125-1000. @default unset */
   readonly workspaceVolumeThroughput?: number;
   /**
-   * `EXECUTOR_MODE` (issue 26): `split` = the executor container holds no credential, a
+   * `EXECUTOR_MODE`: `split` = the executor container holds no credential, a
    * forwarder container of the same task holds the key and runs `codex exec-server forward`;
    * `single` = fallback for codex without `forward`, the executor container holds the key.
    * @default "split"
    */
   readonly executorMode?: string;
   /**
-   * `POOL_SIZE` (issue 27, docs/WARM_POOL.md): idle executor tasks kept running for the next
+   * `POOL_SIZE` (docs/WARM_POOL.md): idle executor tasks kept running for the next
    * starts (they count toward `maxExecutors`). 0 = off: no pool table, no task-role policy.
    * Needs `executorMode` split (in single mode the executor holds the key from its first
    * instant); synthesis refuses the combination. @default 0
@@ -226,7 +226,7 @@ export interface SandboxLifecycleProps {
    */
   readonly workerSweepMaximumConcurrency?: number;
   /**
-   * Reserved concurrency of the public webhook function (issue 24): a flood of unsigned
+   * Reserved concurrency of the public webhook function: a flood of unsigned
    * POSTs is throttled there instead of taking the account's regional concurrency. 1-1000.
    * @default 10
    */
@@ -262,7 +262,7 @@ export class SandboxLifecycle extends Construct {
   /** The sweep's jobs, one per environment (standard; consumed by the worker). */
   public readonly sweepQueue: sqs.Queue;
   public readonly table: dynamodb.Table;
-  /** The warm pool's table (issue 27); only with `poolSize > 0`. */
+  /** The warm pool's table; only with `poolSize > 0`. */
   public readonly poolTable?: dynamodb.Table;
   public readonly cluster: ecs.CfnCluster;
   public readonly taskDefinition: ecs.CfnTaskDefinition;
@@ -351,7 +351,7 @@ export class SandboxLifecycle extends Construct {
       projectionType: dynamodb.ProjectionType.ALL,
     });
 
-    // The warm pool's table (issue 27, docs/WARM_POOL.md "The pool table"; the schema of
+    // The warm pool's table (docs/WARM_POOL.md "The pool table"; the schema of
     // crates/aws/src/pool_table.rs), only with the pool on. Apart from the registry, so the
     // executor task role's one grant can never reach a registry item. Sparse GSIs by_idle
     // (idle members, oldest first), by_pool (the refill's own items: launches, idle and
@@ -445,7 +445,7 @@ export class SandboxLifecycle extends Construct {
             new iam.PolicyStatement({
               sid: "ImagePull",
               actions: ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
-              // The executor image's repository only (issue 24), from executorImage.
+              // The executor image's repository only, from executorImage.
               resources: [executorRepositoryArn(stack, props.executorImage)],
             }),
           ],
@@ -453,7 +453,7 @@ export class SandboxLifecycle extends Construct {
       },
     });
     // The executor task's own role (what code in either container can use). Without the
-    // pool: no policy at all (codex exec-server calls no AWS API). With the pool (issue 27):
+    // pool: no policy at all (codex exec-server calls no AWS API). With the pool:
     // one statement, GetItem of the task's own member item and nothing else. ECS assumes the
     // task role with the task id as the session name (aws/amazon-ecs-agent#3498,
     // aws/containers-roadmap#1917); for an assumed role aws:userid is ROLE-ID:SESSION-NAME
@@ -504,13 +504,13 @@ export class SandboxLifecycle extends Construct {
           },
         })
       : undefined;
-    // The ECS infrastructure role (issue 14): ECS creates, attaches, tags and deletes the
+    // The ECS infrastructure role: ECS creates, attaches, tags and deletes the
     // executor's workspace volume with it (RunTask volumeConfigurations roleArn), so the
     // executor holds no AWS credential for its files (Amazon ECS Developer Guide, "Amazon
     // ECS infrastructure IAM role").
     const workspaceGiB = props.workspaceVolumeGiB ?? 0;
     const workspaces = workspaceGiB > 0;
-    // Only with workspaces on (issue 24): nothing passes it otherwise.
+    // Only with workspaces on: nothing passes it otherwise.
     const infrastructureRole = workspaces
       ? new iam.Role(this, "ExecutorInfrastructureRole", {
           assumedBy: new iam.ServicePrincipal("ecs.amazonaws.com").withConditions({
@@ -538,7 +538,7 @@ export class SandboxLifecycle extends Construct {
       taskRoleArn: taskRole?.roleArn,
       // The workspace volume, configured per task at RunTask (crates/aws/src/ebs_workspaces.rs).
       volumes: workspaces ? [{ name: "workspace", configuredAtLaunch: true }] : undefined,
-      // Issue 26 (split): the executor container has no secret and no environment and
+      // Split mode: the executor container has no secret and no environment and
       // listens on 127.0.0.1; the forwarder holds the key (secrets, read with the execution
       // role) and connects to it over the task's shared loopback. No pidMode, no shared
       // volume, no ECS Exec; the forwarder is essential and starts first.
@@ -681,7 +681,7 @@ export class SandboxLifecycle extends Construct {
         resources: [executionRole.roleArn, ...(taskRole ? [taskRole.roleArn] : [])],
         conditions: { StringEquals: { "iam:PassedToService": "ecs-tasks.amazonaws.com" } },
       }),
-      // The warm pool (issue 27, docs/WARM_POOL.md "ECS calls"), only with it on: the pool
+      // The warm pool (docs/WARM_POOL.md "ECS calls"), only with it on: the pool
       // table's calls of crates/aws/src/pool_table.rs (claim: GetItem of the token, Query
       // by_idle, TransactWriteItems = UpdateItem + PutItem, authorized per item action, plus
       // the lock's ConditionCheckItem on the registry record, granted by the registry
@@ -723,7 +723,7 @@ export class SandboxLifecycle extends Construct {
         : []),
       ...(infrastructureRole
         ? [
-      // Workspaces (issue 14, crates/aws/src/ebs_workspaces.rs): pass the ECS
+      // Workspaces (crates/aws/src/ebs_workspaces.rs): pass the ECS
       // infrastructure role to ECS for the volume; snapshot, delete and tag only what
       // carries this deployment's tag.
       new iam.PolicyStatement({
@@ -979,7 +979,7 @@ export class SandboxLifecycle extends Construct {
       WORKSPACE_VOLUME_IOPS: workspaces && props.workspaceVolumeIops !== undefined ? String(props.workspaceVolumeIops) : "",
       WORKSPACE_VOLUME_THROUGHPUT:
         workspaces && props.workspaceVolumeThroughput !== undefined ? String(props.workspaceVolumeThroughput) : "",
-      // Issue 27: the warm pool. The table and the task role's unique id (the first half of
+      // The warm pool. The table and the task role's unique id (the first half of
       // every member key, `<role id>:<task id>`) only with the pool on.
       POOL_SIZE: String(poolSize),
       POOL_MAX_AGE_SECS: String(props.poolMaxAgeSecs ?? 3600),
@@ -1029,7 +1029,7 @@ export class SandboxLifecycle extends Construct {
       timeout: Duration.seconds(SWEEP_PERIOD_SECS),
       logGroup: sweeperLogs,
       environment: controllerEnvironment,
-      // One sweep at a time, no retries (issue 22): see the SAM template.
+      // One sweep at a time, no retries: see the SAM template.
       reservedConcurrentExecutions: 1,
       retryAttempts: 0,
       maxEventAge: Duration.seconds(60),
@@ -1038,7 +1038,7 @@ export class SandboxLifecycle extends Construct {
       schedule: events.Schedule.rate(Duration.seconds(SWEEP_PERIOD_SECS)),
       targets: [new targets.LambdaFunction(this.sweeperFunction, { retryAttempts: 0 })],
     });
-    // Issue 27: the pool's refill schedule (see the SAM template's PoolRefillSchedule).
+    // The pool's refill schedule (see the SAM template's PoolRefillSchedule).
     if (pool) {
       new events.Rule(this, "PoolRefillSchedule", {
         description: "sandbox-lifecycle warm pool refill (worker)",
@@ -1165,7 +1165,7 @@ export class SandboxLifecycle extends Construct {
       "An executor stopped without ever connecting (rejected executor key, image without codex, forwarder exit); see sandboxctl explain.",
       lifecycle("executor_never_connected"),
     );
-    // Issue 27: starts keep finding the warm pool empty (pool_misses) in 2 of 3 five-minute
+    // Starts keep finding the warm pool empty (pool_misses) in 2 of 3 five-minute
     // periods: poolSize is too small for the start rate, or refills fail.
     if (pool) {
       alarm(
@@ -1222,7 +1222,7 @@ export class SandboxLifecycle extends Construct {
             labelled(lifecycle("sweep_no_effect"), "jobs with no effect (nothing written)"),
             labelled(lifecycle("held_environments", {}, "Maximum"), "held for an owner"),
             labelled(lifecycle("executor_slots", {}, "Maximum"), "executor slots in use"),
-            // Issue 27: the warm pool (off on AWS by default, size 0: nothing to plot then).
+            // The warm pool (off on AWS by default, size 0: nothing to plot then).
             labelled(lifecycle("pool_size", {}, "Maximum"), "warm pool members idle"),
             labelled(lifecycle("pool_hits"), "warm pool hits"),
             labelled(lifecycle("pool_misses"), "warm pool misses"),
@@ -1270,7 +1270,7 @@ const DECISION_OUTCOMES = [
   "cleanup",
   "ignore",
 ];
-/** The `reason` label of `ceilings` (crates/controller/src/metrics.rs, issue 13). */
+/** The `reason` label of `ceilings` (crates/controller/src/metrics.rs). */
 const CEILING_REASONS = ["lifetime_exceeded", "lifetime_hard_cap", "no_work", "replacement_cap", "remote_url_not_allowed"];
 /** The `reason` label of `webhook_rejected` (crates/controller/src/metrics.rs). */
 const WEBHOOK_REJECTIONS = ["too_large", "headers", "signature", "malformed", "queue_unavailable"];
@@ -1353,7 +1353,7 @@ function validate(props: SandboxLifecycleProps): void {
   const historyDays = props.historyRetentionDays ?? 30;
   if (!Number.isInteger(historyDays) || historyDays < 1 || historyDays > 36500) problems.push("historyRetentionDays must be a whole number 1-36500");
   if (!["split", "single"].includes(props.executorMode ?? "split")) problems.push("executorMode must be split or single");
-  // Issue 27: as the SAM template's rule PoolNeedsSplitExecutor.
+  // As the SAM template's rule PoolNeedsSplitExecutor.
   const poolSize = props.poolSize ?? 0;
   if (!Number.isInteger(poolSize) || poolSize < 0) problems.push("poolSize must be a whole number >= 0 (0 = off)");
   const poolMaxAge = props.poolMaxAgeSecs ?? 3600;

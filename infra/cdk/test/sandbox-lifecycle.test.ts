@@ -192,7 +192,7 @@ describe("SandboxLifecycle", () => {
     template.hasResourceProperties("AWS::Events::Rule", { ScheduleExpression: "rate(5 minutes)" });
   });
 
-  it("runs one sweep at a time, without retries (issue 22)", () => {
+  it("runs one sweep at a time, without retries", () => {
     template.hasResourceProperties("AWS::Lambda::Function", {
       Description: "sandbox-lifecycle sweeper (scheduled reconciliation)",
       ReservedConcurrentExecutions: 1,
@@ -205,7 +205,7 @@ describe("SandboxLifecycle", () => {
     assert.equal(rule.Properties.Targets[0].RetryPolicy.MaximumRetryAttempts, 0);
   });
 
-  it("gives the forwarder only CODEX_API_KEY from Secrets Manager and the executor nothing (issue 26)", () => {
+  it("gives the forwarder only CODEX_API_KEY from Secrets Manager and the executor nothing", () => {
     const [taskDef] = Object.values(template.findResources("AWS::ECS::TaskDefinition"));
     const [executor, forwarder] = taskDef.Properties.ContainerDefinitions;
     assert.equal(executor.Name, "executor");
@@ -250,7 +250,7 @@ describe("SandboxLifecycle", () => {
 
   it("never grants ECS, IAM, DynamoDB, SQS, Secrets Manager or EC2 write actions on *", () => {
     // The actions without a resource type (Service Authorization Reference): the registry
-    // token, and the two reads of the workspace inventory (issue 14).
+    // token, and the two reads of the workspace inventory.
     const starOnly = [["ecr:GetAuthorizationToken"], ["ec2:DescribeVolumes", "ec2:DescribeSnapshots"]];
     for (const [role, statements] of roleStatements(template)) {
       for (const s of statements) {
@@ -292,7 +292,7 @@ describe("SandboxLifecycle", () => {
     assert.ok(!("TaskRoleArn" in taskDef.Properties));
   });
 
-  it("keeps the warm pool off by default and refuses it with the single-container executor (issue 27)", () => {
+  it("keeps the warm pool off by default and refuses it with the single-container executor", () => {
     template.resourceCountIs("AWS::DynamoDB::Table", 1);
     for (const binary of ["worker", "sweeper"]) {
       const env = functionNamed(template, binary).Environment.Variables;
@@ -308,7 +308,7 @@ describe("SandboxLifecycle", () => {
     assert.doesNotThrow(() => synth({ poolSize: 0, executorMode: "single" }));
   });
 
-  it("with the pool on, lets the task role read only its own pool item and wires the pool (issue 27)", () => {
+  it("with the pool on, lets the task role read only its own pool item and wires the pool", () => {
     const t = synth({ poolSize: 3, poolMaxAgeSecs: 600 });
     t.resourceCountIs("AWS::DynamoDB::Table", 2);
     const [poolId] = Object.entries(t.findResources("AWS::DynamoDB::Table"))
@@ -370,7 +370,7 @@ describe("SandboxLifecycle", () => {
     };
     assert.deepEqual(secretsOf("webhook"), [`${SECRET}:webhook-AbCdEf`]);
     assert.deepEqual(secretsOf("worker"), [`${SECRET}:api-key-AbCdEf`]);
-    // Issue 24: a sweep reads no session; the sweeper holds no key.
+    // A sweep reads no session; the sweeper holds no key.
     assert.deepEqual(secretsOf("sweeper"), []);
   });
 
@@ -411,7 +411,7 @@ describe("SandboxLifecycle", () => {
     assert.deepEqual(functionNamed(t, "sweeper").Environment.Variables, sweeperEnv);
   });
 
-  it("wires the metadata ownership rule and when to provision (issue 25)", () => {
+  it("wires the metadata ownership rule and when to provision", () => {
     const defaults = functionNamed(template, "worker").Environment.Variables;
     assert.equal(defaults.OWNER_METADATA, "");
     assert.equal(defaults.PROVISION_ON, "connection_request");
@@ -427,7 +427,7 @@ describe("SandboxLifecycle", () => {
     assert.throws(() => synth({ provisionOn: "idle" as "created" }), /provisionOn/);
   });
 
-  it("wires the ceilings, the webhook tolerance and the previous signing secret (issue 13)", () => {
+  it("wires the ceilings, the webhook tolerance and the previous signing secret", () => {
     const defaults = functionNamed(template, "worker").Environment.Variables;
     assert.equal(defaults.MAX_LIFETIME_SECS, "28800");
     assert.equal(defaults.LIFETIME_HARD_CAP_SECS, "32400");
@@ -483,7 +483,7 @@ describe("SandboxLifecycle", () => {
     assert.throws(() => synth({ workspaceVolumeType: "ssd" }), /workspaceVolumeType/);
   });
 
-  it("wires the concurrency cap, off by default (issue 13 item 3)", () => {
+  it("wires the concurrency cap, off by default", () => {
     for (const fn of ["worker", "sweeper"]) {
       assert.equal(functionNamed(template, fn).Environment.Variables.MAX_EXECUTORS, "0");
       assert.equal(functionNamed(synth({ maxExecutors: 25 }), fn).Environment.Variables.MAX_EXECUTORS, "25");

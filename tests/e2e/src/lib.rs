@@ -70,12 +70,12 @@ pub struct Options {
     /// What a close does with the workspace (`Policy::close_workspace`; default
     /// `retain:7`).
     pub close_workspace: sandbox_core::workspace::CloseWorkspace,
-    /// Issue 26: the split mode's executor and forwarder commands (default: none, the
+    /// The split mode's executor and forwarder commands (default: none, the
     /// single-process stand-in).
     pub split_executor: Option<(ExecutorCommand, ExecutorCommand)>,
     /// The simulator's turn command (default: its own, simulated unless split).
     pub turn_command: Option<String>,
-    /// Issue 27: the warm pool's size (default 0: off; split mode only).
+    /// The warm pool's size (default 0: off; split mode only).
     pub pool_size: u32,
     /// The executor command instead of the stand-in (embedded harness only; e.g. a script
     /// that exits before it connects, as an executor whose key is rejected does).
@@ -109,7 +109,7 @@ impl Default for Options {
     }
 }
 
-/// Issue 26: the split commands with the stand-in on both sides:
+/// The split commands with the stand-in on both sides:
 /// `sim-executor exec-server --listen $LISTEN_URL` and `sim-executor exec-server forward
 /// --remote $REMOTE_URL --environment-id $ENVIRONMENT_ID --connect $LISTEN_URL`.
 pub fn stand_in_split() -> anyhow::Result<(ExecutorCommand, ExecutorCommand)> {

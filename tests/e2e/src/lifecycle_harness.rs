@@ -34,7 +34,7 @@ pub trait LifecycleHarness: Sized {
     /// How long a row lets the workers drain the queues once the simulator has delivered
     /// everything.
     const SETTLE: Duration;
-    /// Issue 26: where a turn's command really runs, as its output names its parent
+    /// Where a turn's command really runs, as its output names its parent
     /// process (the executor's command line); `None` (default) where the simulator
     /// simulates commands (the single-process stand-in, moto).
     const TURN_RUNS_IN: Option<&'static str> = None;

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 pub fn serve_command(dir: &Path, sim_base: &str, port: u16, extra: &[&str]) -> Command {
     let key_file = dir.join("executor.key");
     std::fs::write(&key_file, agents_sim::DEFAULT_EXECUTOR_KEY).unwrap();
-    // serve refuses a key file others can read (issue 24).
+    // serve refuses a key file others can read.
     {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -36,7 +36,7 @@ pub fn serve_command(dir: &Path, sim_base: &str, port: u16, extra: &[&str]) -> C
         ])
         .args(["--data-dir", dir.join("data").to_str().unwrap()])
         .args(["--listen", &format!("127.0.0.1:{port}")])
-        // The simulator's remote_url is http://127.0.0.1:PORT/... (issue 13 allowlist).
+        // The simulator's remote_url is http://127.0.0.1:PORT/... (the remote URL allowlist).
         .args(["--remote-url-allow", SIM_REMOTE_URL_HOST])
         .arg("--stop-executors-on-exit")
         .args(extra)

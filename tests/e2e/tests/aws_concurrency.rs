@@ -10,7 +10,7 @@
 //! counted, stopped ones included (`AwsResources::all_tasks`).
 //!
 //! A second test sets the executor cap per deployment below the number of environments
-//! (issue 13 item 3) and samples the live tasks all along: never more than the cap, and
+//! and samples the live tasks all along: never more than the cap, and
 //! every environment's executor starts as slots free.
 //!
 //! Run with `tests/moto/run.sh cargo nextest run -p sandbox-e2e -E 'test(aws)'`.
@@ -227,7 +227,7 @@ async fn sessions_requiring_a_connection(
 const CAPPED_ENVIRONMENTS: usize = 48;
 const CAP: u32 = 12;
 
-/// Issue 13 item 3: the executor cap below the number of environments, under the same
+/// The executor cap below the number of environments, under the same
 /// 32 workers and duplicated jobs. Every turn is short (1 real s) and the grace 2 s, so
 /// executors stop and free their slots while others wait. Sampled from moto's ECS all
 /// along: never more live tasks than the cap; and none lost: every session's turn runs on

@@ -1,4 +1,4 @@
-//! Issue 11's situations on the AWS adapters over moto: the task a worker just started and
+//! Not visible yet and gone, on the AWS adapters over moto: the task a worker just started and
 //! recorded is not visible yet — "The Amazon ECS API follows an eventual consistency model
 //! ... the result of an API command you run that affects your Amazon ECS resources might
 //! not be immediately visible to all subsequent commands you run" (ECS API reference,

@@ -52,7 +52,7 @@ fn worker_env(
         ("DEPLOYMENT_ID", deployment.into()),
         ("OPENAI_API_KEY_SECRET_ARN", secret_arn.into()),
         ("AGENTS_API_BASE_URL", agents_api.into()),
-        // The simulator's remote_url is http://127.0.0.1:PORT/... (issue 13 allowlist).
+        // The simulator's remote_url is http://127.0.0.1:PORT/... (the remote URL allowlist).
         ("REMOTE_URL_ALLOWLIST", "http://127.0.0.1".into()),
         // No executor connects in the drill: a connect deadline longer than the drill, so
         // a slow run never replaces the task the drill follows.
@@ -280,7 +280,7 @@ async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_rec
     assert_eq!(t["session_deleted"]["confirmed"], true);
     assert_eq!(t["compute_stopped"]["instance_id"], task.as_str());
     assert_eq!(t["compute_stopped"]["read_back"], "stopped");
-    // Issue 25: the close stored its terminal record; the credential note says what to
+    // The close stored its terminal record; the credential note says what to
     // rotate and where.
     assert_eq!(t["stored"], true);
     assert_eq!(t["executor_revoked"], false);
@@ -319,7 +319,7 @@ async fn aws_recovery_drill_killed_worker_task_found_adopted_closed_with_two_rec
     sim.shutdown().await;
 }
 
-/// Issue 25 (F14, F20): the seed 002 drill on AWS, whole. A worker dies between `RunTask`
+/// The seed 002 drill on AWS, whole. A worker dies between `RunTask`
 /// and the record; after the restart adopts the task, the operator runs `sweep --dry-run`
 /// (decisions printed, nothing enqueued, nothing written) and `sweep` (one job per
 /// environment, which the worker decides) on the AWS backend; the application reports

@@ -1,4 +1,4 @@
-//! Issue 14 on the AWS adapters, through the worker: the recorded task of generation 1
+//! Workspaces on the AWS adapters, through the worker: the recorded task of generation 1
 //! stops behind the controller's back (lifecycle row 11, recorded compute gone), the next
 //! connection request makes the worker snapshot generation 1's EBS volume (after the
 //! `STOPPED` read-back), record the snapshot, delete the volume, and start generation 2
@@ -124,7 +124,7 @@ async fn aws_worker_snapshots_the_stopped_generation_and_restores_it_into_the_ne
     );
 
     // The next connection request: snapshot generation 1; the snapshot is `pending`
-    // (tests/moto/server.py), so the start is deferred (issue 23) ...
+    // (tests/moto/server.py), so the start is deferred ...
     let p = c.process(&job()).await.unwrap();
     assert_eq!(p.outcome(), Some(Outcome::Start), "{p:?}");
     assert_eq!(
@@ -174,7 +174,7 @@ async fn aws_worker_snapshots_the_stopped_generation_and_restores_it_into_the_ne
         .filter(|s| s.kind == StoredKind::Volume)
         .collect();
     // Generation 1's volume is kept until the sweeper (or a later save) deletes it once
-    // its recorded snapshot completed (issue 23); generation 2's is attached.
+    // its recorded snapshot completed; generation 2's is attached.
     assert_eq!(volumes.len(), 2, "{stored:?}");
     assert!(
         volumes

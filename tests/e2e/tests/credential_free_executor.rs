@@ -1,4 +1,4 @@
-//! Issue 26: the credential-free executor in local mode.
+//! The credential-free executor in local mode.
 //!
 //! `serve`'s embedded stack with the split executor: the executor child (the stand-in's
 //! `--listen`, or the real pinned `codex exec-server --listen`) holds no key; the forwarder
@@ -120,7 +120,7 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// The secret scan (issue 26 item 4): the key is in neither the environment nor the
+/// The secret scan: the key is in neither the environment nor the
 /// command line of the executor child or any process it started, nor in any file of its
 /// workspace; and (the control, so the scan can fail) it *is* in the forwarder's
 /// environment. Returns the executor's command line.

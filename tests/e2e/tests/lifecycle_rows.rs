@@ -60,7 +60,7 @@ macro_rules! rows_on {
 
 rows_on!(embedded: sandbox_e2e::Harness);
 rows_on!(aws: sandbox_e2e::aws_stack::AwsHarness);
-// Issue 26: the rows the issue names, with the real pinned `codex exec-server --listen`
+// The rows the issue names, with the real pinned `codex exec-server --listen`
 // as the executor (fails when the binary is missing).
 rows_on!(@tests real_codex: sandbox_e2e::RealCodexHarness;
     row01_connection_request_starts_one_executor_with_the_sessions_remote_url_and_records_it,
@@ -563,7 +563,7 @@ async fn row27_record_says_running_but_executor_gone_marks_stopped_and_starts_no
     assert_eq!(h.shutdown().await.unwrap(), 0);
 }
 
-/// Row 20 (issue 15): a turn completes with a failed tool after the executor disconnected
+/// Row 20: a turn completes with a failed tool after the executor disconnected
 /// mid-turn. The environment is held for an owner with the four layers of evidence
 /// (visible in `sandboxctl explain --json`); the idle lease does not stop the compute that
 /// holds the files; `sandboxctl resolve` closes the question through the worker's lock
@@ -705,7 +705,7 @@ async fn row20_mid_turn_disconnect_is_held_with_its_evidence_until_an_owner_reso
     h.shutdown().await.unwrap();
 }
 
-/// Row 21 (issue 15): an application reports timed-out submissions; the worker reads the
+/// Row 21: an application reports timed-out submissions; the worker reads the
 /// session, turns and items and records what became of each — completed, still running,
 /// never started — and never submits anything.
 async fn row21_timed_out_submissions_are_answered_from_turn_evidence_never_resubmitted<
@@ -812,7 +812,7 @@ async fn row21_timed_out_submissions_are_answered_from_turn_evidence_never_resub
     h.shutdown().await.unwrap();
 }
 
-// ------------------------------------------------------------------ issue 13: ceilings
+// ------------------------------------------------------------------ ceilings
 
 async fn ceiling_idle_executor_past_its_max_lifetime_is_stopped_then_new_input_starts_a_fresh_generation<
     H: LifecycleHarness,

@@ -165,7 +165,7 @@ async fn every_operator_command_on_a_running_local_stack() {
     assert_eq!(t["session_deleted"]["confirmed"], true);
     assert_eq!(t["compute_stopped"]["read_back"], "stopped");
     assert_eq!(t["compute_stopped"]["instance_id"], task.as_str());
-    // Issue 25: the close stored its terminal record; the credential note says what to
+    // The close stored its terminal record; the credential note says what to
     // rotate and where.
     assert_eq!(t["stored"], true);
     assert_eq!(t["executor_revoked"], false);
@@ -260,7 +260,7 @@ async fn dead_letters_are_listed_then_redriven_with_their_hand_offs_reset() {
         &[
             "dlq",
             "redrive",
-            // sess_stuck has no record: issue 24's guard needs --force (and --yes off a
+            // sess_stuck has no record: the ownership guard needs --force (and --yes off a
             // terminal).
             "--force",
             "--yes",
@@ -284,7 +284,7 @@ async fn dead_letters_are_listed_then_redriven_with_their_hand_offs_reset() {
     assert_eq!(bad.code, 2, "{bad:?}");
 }
 
-/// `resolve` and `report-timeout` (issue 15) refuse bad input with exit 2 and change
+/// `resolve` and `report-timeout` refuse bad input with exit 2 and change
 /// nothing; a resolve with nothing open enqueues nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resolve_and_report_timeout_refuse_bad_input_and_change_nothing() {

@@ -1,4 +1,4 @@
-//! Issue 25: the metadata ownership rule as a setting (two deployments sharing one
+//! The metadata ownership rule as a setting (two deployments sharing one
 //! simulator split its sessions by `metadata`, seed 001 "multi-handler routing"), and
 //! opt-in provisioning on `agent.session.created` (seeds 000, 004: application-managed
 //! provisioning).

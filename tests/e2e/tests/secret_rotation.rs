@@ -1,4 +1,4 @@
-//! Rotating the webhook signing secret with no downtime (issue 13, item 6), end to end
+//! Rotating the webhook signing secret with no downtime (item 6), end to end
 //! through `sandboxctl serve` as a child process: during the rotation the stack holds the
 //! new secret as current and the old one as previous, and deliveries signed with either
 //! verify; one signed with neither is 401 and reaches no queue. A malformed secret (a

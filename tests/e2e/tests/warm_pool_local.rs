@@ -1,4 +1,4 @@
-//! Issue 27: the warm pool in local mode, end to end. `serve`'s embedded stack with the
+//! The warm pool in local mode, end to end. `serve`'s embedded stack with the
 //! split stand-in (`sim-executor exec-server --listen` pre-started as a pool member, its
 //! forwarder spawned at the claim) and the simulator as the Agents API: a session's
 //! executor is a claimed member, the environment reaches `connected` and a turn runs on it.

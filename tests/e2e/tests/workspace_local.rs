@@ -1,4 +1,4 @@
-//! Workspaces survive replacement, end to end on the embedded backend (issue 14): real
+//! Workspaces survive replacement, end to end on the embedded backend: real
 //! child-process executors, their per-generation directories, tar + zstd archives in the
 //! data directory, the simulator's webhooks.
 //!

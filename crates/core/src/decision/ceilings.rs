@@ -1,4 +1,4 @@
-//! The cost and safety ceilings (issue 13): executor lifetime, no work for too long, the
+//! The cost and safety ceilings: executor lifetime, no work for too long, the
 //! replacement cap, the `remote_url` allowlist and the deployment's executor cap (step 8
 //! of [`super::decide`], and the replacement cap inside step 9). Each is checked on every
 //! look at the environment (webhook jobs, lease timers, and at least every sweep).
@@ -66,14 +66,14 @@ impl View<'_> {
             return None;
         }
         let c = current.filter(|c| c.status == ComputeStatus::Running)?;
-        // An open reconciliation holds the compute with the files (issue 15): no-work is
+        // An open reconciliation holds the compute with the files: no-work is
         // not a reason to throw them away; the lifetime ceiling still applies.
         let held = self.record.and_then(Record::holding_evidence).is_some();
         self.lifetime(session, c)
             .or_else(|| (!held).then(|| self.no_work(session, c)).flatten())
     }
 
-    /// Issue 13 item 5: only an `https` `remote_url` on an allowed host reaches an
+    /// Only an `https` `remote_url` on an allowed host reaches an
     /// executor; anything else is held for an owner, and no compute starts.
     pub(super) fn remote_url_refused(&self, session: &Session) -> Option<Decision> {
         let env = session.self_hosted()?;
@@ -109,7 +109,7 @@ impl View<'_> {
             .with([Effect::MarkStopped])
     }
 
-    /// Issue 13 item 1: past the maximum lifetime an idle session's executor stops at
+    /// Past the maximum lifetime an idle session's executor stops at
     /// once; a busy one at its next idle, or past the hard cap even mid-turn.
     fn lifetime(&self, session: &Session, c: &ComputeInstance) -> Option<Decision> {
         let p = &self.o.policy;
@@ -123,7 +123,7 @@ impl View<'_> {
         let busy = session.is_busy() || self.turn_active();
         let hard = p.lifetime_hard_cap_secs.max(p.max_lifetime_secs);
         let past_hard_cap = p.lifetime_hard_cap_secs > 0 && age_secs >= hard;
-        // Issue 25: past the hard cap the stop goes ahead, but a turn that runs (or that
+        // Past the hard cap the stop goes ahead, but a turn that runs (or that
         // was not read) makes it a reconciliation with evidence, never a silent cut.
         if past_hard_cap && (busy || !self.o.turns_read) {
             return Some(self.ceiling_stop(
@@ -136,7 +136,7 @@ impl View<'_> {
         if busy {
             return None;
         }
-        // Issue 25: an idle session's executor is stopped only on a turn read.
+        // An idle session's executor is stopped only on a turn read.
         if !self.o.turns_read {
             return Some(self.turns_not_read());
         }
@@ -148,7 +148,7 @@ impl View<'_> {
         ))
     }
 
-    /// Issue 13 item 2: no turn and no connection request for the no-work period, whatever
+    /// No turn and no connection request for the no-work period, whatever
     /// the status, takes a no-work lease; new work cancels it; when due, the stop is
     /// decided again on fresh evidence (the recheck) before it is sent.
     fn no_work(&self, session: &Session, c: &ComputeInstance) -> Option<Decision> {
@@ -174,7 +174,7 @@ impl View<'_> {
         .unwrap_or(0);
         let now = self.o.now;
         let quiet_secs = now.saturating_sub(last_work);
-        // Work is a turn queued or running (issue 25: the turn read before the stop); a
+        // Work is a turn queued or running (the turn read before the stop); a
         // turn paused on a required action (`waiting`) is what no-work is for.
         let turn_working = self.o.latest_turn.as_ref().is_some_and(|t| {
             matches!(
@@ -192,7 +192,7 @@ impl View<'_> {
             Some(_) if !no_work => Some(
                 Decision::new(Outcome::CancelStop, Reason::NewWork).with([Effect::DropNoWorkLease]),
             ),
-            // Issue 25: one turn read before the no-work stop (new work cancels it above).
+            // One turn read before the no-work stop (new work cancels it above).
             Some(l) if now >= l.due_at && !self.o.turns_read => Some(self.turns_not_read()),
             Some(l) if now >= l.due_at => Some(self.ceiling_stop(
                 c,
@@ -262,7 +262,7 @@ impl View<'_> {
         )
     }
 
-    /// Issue 13 item 4: at the cap, the executor that missed its deadline is stopped and
+    /// At the cap, the executor that missed its deadline is stopped and
     /// nothing replaces it until the window frees.
     pub(super) fn replacement_cap_at_replace(&self, c: &ComputeInstance) -> Option<Decision> {
         let d = self.replacement_cap_holds()?;
@@ -279,7 +279,7 @@ impl View<'_> {
     }
 }
 
-// --- Concurrency cap per deployment (issue 13 item 3). ---
+// --- Concurrency cap per deployment. ---
 //
 // The cap is enforced where the start happens, not by counting: the worker takes an
 // executor slot with one conditional write just before it applies a start
@@ -297,7 +297,7 @@ pub fn starts_compute(decision: &Decision) -> bool {
 }
 
 /// The decision when `decision` would start a compute but the deployment's executor cap
-/// is reached (issue 13 item 3): `wait`, reason `capacity_limit`, no compute started or
+/// is reached: `wait`, reason `capacity_limit`, no compute started or
 /// stopped. What else the decision noted is kept — a cancelled shutdown lease, the first
 /// observation of the connection request (the wait counts from it), a failed start read
 /// back — but not a replacement's stop or its count: an executor that cannot be replaced

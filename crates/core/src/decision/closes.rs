@@ -8,8 +8,8 @@
 //! - row 26, closed part: a compute of a closed record is released; a closed record
 //!   starts nothing again;
 //! - row 28, operator part: `sandboxctl reset-start-failures` forgets the failed starts;
-//! - issue 15: `sandboxctl resolve` closes the open evidence held for an owner;
-//! - issue 25: a close with open evidence waits for that resolution before it deletes
+//! - `sandboxctl resolve` closes the open evidence held for an owner;
+//! - a close with open evidence waits for that resolution before it deletes
 //!   the session (seed 001: reconcile effects, then delete).
 
 use super::View;
@@ -40,7 +40,7 @@ impl View<'_> {
         if !closing {
             effects.push(Effect::RequireCleanup);
         }
-        // Issue 25: seed 001 orders "reconcile mutable effects" before "delete the
+        // Seed 001 orders "reconcile mutable effects" before "delete the
         // session". While the record holds open evidence the close refuses new work
         // (`cleanup_required`) and waits for an owner's resolution: nothing is deleted or
         // stopped. The resolution itself is taken here (its recheck resumes the close);
@@ -51,7 +51,7 @@ impl View<'_> {
             }
             // A live compute the record does not name (a start whose job died before its
             // release, found by the next holder) is recorded meanwhile, so the close stops
-            // it once resolved and nothing runs unrecorded (issue 23 soak, seed
+            // it once resolved and nothing runs unrecorded (a soak, seed
             // 8112458876245773263).
             let current = record.and_then(|r| r.current());
             let adopt = (!self.active.iter().any(|i| Some(&i.as_ref()) == current))
@@ -90,7 +90,7 @@ impl View<'_> {
     }
 
     /// An operator's reset of the failed starts (row 28) or an owner's resolution of the
-    /// open evidence (issue 15), when the trigger is one.
+    /// open evidence, when the trigger is one.
     pub(super) fn operator_request(&self) -> Option<Decision> {
         if self.o.trigger == Trigger::ResetStartFailures {
             return Some(match self.record.and_then(|r| r.start_failure.as_ref()) {

@@ -13,7 +13,7 @@
 //! - row 11: the record says running, the provider says gone: start N+1 from the latest
 //!   workspace snapshot;
 //! - row 16: a pending shutdown lease is cancelled by the new requirement;
-//! - issue 23: a start waits for the snapshot it restores to be `completed`
+//! - a start waits for the snapshot it restores to be `completed`
 //!   ([`super::snapshots`]);
 //! - row 28: failed starts (`RunTask` failures, or a task that stopped with
 //!   `TaskFailedToStart`) are counted and backed off; past the attempt limit nothing
@@ -129,7 +129,7 @@ impl View<'_> {
             if let Some(d) = self.replacement_cap_holds() {
                 return d.with(effects);
             }
-            // Issue 23: never restore a snapshot that is not `completed` (`snapshots.rs`).
+            // Never restore a snapshot that is not `completed` (`snapshots.rs`).
             if let Some(d) = self.snapshot_not_restorable(failure.as_ref(), &effects) {
                 return d;
             }

@@ -1,4 +1,4 @@
-//! Application-managed provisioning (issue 25; seeds 000 and 004: "your application can
+//! Application-managed provisioning (seeds 000 and 004: "your application can
 //! start compute after creating a session"): with [`ProvisionOn::Created`], the
 //! `agent.session.created` of a self-hosted session starts its first executor before any
 //! input needs it (step 9 of [`super::decide`], beside a required connection).

@@ -1,4 +1,4 @@
-//! Held for an owner (issue 15): hold, don't guess. An open reconciliation whose tool did
+//! Held for an owner: hold, don't guess. An open reconciliation whose tool did
 //! not complete holds the compute with the files against the idle lease, and every
 //! `reconcile`, `divergent` (and repeated `uncertain`) decision records its evidence for
 //! an owner.
@@ -85,7 +85,7 @@ pub fn evidence_for(
         (_, Reason::ExecutorNeverConnects { .. }) => EvidenceTrigger::ExecutorNeverConnects,
         // Holding is the consequence of evidence already recorded, not a new question.
         (_, Reason::HeldForOwner { .. } | Reason::CloseAwaitsResolution { .. }) => return None,
-        // Issue 25: a hard-cap stop with a turn running (or unread) is never silent.
+        // A hard-cap stop with a turn running (or unread) is never silent.
         (Outcome::Reconcile, Reason::LifetimeHardCap { .. }) => EvidenceTrigger::LifetimeHardCap,
         (Outcome::Reconcile, _) => EvidenceTrigger::Divergent,
         (Outcome::Divergent, _) => EvidenceTrigger::Divergent,

@@ -176,7 +176,7 @@ impl View<'_> {
                 .recheck(due.due_at - self.o.now);
         }
         match current {
-            // Issue 25: one turn read before the stop (a queued turn cancels it, above).
+            // One turn read before the stop (a queued turn cancels it, above).
             Some(c) if c.as_ref() == due.target && !self.o.turns_read => self.turns_not_read(),
             Some(c) if c.as_ref() == due.target => {
                 Decision::new(Outcome::Stop, Reason::LeaseExpired).with([

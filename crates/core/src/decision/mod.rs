@@ -24,7 +24,7 @@
 //!    connected, else the newest), and an active compute the record does not name is
 //!    adopted (row 12) or, on a sweep with no record at all, released as an orphan
 //!    (row 26) — `duplicates.rs`;
-//! 8. the cost and safety ceilings (issue 13): a `remote_url` off the allowlist gets no
+//! 8. the cost and safety ceilings: a `remote_url` off the allowlist gets no
 //!    compute; past the maximum lifetime, or with no work for the no-work period, the
 //!    executor is stopped; in 9 the replacement cap bounds replacements for a missed
 //!    connect deadline, and the deployment's executor cap turns a start into a wait
@@ -36,13 +36,13 @@
 //!    cooldown (rows 1, 2, 9, 10, 11, 16, 28) — `connection.rs`; a start restores only a
 //!    `completed` snapshot: it waits while the latest is `pending` (`snapshot_pending`,
 //!    up to `Policy::snapshot_wait_secs`), and a snapshot pending too long, in `error` or
-//!    gone is a failed start (issue 23) — `snapshots.rs`; with
+//!    gone is a failed start — `snapshots.rs`; with
 //!    `Policy::provision_on = created`, a self-hosted session's `agent.session.created`
-//!    starts its first executor before any input (issue 25) — `created.rs`;
+//!    starts its first executor before any input — `created.rs`;
 //! 10. otherwise the trigger's own question: resolved actions (row 4), turns without an
 //!     executor (row 19), idle shutdown leases (rows 14, 15, 17, 18, 20), sweeps (row 27)
 //!     — `idle.rs`; an open reconciliation holds the compute with the files against the
-//!     idle lease (issue 15), and [`evidence_for`] derives what a decision records for an
+//!     idle lease, and [`evidence_for`] derives what a decision records for an
 //!     owner — `held.rs`.
 //!
 //! A decision lists its side effects in the order they must be applied; the controller
@@ -116,7 +116,7 @@ pub fn decide(o: &Observed) -> Decision {
     if let Some(d) = v.divergent_or_unrecorded(session) {
         return d;
     }
-    // 8: the cost and safety ceilings (issue 13).
+    // 8: the cost and safety ceilings.
     let current = v.active.first().copied();
     if let Some(d) = v.ceilings(session, current) {
         return d;
@@ -127,7 +127,7 @@ pub fn decide(o: &Observed) -> Decision {
             .ensure_compute(session, current)
             .with(v.drop_no_work_lease());
     }
-    // 9, opt-in: the first executor on `agent.session.created` (issue 25) — `created.rs`.
+    // 9, opt-in: the first executor on `agent.session.created` — `created.rs`.
     if let Some(d) = v.provision_on_creation(session, current) {
         return d;
     }
@@ -173,7 +173,7 @@ impl View<'_> {
         })
     }
 
-    /// Issue 25: an idle stop without a turn read is not taken; the stop is decided again
+    /// An idle stop without a turn read is not taken; the stop is decided again
     /// on a fresh read (`uncertain`, retried).
     fn turns_not_read(&self) -> Decision {
         Decision::new(Outcome::Uncertain, Reason::TurnsNotRead)

@@ -1,4 +1,4 @@
-//! Snapshots take time (issue 23; step 9 of [`super::decide`], before every start): a
+//! Snapshots take time (step 9 of [`super::decide`], before every start): a
 //! start never restores a snapshot that is not `completed`.
 //!
 //! An EBS snapshot "remains in the pending state until all of data has been transferred

@@ -147,7 +147,7 @@ pub fn observe(trigger: Trigger, session: Session) -> Observed {
         policy: test_policy(),
         now: NOW,
         turn_not_found: false,
-        // The worker reads the latest turn before every idle stop (issue 25): the builder
+        // The worker reads the latest turn before every idle stop: the builder
         // observes "read, no turn"; `no_idle_stop_without_a_turn_read` unsets it.
         turns_read: true,
         snapshot: Default::default(),

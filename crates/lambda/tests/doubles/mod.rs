@@ -33,9 +33,9 @@ pub struct MemoryRegistry {
     pub busy: Arc<AtomicBool>,
     /// Every call fails (a registry outage).
     pub down: Arc<AtomicBool>,
-    /// Executor slot holders (issue 13 item 3), by effect key.
+    /// Executor slot holders, by effect key.
     pub slots: Arc<Mutex<Vec<EffectKey>>>,
-    /// Terminal records of closes (issue 25), written once.
+    /// Terminal records of closes, written once.
     pub terminals: Arc<Mutex<HashMap<EffectKey, sandbox_controller::terminal::TerminalRecord>>>,
 }
 
@@ -215,7 +215,7 @@ impl Registry for MemoryRegistry {
 #[derive(Clone, Default)]
 pub struct MemoryCompute {
     pub instances: Arc<Mutex<Vec<ComputeInstance>>>,
-    /// Warm pool members started (issue 27); the pool lists none, so every refill plans a
+    /// Warm pool members started; the pool lists none, so every refill plans a
     /// full pool.
     pub pool_starts: Arc<Mutex<u64>>,
 }
