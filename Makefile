@@ -84,7 +84,7 @@ rust-test: venv infra-node-check $(INFRA)/executor/node_modules/.installed
 	tests/moto/run.sh $(RUST_TEST) --workspace --locked $(ALL_FEATURES)
 
 # The tests that hand the real pinned codex a command line or a byte: what must pass before
-# the pin in infra/executor/package.json moves (README, "Moving the codex pin").
+# the pin in infra/executor/package.json moves (docs/OPERATING.md, "Moving the codex pin").
 CODEX_CANARY := binary(codex_command_lines) | binary(executor_socket) | binary(relay) | test(real_codex) | test(the_stand_in_accepts_exactly_what_codex_accepts) | test(fargate_entrypoint_roles_relay_a_turn_with_the_real_codex)
 
 codex-canary: venv infra-tools $(INFRA)/executor/node_modules/.installed

@@ -134,14 +134,14 @@ deploy-help:
 	@echo "  WORKER_BATCH_SIZE, WORKER_MAXIMUM_CONCURRENCY, EXECUTOR_CPU_ARCHITECTURE (ARM64/X86_64),"
 	@echo "  WORKER_SWEEP_MAXIMUM_CONCURRENCY (default 2), WEBHOOK_RESERVED_CONCURRENCY (default 10),"
 	@echo "  EXECUTOR_CPU, EXECUTOR_MEMORY, EXECUTOR_MODE (split/single), LOG_RETENTION_DAYS, ALARM_TOPIC_ARN."
-	@echo "See README.md, section Deploy."
+	@echo "See docs/DEPLOYING.md, "Deploy on AWS"."
 
 define check-deploy-env
 	@missing='$(call missing-vars,$(DEPLOY_REQUIRED))'; \
 	if [ -z '$(DEPLOY_REGION)' ]; then missing="$$missing AWS_REGION"; fi; \
 	if [ -n "$$missing" ]; then \
 		echo "$(1): set these variables first: $$(echo $$missing)" >&2; \
-		echo "(make deploy-help lists every variable; README.md, section Deploy)" >&2; \
+		echo "(make deploy-help lists every variable; docs/DEPLOYING.md, "Deploy on AWS")" >&2; \
 		exit 1; \
 	fi
 endef

@@ -336,7 +336,7 @@ def test_https_anywhere_is_accepted(member, remote_url):
 )
 def test_loopback_http_is_refused_on_fargate(member, remote_url):
     """The forwarder sends the key as its registration bearer: over loopback http it would
-    cross the loopback the agent's container shares in cleartext (README.md, "Security")."""
+    cross the loopback the agent's container shares in cleartext (docs/SECURITY.md)."""
     member.put("assigned", remote_url=remote_url, environment_id="env-2_B")
     status, out, err = finish(member.start_waiter())
     assert status == 65, err

@@ -259,7 +259,7 @@ def test_pinned_codex_can_split_listen_and_forward():
     assert "--ws-token" not in fwd.stdout and "--ws-auth" not in fwd.stdout
 
 
-# ------------------------------------------------------------ https-only remote URLs (README.md, "Security")
+# ------------------------------------------------------------ https-only remote URLs (docs/SECURITY.md)
 @pytest.mark.parametrize("remote_url", ["http://127.0.0.1:8080/v1", "http://localhost:8080/v1", "http://[::1]:8080/v1", "ws://127.0.0.1:1/v1"])
 def test_entrypoint_forwarder_and_single_refuse_a_remote_url_that_is_not_https(stub_env, tmp_path, remote_url):
     """The key is the forwarder's registration bearer: over loopback http it would cross the

@@ -916,7 +916,7 @@ def test_one_dashboard_shows_the_lifecycle_at_a_glance(any_cfn):
 
 def test_make_deploy_passes_every_parameter_and_context_key(sam_cfn):
     """`make deploy-sam` / `make deploy-cdk` map a variable to every SAM parameter and every
-    CDK context key the app reads (README, section Deploy), so no setting needs a hand-written
+    CDK context key the app reads (docs/DEPLOYING.md, "Deploy on AWS"), so no setting needs a hand-written
     override."""
     mk = (REPO / "mk" / "infra.mk").read_text()
     sam_block = mk[mk.index("SAM_PARAMETERS =") : mk.index("deploy-sam:")]
@@ -1259,7 +1259,7 @@ def test_the_pool_is_refilled_by_a_schedule_that_invokes_the_worker(any_cfn, any
     assert permissions[0]["Properties"]["Principal"] == "events.amazonaws.com"
 
 
-# ----------------------------------------------------------------------------- who may send (README.md, "Security")
+# ----------------------------------------------------------------------------- who may send (docs/SECURITY.md)
 def test_only_the_roles_that_send_may_send_to_the_queues(any_cfn):
     """Each queue's policy denies sqs:SendMessage to every principal but the roles whose own
     policies send to it (webhook: events; worker: timers; worker and sweeper: sweep) and, when given,

@@ -246,7 +246,7 @@ pub async fn close<O: Ops>(
     let mut close_job = job(Trigger::Close, session.clone(), env.clone(), now);
     if record.is_none() {
         // A forced close of a session no record names: the worker acts on it only with the
-        // operator's proof (sandbox_core::operator_proof; README.md, "Security").
+        // operator's proof (sandbox_core::operator_proof; docs/SECURITY.md).
         let key = ops.operator_key().await?;
         close_job.operator_proof = Some(key.sign(&session, now, &Trigger::Close));
     }

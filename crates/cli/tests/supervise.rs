@@ -1,4 +1,4 @@
-//! A local stop ends every descendant of the executor (README.md, "Security";
+//! A local stop ends every descendant of the executor (docs/SECURITY.md;
 //! `sandbox_local::supervise`): the executor runs under `sandboxctl supervise --`, a child
 //! subreaper, so agent code that leaves the executor's process group (`setsid` after a
 //! double fork: its parent exits, it is orphaned) is still the supervisor's descendant and

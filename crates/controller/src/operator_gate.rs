@@ -7,7 +7,7 @@
 //! that can write the events queue (an application allowed to send `timeout_reported`, a
 //! compromised function, in local mode anything that can write the queue database) could
 //! otherwise make the worker delete a session the deployment never handled with the
-//! application's key (README.md, "Security"). A recorded session needs no proof: its jobs
+//! application's key (docs/SECURITY.md). A recorded session needs no proof: its jobs
 //! are hints the worker decides on from the session and the record (docs/ARCHITECTURE.md
 //! principle 1), exactly as before.
 

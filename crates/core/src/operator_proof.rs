@@ -7,7 +7,7 @@
 //! `close`, `resolve` and `timeout_reported` for a session *no record names* would act on
 //! the message's word alone (a close deletes the session with the application's key). The
 //! worker therefore refuses those three for an unrecorded session unless the job carries
-//! a tag this module verifies (README.md, "Security").
+//! a tag this module verifies (docs/SECURITY.md).
 //!
 //! Why a MAC and not a separate queue: it works the same on both backends (the local queue
 //! is a table of the same SQLite file every local writer can open) and needs no second

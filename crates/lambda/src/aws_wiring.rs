@@ -107,7 +107,7 @@ mod controller_stack {
             api_key,
             ..ClientConfig::new(String::new())
         })?;
-        // Forced operator jobs for unrecorded sessions verify with this key (README.md,
+        // Forced operator jobs for unrecorded sessions verify with this key (docs/SECURITY.md,
         // "Security"); without it every such job is refused.
         let operator_key = match &settings.operator_key_secret {
             Some(source) => {

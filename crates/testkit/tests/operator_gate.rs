@@ -1,4 +1,4 @@
-//! Queue messages are not operator commands (README.md, "Security";
+//! Queue messages are not operator commands (docs/SECURITY.md;
 //! `sandbox_controller::operator_gate`): a `close`, `resolve` or `timeout_reported` job for
 //! a session no record names, put on the events queue by anything that can write it,
 //! changes nothing unless it carries an operator's proof made with the operator key. Run

@@ -890,7 +890,7 @@ export class SandboxLifecycle extends Construct {
         sweeper: new iam.PolicyDocument({ statements: [logStatement(sweeperLogs), ...sweeperStatements()] }),
       },
     });
-    // Only the principals that send may send (README.md, "Security"): the webhook function
+    // Only the principals that send may send (docs/SECURITY.md): the webhook function
     // to the events queue, the worker's rechecks and hand-offs to the timers queue, the
     // sweeper's fan-out (and the worker's deferral of a sweep record) to the sweep queue,
     // plus queueSenderArns (operators; applications sending timeout_reported). An

@@ -1,4 +1,4 @@
-//! The local executor's socket admits only its forwarder (README, "Security";
+//! The local executor's socket admits only its forwarder (docs/SECURITY.md, "The sandbox holds no credential";
 //! `sandbox_local::executor_relay`): with the pinned codex as listener *and* forwarder
 //! behind `serve`'s relay, a turn still runs through the forwarder, while a second local
 //! client — one that is not the forwarder's process tree — is refused at the executor's
