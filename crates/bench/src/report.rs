@@ -85,6 +85,15 @@ fn missing(measurement: &str, what: &str) -> Row {
     }
 }
 
+/// A figure that is information, not a goal (docs/PERFORMANCE.md, "Reading the verdicts:
+/// goals and information"): it names the old target it is compared with, and its verdict
+/// is `info`, never `MISSED`.
+fn information(mut r: Row, former_target: &str) -> Row {
+    r.target = format!("information (was {former_target})");
+    r.verdict = "info".to_owned();
+    r
+}
+
 fn with_target(mut r: Row, target: &str, met: bool) -> Row {
     r.target = target.to_owned();
     r.verdict = verdict(met);
@@ -115,7 +124,7 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
     match (ours, hmac) {
         (Some(o), Some(h)) => {
             let r = o / h;
-            rows.push(with_target(
+            rows.push(information(
                 row(
                     "verify + parse + route, signed 1 KiB delivery (criterion median)",
                     format!("{} = {r:.2}× bare HMAC", us(o)),
@@ -123,7 +132,6 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
                     "× HMAC",
                 ),
                 "≤ 1.5× HMAC",
-                r <= 1.5,
             ));
         }
         _ => rows.push(missing("verify + parse + route", "criterion estimates")),
@@ -143,7 +151,7 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
     match (python_ns, ours) {
         (Some(p), Some(o)) => {
             let r = p / o;
-            rows.push(with_target(
+            rows.push(information(
                 row(
                     "official Python SDK webhooks.verify_signature + json.loads, same deliveries",
                     format!("{} → ours is {r:.1}× faster", us(p)),
@@ -151,7 +159,6 @@ pub fn build(dir: &Path, criterion_dir: &Path) -> Report {
                     "× faster",
                 ),
                 "≥ 10× faster",
-                r >= 10.0,
             ));
         }
         _ => rows.push(missing("official Python SDK path", "python.json")),
@@ -514,7 +521,7 @@ fn scale_rows(all: &[Scaled]) -> Vec<Row> {
             Some(sweep),
             "ratio",
         ));
-        rows.push(with_target(
+        rows.push(information(
             row(
                 &format!(
                     "sweep wall time growth N = {} → {}",
@@ -528,7 +535,6 @@ fn scale_rows(all: &[Scaled]) -> Vec<Row> {
                 "ratio",
             ),
             "≤ ×150 for ×100 environments",
-            last.environments != first.environments * 100 || time <= 150.0,
         ));
     }
     rows.extend(registry_rows(all));
@@ -571,8 +577,8 @@ fn time_to_executor_rows(t: &TimeToExecutor) -> Vec<Row> {
         rows.push(if warm {
             with_target(
                 total,
-                "≤ 2 s p99, every start a claim",
-                r.total_ms.p99 <= 2000.0 && r.pool_hits == r.sessions,
+                "≤ 250 ms p99, every start a claim",
+                r.total_ms.p99 <= 250.0 && r.pool_hits == r.sessions,
             )
         } else {
             total
@@ -592,7 +598,7 @@ fn time_to_executor_rows(t: &TimeToExecutor) -> Vec<Row> {
             "ms",
         );
         rows.push(if warm {
-            with_target(share, "≤ 50 ms p99", r.controller_ms.p99 <= 50.0)
+            with_target(share, "≤ 20 ms p99", r.controller_ms.p99 <= 20.0)
         } else {
             share
         });

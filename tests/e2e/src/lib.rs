@@ -232,7 +232,7 @@ impl Harness {
             } else {
                 ExecutorCommand::new(
                     workspace_binary("sim-executor")?.display().to_string(),
-                    ["exec-server"],
+                    ExecutorCommand::codex_exec_server().args,
                 )
             },
             KeySource::File(key_file),

@@ -40,7 +40,9 @@ pub fn serve_command(dir: &Path, sim_base: &str, port: u16, extra: &[&str]) -> C
         .args(["--remote-url-allow", SIM_REMOTE_URL_HOST])
         .arg("--stop-executors-on-exit")
         .args(extra)
-        .args(["--", "exec-server"])
+        // The stand-in in single mode, as codex: `exec-server --remote URL --environment-id ID`.
+        .arg("--")
+        .args(sandbox_local::process_compute::ExecutorCommand::codex_exec_server().args)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("OPENAI_API_KEY", agents_sim::DEFAULT_API_KEY)

@@ -33,7 +33,10 @@ fn write_script(path: &Path, rejected: bool) {
         )
     } else {
         let bin = workspace_binary("sim-executor").unwrap();
-        format!("#!/bin/sh\nexec {} exec-server\n", bin.display())
+        format!(
+            "#!/bin/sh\nexec {} exec-server --remote \"$REMOTE_URL\" --environment-id \"$ENVIRONMENT_ID\"\n",
+            bin.display()
+        )
     };
     std::fs::write(path, body).unwrap();
 }

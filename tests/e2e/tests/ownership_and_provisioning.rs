@@ -62,7 +62,7 @@ async fn deployment(
         agents_sim::DEFAULT_WEBHOOK_SECRET,
         ExecutorCommand::new(
             workspace_binary("sim-executor")?.display().to_string(),
-            ["exec-server"],
+            ExecutorCommand::codex_exec_server().args,
         ),
         KeySource::File(key_file),
         controller,
