@@ -205,7 +205,7 @@ pub fn peer_is_in_tree(peer: SocketAddr, local: SocketAddr, root: i32) -> bool {
     };
     let link = format!("socket:[{inode}]");
     std::iter::once(root)
-        .chain(crate::supervise::descendants(root))
+        .chain(crate::proc_tree::descendants(root))
         .any(|pid| holds_link(pid, &link))
 }
 

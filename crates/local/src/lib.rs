@@ -29,6 +29,7 @@ pub mod embedded;
 pub mod executor_relay;
 pub mod operator_key;
 pub mod private;
+mod proc_tree;
 pub mod process_compute;
 pub mod settings_file;
 pub mod sqlite_queue;

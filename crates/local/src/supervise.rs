@@ -22,53 +22,16 @@
 //! that runs as another user; and anything started in the instant between the program's
 //! exit and the last sweep, which the bounded loop retries [`SWEEP_ROUNDS`] times.
 
+pub use crate::proc_tree::descendants;
+
 use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::Pid;
-use std::collections::HashMap;
 use std::process::ExitStatus;
 use std::time::Duration;
 
 /// How many kill-and-rescan rounds a sweep makes at most.
 pub const SWEEP_ROUNDS: u32 = 50;
-
-/// `(pid, parent pid)` of every live (not zombie) process in `/proc`.
-fn process_parents() -> Vec<(i32, i32)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return vec![];
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // Fields after the parenthesised command (which may hold spaces): state, ppid.
-            let rest = &stat[stat.rfind(')')? + 1..];
-            let mut fields = rest.split_whitespace();
-            let state = fields.next()?;
-            let ppid = fields.next()?.parse().ok()?;
-            (state != "Z" && state != "X").then_some((pid, ppid))
-        })
-        .collect()
-}
-
-/// Every live descendant of `root` (children, their children, ...), read from `/proc`.
-pub fn descendants(root: i32) -> Vec<i32> {
-    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-    for (pid, ppid) in process_parents() {
-        children.entry(ppid).or_default().push(pid);
-    }
-    let mut out = vec![];
-    let mut next = vec![root];
-    while let Some(p) = next.pop() {
-        for &c in children.get(&p).into_iter().flatten() {
-            if c != root && !out.contains(&c) {
-                out.push(c);
-                next.push(c);
-            }
-        }
-    }
-    out
-}
 
 /// SIGKILLs every live descendant of `root`, rescanning until none is left or
 /// [`SWEEP_ROUNDS`] rounds passed. Returns how many processes were signalled. Reaps

@@ -23,10 +23,12 @@
 //!   executor child never sees the assignment, no credential is made, nothing listens
 //!   beyond the executor's own loopback socket.
 
-use super::{
-    COLUMNS, DEP, InstanceRow, ProcessCompute, RUNNING, STOPPED, free_loopback_url, load,
-    proc_stat, refresh, signal_group, spawn_forwarder, watch_forwarder, workspace_name,
-};
+use super::forwarder::{spawn_forwarder, watch_forwarder};
+use super::liveness::{proc_stat, refresh, signal_group};
+use super::rows::{COLUMNS, InstanceRow, RUNNING, STOPPED, load};
+use super::start::free_loopback_url;
+use super::workspaces::workspace_name;
+use super::{DEP, ProcessCompute};
 use crate::db::{DbError, now_ms, to_sql_int};
 use crate::workspace_archive as ws;
 use nix::sys::signal::Signal;
@@ -122,10 +124,13 @@ impl ProcessCompute {
             config
                 .command
                 .substituted_unassigned(&member_dir, &listen_url),
-            &super::token_file(&log_path),
+            &super::start::token_file(&log_path),
         )?;
-        let mut cmd =
-            super::executor_process(config.supervisor.as_ref(), &config.command.program, args);
+        let mut cmd = super::command::executor_process(
+            config.supervisor.as_ref(),
+            &config.command.program,
+            args,
+        );
         self.base_env(&mut cmd, &member_dir);
         cmd.process_group(0);
         let deployment_s = deployment.as_str().to_owned();
@@ -298,7 +303,7 @@ impl ProcessCompute {
             .call(DEP, OP, move |conn| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let existing =
-                    super::instance_by_token(&tx, &deployment_s, &spec_c.idempotency_token)?;
+                    super::rows::instance_by_token(&tx, &deployment_s, &spec_c.idempotency_token)?;
                 if let Some(row) = existing {
                     let row = refresh(&tx, &children, grace, row)?;
                     tx.commit()?;
@@ -483,7 +488,7 @@ impl ProcessCompute {
         if let Err(e) = move_into_workspace(member_dir, workspace, restore_from) {
             return fail(format!("workspace could not be prepared: {e}"));
         }
-        let token = super::token_file(Path::new(&row.log_path));
+        let token = super::start::token_file(Path::new(&row.log_path));
         let fwd = match self.forwarder_command(forwarder, spec, key, workspace, listen_url, &token)
         {
             Ok(f) => f,
@@ -513,7 +518,7 @@ impl ProcessCompute {
                     row.workspace
                 ],
             )
-            .and_then(|_| super::insert_forwarder(tx, &row.instance_id, fpid));
+            .and_then(|_| super::rows::insert_forwarder(tx, &row.instance_id, fpid));
         if let Err(e) = written {
             signal_group(row.pid, row.proc_start_ticks, Signal::SIGKILL);
             return Err(DbError::Sql(e));
