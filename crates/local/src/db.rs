@@ -106,7 +106,7 @@ impl DbError {
 /// registry records, so nothing recorded outlives it. `FULL` fsyncs every commit and cost
 /// about 2× the worker throughput on disk (`make bench`).
 pub(crate) fn open_connection(path: &Path) -> Result<Connection, rusqlite::Error> {
-    // Issue 24: the database holds the queues (an executor must not add a `close` job) and
+    // The database holds the queues (an executor must not add a `close` job) and
     // the registry, so it is the owner's only (0600); SQLite gives its `-wal` and `-shm`
     // files the database file's mode.
     crate::private::create_private_file(path).map_err(|e| {

@@ -31,7 +31,7 @@ pub const TIMERS_QUEUE: &str = "timers";
 /// `SWEEP_QUEUE_URL`).
 pub const SWEEP_QUEUE: &str = "sweep";
 
-/// Settings of the embedded stack. Its `Debug` redacts the webhook secrets (issue 24);
+/// Settings of the embedded stack. Its `Debug` redacts the webhook secrets;
 /// the API key and an executor key given by value redact themselves.
 #[derive(Clone)]
 pub struct EmbeddedConfig {
@@ -63,10 +63,10 @@ pub struct EmbeddedConfig {
     pub previous_webhook_secrets: Vec<String>,
     /// Accepted `webhook-timestamp` skew, both directions, seconds (default 300).
     pub webhook_tolerance_secs: u64,
-    /// How long audit entries and receipts are kept, seconds (default 30 days; issue 22):
+    /// How long audit entries and receipts are kept, seconds (default 30 days):
     /// older ones read as absent and every sweep prunes a bounded batch of them.
     pub history_retention_secs: u64,
-    /// Issue 26: the forwarder of the split mode (the only child holding the key; the
+    /// The forwarder of the split mode (the only child holding the key; the
     /// executor then listens and holds none); `None` (default): single-process mode.
     pub forwarder: Option<ExecutorCommand>,
     /// The executor's supervisor ([`crate::supervise`], e.g. `sandboxctl supervise --`):
@@ -208,7 +208,7 @@ impl EmbeddedStack {
         mut cfg: EmbeddedConfig,
         listener: tokio::net::TcpListener,
     ) -> Result<Self, EmbeddedError> {
-        // Issue 25: the terminal record names where the executor key lives.
+        // The terminal record names where the executor key lives.
         cfg.controller.executor_key_location = cfg.executor_key.location();
         let secrets: Vec<&str> = std::iter::once(cfg.webhook_secret.as_str())
             .chain(cfg.previous_webhook_secrets.iter().map(String::as_str))
@@ -228,7 +228,7 @@ impl EmbeddedStack {
             }
         })?;
         // The worker verifies forced operator jobs with the data directory's operator key
-        // (crate::operator_key; README.md, "Security").
+        // (crate::operator_key; docs/SECURITY.md).
         cfg.controller.operator_key = Some(
             crate::operator_key::load_or_create(&cfg.data_dir).map_err(|source| {
                 EmbeddedError::Io {
@@ -270,7 +270,7 @@ impl EmbeddedStack {
         compute_cfg.relay = cfg.relay;
         if compute_cfg.forwarder.is_none() {
             tracing::warn!(
-                "executor mode single: the executor child holds the executor key in its environment (issue 26 fallback; configure a forwarder to split)"
+                "executor mode single: the executor child holds the executor key in its environment (the single-container fallback; configure a forwarder to split)"
             );
         }
         let compute = ProcessCompute::open(compute_cfg)?;
@@ -352,7 +352,7 @@ impl EmbeddedStack {
 
     /// Stops the loops and the endpoint; with `stop_executors`, also stops every live
     /// executor this stack's database knows (SIGTERM, then SIGKILL after the grace).
-    /// Returns how many executors were stopped, idle warm pool members (issue 27: expected
+    /// Returns how many executors were stopped, idle warm pool members (expected
     /// to run until the end, serving nothing) not counted; they are stopped too.
     ///
     /// # Errors
@@ -396,11 +396,11 @@ async fn worker_loop(n: usize, c: Arc<LocalController>, stop: watch::Receiver<bo
     }
 }
 
-/// How often `serve` refills the warm pool (issue 27): a claim's member is replaced
+/// How often `serve` refills the warm pool: a claim's member is replaced
 /// within this, and a member past its age recycled.
 pub const POOL_REFILL_INTERVAL: Duration = Duration::from_millis(500);
 
-/// Issue 27: keeps the warm pool at its size ([`Controller::refill_pool`]) every
+/// Keeps the warm pool at its size ([`Controller::refill_pool`]) every
 /// [`POOL_REFILL_INTERVAL`] until the stop.
 async fn pool_loop(c: Arc<LocalController>, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(POOL_REFILL_INTERVAL);

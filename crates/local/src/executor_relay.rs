@@ -19,7 +19,7 @@
 //! check needs no privilege; another user's process is never the forwarder.
 //!
 //! What it does not stop: a process of the same user can read the token file (0600 in the
-//! data directory) or ptrace the forwarder; the README's Security section says so.
+//! data directory) or ptrace the forwarder; docs/SECURITY.md says so.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};

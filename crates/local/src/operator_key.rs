@@ -4,7 +4,7 @@
 //!
 //! What it keeps out: another local user (the data directory is 0700 and the file 0600).
 //! What it does not: a process of the user running `serve` can read it, as it can the
-//! queue database (README.md, "Security").
+//! queue database (docs/SECURITY.md).
 
 use sandbox_core::operator_proof::OperatorKey;
 use std::fs;

@@ -1,9 +1,9 @@
-//! Owner-only files and directories for local mode's data (issue 24): the data directory
+//! Owner-only files and directories for local mode's data: the data directory
 //! is 0700, every file the controller writes in it 0600 (SQLite databases and their
 //! `-wal`/`-shm`, executor logs, workspace snapshots, the settings file, the demo's key).
 //!
 //! Mode bits keep other local users out; they do not separate processes of the same user
-//! (an executor runs as the user running `serve`): see the README, "What local mode
+//! (an executor runs as the user running `serve`): see docs/SECURITY.md, "What local mode
 //! isolates".
 
 use std::fs;
@@ -46,7 +46,7 @@ pub fn create_private_file(path: &Path) -> io::Result<()> {
 /// Makes this process non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`, prctl(2)): no core dump,
 /// and `/proc/<pid>/environ`, `/proc/<pid>/mem` and ptrace become root-only, so a process
 /// of the same user (an executor, an agent's tool) cannot read the secrets `serve` holds
-/// in its environment and memory (issue 24). Children are not affected (exec resets it).
+/// in its environment and memory. Children are not affected (exec resets it).
 ///
 /// # Errors
 /// The `prctl` call failing.

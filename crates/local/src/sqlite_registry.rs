@@ -14,20 +14,20 @@
 //!   unclean one sets `until = 0` (expired, so the next take is `recovered`).
 //!   The partial index `registry_records_open` holds the rows whose record is not closed:
 //!   [`Registry::list_open`] (the sweep's read) walks it and never the closed rows
-//!   (issue 22 item 1; the same read as DynamoDB's sparse `by_open` index).
+//!   (the same read as DynamoDB's sparse `by_open` index).
 //! - `registry_ledger`: webhook id, `expires_at` (Unix seconds); an entry with
 //!   `expires_at <= now` reads as absent (DynamoDB TTL deletes late, so the same rule).
 //! - `registry_audit`: append-only, ordered by an autoincrement id.
 //! - `registry_receipts`: per effect key, ordered by an autoincrement id.
-//! - History expires (issue 22 item 2): an audit entry or a receipt older than the
+//! - History expires: an audit entry or a receipt older than the
 //!   retention ([`SqliteRegistry::with_history_retention`], default 30 days) reads as
 //!   absent, and [`SqliteRegistry::prune_history`] (called after every local sweep)
 //!   deletes a bounded batch of them, oldest first, as DynamoDB's TTL does.
 //! - `registry_slot_holders` (effect key, `acquired_at`) and `registry_slot_counter` (one
-//!   row, `in_use`): the executor cap per deployment (issue 13 item 3). An acquire or a
+//!   row, `in_use`): the executor cap per deployment. An acquire or a
 //!   release is one `IMMEDIATE` transaction that checks the fence, then the holder and the
 //!   counter (`in_use < cap`), and changes both or neither.
-//! - `registry_terminals` (issue 25): effect key, `closed_at`, the close's terminal record
+//! - `registry_terminals`: effect key, `closed_at`, the close's terminal record
 //!   as JSON; written once (`INSERT ... ON CONFLICT DO NOTHING`: zero changed rows means
 //!   one is already stored) and never pruned with the history.
 

@@ -1,5 +1,5 @@
 //! Local workspace snapshots: one `tar` + `zstd` archive per environment and generation,
-//! so local mode has the semantics of replacement compute on AWS (issue 14): a stopped
+//! so local mode has the semantics of replacement compute on AWS: a stopped
 //! generation's directory is archived and deleted, and the next generation starts from a
 //! fresh directory restored from the latest archive.
 //!

@@ -489,7 +489,7 @@ async fn a_restarted_controller_adopts_live_children_and_reaps_dead_ones() {
     assert!(!os_alive(a.pid));
 }
 
-/// Issue 26: after a restart the forwarder of an adopted split instance is watched like a
+/// After a restart the forwarder of an adopted split instance is watched like a
 /// fresh one: killing it stops the executor, which read-back then records stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_controller_watches_the_adopted_forwarder() {
@@ -727,7 +727,7 @@ async fn child_process_workspaces_pass_the_workspace_contract() {
     c.shutdown_all().await.unwrap();
 }
 
-/// Issue 27: a split-mode compute whose executor and forwarder are `sleep`s.
+/// A split-mode compute whose executor and forwarder are `sleep`s.
 fn pooled(f: &Fixture) -> ProcessCompute {
     let mut config = f.config(
         ExecutorCommand::new("sleep", ["300"]),
@@ -781,7 +781,7 @@ async fn process_compute_passes_the_pool_contract() {
     );
 }
 
-/// Issue 27: the claimed member's executor keeps running, now in the generation's
+/// The claimed member's executor keeps running, now in the generation's
 /// workspace (its directory was renamed, so its working directory moved with it); the
 /// forwarder spawned at the claim alone gets the assignment and the key; the executor's
 /// environment holds neither.

@@ -1,4 +1,4 @@
-//! Issue 24 item 5: local mode's data directory is the owner's only — the directory 0700,
+//! Local mode's data directory is the owner's only — the directory 0700,
 //! every file the controller writes in it 0600 (registry and queue databases with their
 //! WAL files, executor logs, snapshots, the settings file), also when the directory
 //! existed with a wider mode.

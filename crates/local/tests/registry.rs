@@ -194,7 +194,7 @@ async fn audit_entries_list_per_key_in_order_and_everything_survives_a_reopen() 
     assert!(!r.seen_delivery("msg_2", 10).await.unwrap(), "purged");
 }
 
-/// Issue 22 item 2: audit entries and receipts older than the retention read as absent
+/// Audit entries and receipts older than the retention read as absent
 /// (before any prune) and `prune_history` deletes them in bounded batches, oldest first,
 /// leaving what is within the retention.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! Issue 24 item 3: the `remote_url` the local executor is handed is exactly the text the
+//! The `remote_url` the local executor is handed is exactly the text the
 //! allowlist checked. Each candidate goes through the real decision (`decide`) and, when
 //! it starts, through [`ProcessCompute`] to a real child that writes `$REMOTE_URL` and
 //! its `--remote`-style argument to a file; a refused one never reaches a start.

@@ -59,7 +59,7 @@ impl ExecutorCommand {
         )
     }
 
-    /// Issue 26, the split mode's executor: `codex exec-server --listen $LISTEN_URL` (no key).
+    /// The split mode's executor: `codex exec-server --listen $LISTEN_URL` (no key).
     pub fn codex_listen() -> Self {
         Self::listen("codex")
     }
@@ -72,7 +72,7 @@ impl ExecutorCommand {
         Self::forward("codex")
     }
 
-    /// Issue 26: `program exec-server --listen $LISTEN_URL`, the split mode's executor of
+    /// `program exec-server --listen $LISTEN_URL`, the split mode's executor of
     /// any program speaking `codex exec-server`'s arguments (the real `codex`, the
     /// `sim-executor` stand-in).
     pub fn listen(program: impl Into<String>) -> Self {
@@ -123,7 +123,7 @@ impl ExecutorCommand {
 
     /// Whether an argument names a value of the assignment (`$REMOTE_URL`,
     /// `$ENVIRONMENT_ID`, `$SESSION_ID`, `$GENERATION`): a command that does cannot be
-    /// started before its assignment (issue 27: a pool member's executor).
+    /// started before its assignment (a pool member's executor).
     pub(super) fn needs_assignment(&self) -> bool {
         self.args.iter().any(|a| {
             matches!(
@@ -145,7 +145,7 @@ impl ExecutorCommand {
             .collect()
     }
 
-    /// The arguments of a command started before its assignment (issue 27, a pool
+    /// The arguments of a command started before its assignment (a pool
     /// member's executor): only `$WORKSPACE_DIR` and `$LISTEN_URL` are replaced (the caller
     /// checked [`Self::needs_assignment`]).
     pub(super) fn substituted_unassigned(&self, workspace: &Path, listen_url: &str) -> Vec<String> {

@@ -84,7 +84,7 @@ impl Compute for ProcessCompute {
                 if let Err(e) = fresh_workspace(&workspace_p, restore_from.as_deref()) {
                     return Ok(Spawned::Failed(format!("workspace could not be prepared: {e}")));
                 }
-                // 0600: the log may quote what the executor printed (issue 24).
+                // 0600: the log may quote what the executor printed.
                 let log = match crate::private::create_private_file(Path::new(&log_s))
                     .and_then(|()| std::fs::OpenOptions::new().append(true).open(&log_s))
                 {

@@ -43,7 +43,7 @@ pub(super) fn forwarder_exited(
 ) {
     tracing::info!(instance_id = %instance_id, code = ?exit.and_then(|e| e.code), signal = ?exit.and_then(|e| e.signal), "forwarder exited; stopping its executor");
     // The executor may have ended (and its pid been reused) before the forwarder:
-    // signalled only while the recorded start time still matches (issue 24).
+    // signalled only while the recorded start time still matches.
     signal_group(pgid, start_ticks, Signal::SIGTERM);
 }
 

@@ -38,7 +38,7 @@ pub enum KeySource {
 }
 
 impl KeySource {
-    /// Where the key lives, for the terminal record's `executor_credential` (issue 25):
+    /// Where the key lives, for the terminal record's `executor_credential`:
     /// the file's path or the variable's name, never the key.
     pub fn location(&self) -> String {
         match self {

@@ -76,7 +76,7 @@ pub(super) fn gone(children: &Children, row: &InstanceRow) -> Option<Option<Exit
 }
 
 /// Signals the process group `pid`, unless `/proc` shows that `pid` now belongs to another
-/// process than the one that started at `start_ticks` (issue 24: after pid reuse, a
+/// process than the one that started at `start_ticks` (after pid reuse, a
 /// group id equal to the reused pid would be someone else's group; Linux keeps a pid
 /// number from reuse while it still names a live group, so a reused pid means no
 /// straggler of ours is left to signal).
@@ -140,7 +140,7 @@ mod pid_reuse_tests {
     use super::*;
     use std::os::unix::process::CommandExt as _;
 
-    /// Issue 24: a recorded start time that is not the live process's one means the pid
+    /// A recorded start time that is not the live process's one means the pid
     /// was reused; the group is not signalled.
     #[test]
     fn no_signal_to_a_reused_pid() {

@@ -24,7 +24,7 @@
 //!   [`ProcessComputeConfig::stop_grace`] (default 10 s) has passed, then marks it stopped
 //!   when gone. The escalation runs in the background; if the controller exits meanwhile,
 //!   the next read-back after the grace sends the SIGKILL.
-//! - **Split mode** (issue 26, [`ProcessComputeConfig::forwarder`] set): two children per
+//! - **Split mode** ([`ProcessComputeConfig::forwarder`] set): two children per
 //!   instance in one process group. The *executor* (the configured command, e.g.
 //!   `codex exec-server --listen $LISTEN_URL`) starts first, as the group leader, with a
 //!   cleared environment that holds no key and no `REMOTE_URL` / `ENVIRONMENT_ID`: only
@@ -37,7 +37,7 @@
 //!   forwarder exits, the group is sent SIGTERM (the forwarder is essential, as in the
 //!   Fargate task): a forwarder this process spawned is awaited; one adopted after a
 //!   restart is watched through `/proc` every [`ADOPTED_FORWARDER_POLL`] (only its parent
-//!   can await it). Both run as the controller's user: see the README's security section
+//!   can await it). Both run as the controller's user: see docs/SECURITY.md
 //!   for what a same-user sandbox can still read.
 //! - **Controller exit**: children survive a controller crash and are adopted by the next
 //!   `ProcessCompute` over the same database. [`ProcessCompute::shutdown_all`] stops every
@@ -350,7 +350,7 @@ impl ProcessCompute {
             .map(|r| r.info()))
     }
 
-    /// Issue 26: the pid of a split instance's forwarder as recorded at start (`None` in
+    /// The pid of a split instance's forwarder as recorded at start (`None` in
     /// single mode or for an unknown instance); whether it still runs is not checked.
     ///
     /// # Errors

@@ -1,4 +1,4 @@
-//! Issue 27, the warm pool of [`ProcessCompute`] (split mode only).
+//! The warm pool of [`ProcessCompute`] (split mode only).
 //!
 //! - **A member** is a listening executor started ahead of any assignment: the configured
 //!   executor command (e.g. `codex exec-server --listen $LISTEN_URL`), with the executor's

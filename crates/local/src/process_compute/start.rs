@@ -27,7 +27,7 @@ pub(super) enum Spawned {
 impl ProcessCompute {
     /// Records `child` (the executor of instance `id`) as this process's own and awaits
     /// its exit in the background: the exit status is recorded and the instance marked
-    /// stopped. `cleanup` (issue 27: a pool member's directory, or the link left where it
+    /// stopped. `cleanup` (a pool member's directory, or the link left where it
     /// was once claimed) is removed after the exit.
     pub(super) fn watch_executor(
         &self,

@@ -130,7 +130,7 @@ impl Workspaces for ProcessCompute {
     /// Local mode's save deletes the directory itself once the archive is in place (an
     /// archive is complete when it exists; one not recorded yet is kept by the sweeper,
     /// which never deletes a snapshot newer than the record's latest, and a retried save
-    /// returns it, issue 23). This deletes a directory a crash left after its archive.
+    /// returns it). This deletes a directory a crash left after its archive.
     async fn delete_working_copy(
         &self,
         deployment: &DeploymentId,
