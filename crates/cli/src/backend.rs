@@ -2,7 +2,7 @@
 //! the compute provider and the two queues of a deployment.
 //!
 //! - `local`: a data directory of `sandboxctl serve` (or `demo --data-dir`): `sandbox.db`
-//!   (registry and executor table) and `queues.db` (events and timers queues).
+//!   (registry and executor table) and `queues.db` (events, timers and sweep queues).
 //! - `aws`: the deployment's DynamoDB table, ECS cluster and SQS queues, named by the same
 //!   environment variables the worker and the sweeper read (`sandbox_aws::settings`:
 //!   `TABLE_NAME`, `ECS_CLUSTER`, `EVENTS_QUEUE_URL`, `TIMERS_QUEUE_URL`, `SWEEP_QUEUE_URL`, `DEPLOYMENT_ID`,
@@ -85,19 +85,22 @@ impl BackendArgs {
 pub enum QueueKind {
     /// The events queue (FIFO): webhook jobs, operator closes.
     Events,
-    /// The timers queue (standard): lease rechecks, hand-offs, operator sweeps.
+    /// The timers queue (standard): lease rechecks, hand-offs.
     Timers,
+    /// The sweep queue (standard): a fanned-out sweep's jobs, operator sweeps.
+    Sweep,
 }
 
 impl QueueKind {
-    /// Both, events first.
-    pub const ALL: [QueueKind; 2] = [QueueKind::Events, QueueKind::Timers];
+    /// All three, events first.
+    pub const ALL: [QueueKind; 3] = [QueueKind::Events, QueueKind::Timers, QueueKind::Sweep];
 
-    /// `events` / `timers`.
+    /// `events` / `timers` / `sweep`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Events => "events",
             Self::Timers => "timers",
+            Self::Sweep => "sweep",
         }
     }
 }
@@ -257,6 +260,7 @@ impl Ops for LocalOps {
         match which {
             QueueKind::Events => &self.events,
             QueueKind::Timers => &self.timers,
+            QueueKind::Sweep => &self.sweep,
         }
     }
     fn sweep_queue(&self) -> &Self::Q {
@@ -358,6 +362,7 @@ pub struct AwsOps {
     sweep: SqsQueue,
     events_dlq: Option<String>,
     timers_dlq: Option<String>,
+    sweep_dlq: Option<String>,
 }
 
 #[cfg(feature = "aws")]
@@ -380,6 +385,9 @@ impl AwsOps {
         let timers_dlq = sqs_dead_letters::dead_letter_queue_url(&sqs, &settings.timers_queue_url)
             .await
             .context("reading the timers queue's redrive policy")?;
+        let sweep_dlq = sqs_dead_letters::dead_letter_queue_url(&sqs, &settings.sweep_queue_url)
+            .await
+            .context("reading the sweep queue's redrive policy")?;
         let queue = |url: &str, fifo: bool, dlq: &Option<String>| {
             SqsQueue::new(
                 sqs.clone(),
@@ -396,7 +404,7 @@ impl AwsOps {
             &events_dlq,
         );
         let timers = queue(&settings.timers_queue_url, false, &timers_dlq);
-        let sweep = queue(&settings.sweep_queue_url, false, &None);
+        let sweep = queue(&settings.sweep_queue_url, false, &sweep_dlq);
         let registry =
             DynamoRegistry::new(aws_sdk_dynamodb::Client::new(&sdk), &settings.table_name)
                 .with_history_retention(settings.history_retention_secs);
@@ -413,6 +421,7 @@ impl AwsOps {
             sweep,
             events_dlq,
             timers_dlq,
+            sweep_dlq,
         })
     }
 
@@ -420,6 +429,7 @@ impl AwsOps {
         let dlq = match which {
             QueueKind::Events => &self.events_dlq,
             QueueKind::Timers => &self.timers_dlq,
+            QueueKind::Sweep => &self.sweep_dlq,
         };
         dlq.as_deref().ok_or_else(|| {
             PortError::permanent(
@@ -455,6 +465,7 @@ impl Ops for AwsOps {
         match which {
             QueueKind::Events => &self.events,
             QueueKind::Timers => &self.timers,
+            QueueKind::Sweep => &self.sweep,
         }
     }
     fn sweep_queue(&self) -> &Self::Q {
@@ -496,6 +507,7 @@ impl Ops for AwsOps {
                 self.settings.events_queue_fifo,
             ),
             QueueKind::Timers => (&self.settings.timers_queue_url, false),
+            QueueKind::Sweep => (&self.settings.sweep_queue_url, false),
         };
         let report =
             sqs_dead_letters::redrive_dead_letters(&self.sqs, dlq, target, fifo, max).await?;

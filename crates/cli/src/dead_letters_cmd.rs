@@ -1,5 +1,5 @@
 //! `sandboxctl dlq list` and `sandboxctl dlq redrive`: the dead-letter queues of the
-//! events and timers queues.
+//! events, timers and sweep queues.
 //!
 //! `list` shows each dead-lettered job (trigger, session, environment, hand-offs, receive
 //! count, when) and leaves it in place (on SQS a peek is a receive; see

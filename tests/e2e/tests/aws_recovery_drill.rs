@@ -610,7 +610,7 @@ async fn aws_dead_letters_listed_and_redriven_and_start_failures_reset_through_t
     assert_eq!(out.code, 1, "{out:?}");
     assert_eq!(
         out.json()["dead_letters"],
-        serde_json::json!({"events": 1, "timers": 1})
+        serde_json::json!({"events": 1, "timers": 1, "sweep": 0})
     );
 
     // Redriven: the job goes back with its hand-offs reset; the body that is no job stays.

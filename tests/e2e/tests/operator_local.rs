@@ -121,12 +121,12 @@ async fn every_operator_command_on_a_running_local_stack() {
     let reset = run(with(&["reset-start-failures", "env_nobody"]), &[]).await;
     assert_eq!(reset.code, 2, "{reset:?}");
 
-    // dlq list: both empty.
+    // dlq list: all three empty.
     let dlq = run(with(&["dlq", "list", "--json"]), &[]).await;
     assert_eq!(dlq.code, 0, "{dlq:?}");
     assert_eq!(
         dlq.json()["queues"],
-        serde_json::json!({"events": [], "timers": []})
+        serde_json::json!({"events": [], "timers": [], "sweep": []})
     );
 
     // close --wait: the worker closes it; two receipts; the terminal record.
