@@ -78,6 +78,8 @@
 //! seconds.
 //!
 //! [`EcsCompute`]: crate::ecs_compute::EcsCompute
+//! [`RECYCLE_REASON`]: sandbox_controller::pool::RECYCLE_REASON
+//! [`REPLAY_ONLY`]: sandbox_controller::pool::REPLAY_ONLY
 //! [`EcsCompute::with_pool`]: crate::ecs_compute::EcsCompute::with_pool
 //! [`EcsCompute::with_claim_fence`]: crate::ecs_compute::EcsCompute::with_claim_fence
 

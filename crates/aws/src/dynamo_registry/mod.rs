@@ -106,6 +106,12 @@
 //! `table.rs` ([`create_table`]).
 //!
 //! [`Registry`]: sandbox_controller::ports::Registry
+//! [`Registry::list`]: sandbox_controller::ports::Registry::list
+//! [`Registry::list_open`]: sandbox_controller::ports::Registry::list_open
+//! [`Registry::slots`]: sandbox_controller::ports::Registry::slots
+//! [`Registry::find_by_session`]: sandbox_controller::ports::Registry::find_by_session
+//! [`Receipt`]: sandbox_controller::ports::Receipt
+//! [`Write::Conflict`]: sandbox_controller::ports::Write::Conflict
 
 mod codec;
 mod registry;
@@ -242,7 +248,8 @@ impl DynamoRegistry {
     }
 
     /// Puts the records written before the `by_open` index existed into it (issue 22):
-    /// such a record has no `open_shard`, so [`Registry::list_open`] (the sweep's read)
+    /// such a record has no `open_shard`, so
+    /// [`Registry::list_open`](sandbox_controller::ports::Registry::list_open) (the sweep's read)
     /// never sees it until its next write. One consistent `Scan` of the record items that
     /// lack the attribute (every page; an operator's one-off, `sandboxctl migrate`: the
     /// functions' roles grant no `Scan`), then for each record that is not closed one

@@ -73,7 +73,7 @@
 //! Files: this one (the provider, its cold starts, reads and stops); `pool.rs` and
 //! `pool_upkeep.rs` (the warm pool's ECS calls on [`EcsCompute`]; the protocol, names
 //! and settings are in [`crate::ecs_pool`]); `workspaces.rs` (feature `ec2`: the
-//! [`Workspaces`](sandbox_controller::ports::Workspaces) port on [`crate::ebs_workspaces`]).
+//! [`Workspaces`](sandbox_controller::ports::Workspaces) port on `crate::ebs_workspaces`).
 //! The tags and the task readers shared with the pool and EBS workspaces are in
 //! `crate::ecs_task`.
 

@@ -96,7 +96,7 @@ pub struct LaunchItem {
     pub created_at: u64,
 }
 
-/// An item of the refill's partition ([`POOL_INDEX`]).
+/// An item of the refill's partition ([`POOL_INDEX`](super::POOL_INDEX)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PoolItem {
     /// A launch not recorded yet.
