@@ -57,10 +57,12 @@
 //! `RunTask` ignores `volumeConfigurations`; tests/moto/server.py keeps snapshots
 //! `pending` for `SANDBOX_MOTO_SNAPSHOT_PENDING_SECS`, creates the volume the way ECS
 //! would (and refuses a request ECS refuses, a pending `snapshotId` included), see there.
+//!
+//! [`Workspaces`]: sandbox_controller::ports::Workspaces
+//! [`EcsCompute`]: crate::ecs_compute::EcsCompute
+//! [`EcsCompute::with_workspaces`]: crate::ecs_compute::EcsCompute::with_workspaces
 
-use crate::ecs_compute::{
-    EcsCompute, TAG_DEPLOYMENT, TAG_ENVIRONMENT, TAG_GENERATION, TAG_SESSION,
-};
+use crate::ecs_task::{TAG_DEPLOYMENT, TAG_ENVIRONMENT, TAG_GENERATION, TAG_SESSION};
 use crate::sdk_error::{code, port_error};
 use aws_sdk_ec2::types::{
     Filter, ResourceType, Snapshot, SnapshotState, Tag as Ec2Tag, TagSpecification, Volume,
@@ -71,7 +73,7 @@ use aws_sdk_ecs::types::{
     TaskManagedEbsVolumeConfiguration, TaskManagedEbsVolumeTerminationPolicy,
     TaskVolumeConfiguration,
 };
-use sandbox_controller::ports::{PortError, StoredKind, StoredWorkspace, Workspaces};
+use sandbox_controller::ports::{PortError, StoredKind, StoredWorkspace};
 use sandbox_core::decision::StartSpec;
 use sandbox_core::ids::{DeploymentId, EnvironmentId, Generation};
 use sandbox_core::workspace::{SnapshotState as State, WorkspaceDisposition};
@@ -130,8 +132,9 @@ pub struct Ebs {
     pub(crate) config: EbsConfig,
 }
 
-/// An EC2 client on `sdk` (for [`EcsCompute::with_workspaces`]), so callers need not
-/// depend on `aws-sdk-ec2` themselves.
+/// An EC2 client on `sdk` (for
+/// [`EcsCompute::with_workspaces`](crate::ecs_compute::EcsCompute::with_workspaces)), so
+/// callers need not depend on `aws-sdk-ec2` themselves.
 pub fn ec2_client(sdk: &aws_config::SdkConfig) -> aws_sdk_ec2::Client {
     aws_sdk_ec2::Client::new(sdk)
 }
@@ -314,7 +317,7 @@ impl Ebs {
     }
 
     /// The state of snapshot `id` (module docs, **snapshot_state**).
-    async fn state(&self, id: &str, op: &'static str) -> Result<State, PortError> {
+    pub(crate) async fn state(&self, id: &str, op: &'static str) -> Result<State, PortError> {
         let out = match self
             .client
             .describe_snapshots()
@@ -373,7 +376,7 @@ impl Ebs {
 
     /// Deletes the `available` volumes of the generation once `snapshot_id` is
     /// `completed` (module docs, **delete_working_copy**).
-    async fn delete_working_copy(
+    pub(crate) async fn delete_working_copy(
         &self,
         deployment: &DeploymentId,
         environment_id: &EnvironmentId,
@@ -394,7 +397,7 @@ impl Ebs {
         Ok(true)
     }
 
-    async fn save(
+    pub(crate) async fn save(
         &self,
         deployment: &DeploymentId,
         environment_id: &EnvironmentId,
@@ -477,7 +480,7 @@ impl Ebs {
         Ok(WorkspaceDisposition::Snapshot { snapshot_id })
     }
 
-    async fn discard(
+    pub(crate) async fn discard(
         &self,
         deployment: &DeploymentId,
         environment_id: &EnvironmentId,
@@ -494,7 +497,7 @@ impl Ebs {
         Ok(WorkspaceDisposition::Deleted)
     }
 
-    async fn delete(&self, kind: StoredKind, id: &str) -> Result<(), PortError> {
+    pub(crate) async fn delete(&self, kind: StoredKind, id: &str) -> Result<(), PortError> {
         let op = "delete_stored";
         match kind {
             StoredKind::Snapshot => {
@@ -552,7 +555,10 @@ impl Ebs {
         }
     }
 
-    async fn list(&self, deployment: &DeploymentId) -> Result<Vec<StoredWorkspace>, PortError> {
+    pub(crate) async fn list(
+        &self,
+        deployment: &DeploymentId,
+    ) -> Result<Vec<StoredWorkspace>, PortError> {
         let op = "list_stored";
         let mut out = Vec::new();
         let parse = |tags: &[Ec2Tag]| -> Option<(EnvironmentId, Generation)> {
@@ -597,83 +603,6 @@ impl Ebs {
             });
         }
         Ok(out)
-    }
-}
-
-/// EBS workspaces when configured ([`EcsCompute::with_workspaces`]); otherwise the
-/// defaults of the port (`none`: nothing kept).
-impl Workspaces for EcsCompute {
-    async fn save_workspace(
-        &self,
-        deployment: &DeploymentId,
-        environment_id: &EnvironmentId,
-        generation: Generation,
-    ) -> Result<WorkspaceDisposition, PortError> {
-        match self.ebs() {
-            Some(ebs) => ebs.save(deployment, environment_id, generation).await,
-            None => Ok(WorkspaceDisposition::None),
-        }
-    }
-
-    async fn snapshot_state(
-        &self,
-        _deployment: &DeploymentId,
-        snapshot_id: &str,
-    ) -> Result<State, PortError> {
-        match self.ebs() {
-            Some(ebs) => ebs.state(snapshot_id, "snapshot_state").await,
-            None => Ok(State::Gone),
-        }
-    }
-
-    async fn delete_working_copy(
-        &self,
-        deployment: &DeploymentId,
-        environment_id: &EnvironmentId,
-        generation: Generation,
-        snapshot_id: &str,
-    ) -> Result<bool, PortError> {
-        match self.ebs() {
-            Some(ebs) => {
-                ebs.delete_working_copy(deployment, environment_id, generation, snapshot_id)
-                    .await
-            }
-            None => Ok(true),
-        }
-    }
-
-    async fn discard_workspace(
-        &self,
-        deployment: &DeploymentId,
-        environment_id: &EnvironmentId,
-        generation: Generation,
-    ) -> Result<WorkspaceDisposition, PortError> {
-        match self.ebs() {
-            Some(ebs) => ebs.discard(deployment, environment_id, generation).await,
-            None => Ok(WorkspaceDisposition::None),
-        }
-    }
-
-    async fn delete_stored(
-        &self,
-        _deployment: &DeploymentId,
-        kind: StoredKind,
-        id: &str,
-    ) -> Result<(), PortError> {
-        match self.ebs() {
-            Some(ebs) => ebs.delete(kind, id).await,
-            None => Ok(()),
-        }
-    }
-
-    async fn list_stored(
-        &self,
-        deployment: &DeploymentId,
-    ) -> Result<Vec<StoredWorkspace>, PortError> {
-        match self.ebs() {
-            Some(ebs) => ebs.list(deployment).await,
-            None => Ok(Vec::new()),
-        }
     }
 }
 

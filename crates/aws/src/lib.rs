@@ -48,6 +48,8 @@ pub mod ebs_workspaces;
 pub mod ecs_compute;
 #[cfg(feature = "ecs")]
 pub mod ecs_pool;
+#[cfg(feature = "ecs")]
+mod ecs_task;
 #[cfg(feature = "dynamodb")]
 pub mod pool_table;
 pub mod sdk_config;
