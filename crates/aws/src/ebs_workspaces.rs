@@ -1,4 +1,4 @@
-//! Workspaces on ECS-managed Amazon EBS volumes (issue 14, feature `ec2`): the
+//! Workspaces on ECS-managed Amazon EBS volumes (feature `ec2`): the
 //! [`Workspaces`] port of [`EcsCompute`] when [`EcsCompute::with_workspaces`] configured it.
 //!
 //! The sandbox never holds an AWS credential for its files: ECS creates, attaches and
@@ -17,8 +17,7 @@
 //! - **save** (after the task was read back `STOPPED`): `DescribeVolumes` by the tags
 //!   (deployment, environment, generation) — never the stopped task's attachments (ECS
 //!   forgets stopped tasks after about an hour). A volume still `in-use` (ECS detaches it
-//!   after the stop) fails the save transiently at once, with no in-job wait (issue 23:
-//!   the SDK's EC2 waiters poll at a 15 s minimum delay, so a wait costs its whole budget
+//!   after the stop) fails the save transiently at once, with no in-job wait (the SDK's EC2 waiters poll at a 15 s minimum delay, so a wait costs its whole budget
 //!   inside the invocation); the job is retried through the queue: nothing is
 //!   snapshotted while anything may still write. An `available` volume gets one
 //!   `CreateSnapshot` with `TagSpecifications` (resource type `snapshot`, the same tags)
@@ -111,7 +110,7 @@ pub struct EbsConfig {
 }
 
 impl EbsConfig {
-    /// A configuration with the default type (`gp3`). Nothing in it waits (issue 23):
+    /// A configuration with the default type (`gp3`). Nothing in it waits:
     /// a volume still attached fails the save transiently (retried through the queue), a
     /// pending snapshot is waited for by the decision, never inside a job.
     pub fn new(infrastructure_role_arn: impl Into<String>, size_gib: i32) -> Self {
@@ -474,7 +473,7 @@ impl Ebs {
                     .build()
             }
         };
-        // Issue 23: no wait and no delete here; the volume goes once the record names a
+        // No wait and no delete here; the volume goes once the record names a
         // completed snapshot (`delete_working_copy`, or the sweeper).
         let snapshot_id = snapshot.snapshot_id().unwrap_or_default().to_owned();
         Ok(WorkspaceDisposition::Snapshot { snapshot_id })

@@ -1,4 +1,4 @@
-//! The warm pool on ECS (issue 27, docs/WARM_POOL.md "AWS"): the ECS side of the pool
+//! The warm pool on ECS (docs/WARM_POOL.md "AWS"): the ECS side of the pool
 //! methods of [`Compute`](sandbox_controller::ports::Compute) on [`EcsCompute`], turned on
 //! with [`EcsCompute::with_pool`]. Every DynamoDB call is in [`crate::pool_table`]; every
 //! ECS call of the pool (`RunTask`, `TagResource`, `ListTasks`, `DescribeTasks`,

@@ -8,7 +8,7 @@
 //!   in the module docs; [`create_table`] creates it);
 //! - [`ecs_compute`] — [`EcsCompute`]: the [`Compute`](sandbox_controller::ports::Compute)
 //!   port on ECS Fargate tasks (a lost start is found again by its RunTask `clientToken`);
-//! - [`ecs_pool`] and [`pool_table`] — the warm pool (issue 27, docs/WARM_POOL.md) on ECS
+//! - [`ecs_pool`] and [`pool_table`] — the warm pool (docs/WARM_POOL.md) on ECS
 //!   and its own DynamoDB table: [`EcsCompute::with_pool`] with a [`PoolConfig`];
 //! - `ebs_workspaces` (feature `ec2`) — `EbsConfig`: workspaces on ECS-managed EBS
 //!   volumes, snapshotted after the task stopped (the `Workspaces` port of `EcsCompute`);

@@ -1,6 +1,6 @@
 //! [`StrictEcs`]: an AWS SDK interceptor for the ECS client of every moto test, so the
 //! adapter cannot drift from the documented API where moto is more lenient than ECS
-//! (issue 11; shared/reference/aws-semantics.md). Test support (feature `bootstrap`),
+//! (shared/reference/aws-semantics.md). Test support (feature `bootstrap`),
 //! never in the default build.
 //!
 //! It does three things on every ECS call of the client it is installed on
@@ -32,7 +32,7 @@
 //!    - `ListTasks` with a `startedBy` value ECS could never have stored (over 36
 //!      characters or outside letters, digits, `-`, `/`, `_`: the RunTask/StartTask rule
 //!      above; a pool's `ListTasks` by its `startedBy` is checked like an environment's);
-//!    - `TagResource` (issue 27: a claimed pool member is tagged after `RunTask`) without a
+//!    - `TagResource` (a claimed pool member is tagged after `RunTask`) without a
 //!      `resourceArn` or without tags ("tags ... Required: Yes", TagResource), with more
 //!      than 50 tags, a key over 128 or a value over 256 characters, or a key with the
 //!      reserved `aws:` prefix ("Do not use aws:, AWS:, or any upper or lowercase

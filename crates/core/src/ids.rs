@@ -158,8 +158,7 @@ pub fn environment_started_by(deployment: &DeploymentId, environment_id: &Enviro
     format!("se-{hex}")
 }
 
-/// The ECS `startedBy` of one deployment's warm pool members (
-/// docs/WARM_POOL.md): `sp-` and the first 128 bits of `SHA-256("pool/{deployment}")` in
+/// The ECS `startedBy` of one deployment's warm pool members (docs/WARM_POOL.md): `sp-` and the first 128 bits of `SHA-256("pool/{deployment}")` in
 /// hex (35 characters). Distinct from every [`environment_started_by`] (`se-…`), so the
 /// pool's `ListTasks` (the refill's reconcile) and an environment's never overlap.
 pub fn pool_started_by(deployment: &DeploymentId) -> String {

@@ -47,8 +47,7 @@ pub struct Record {
     pub cleanup_required: bool,
     /// Optimistic-concurrency version: every write conditions on it and increments it.
     pub version: u64,
-    /// Reconciliation evidence held for an owner, open and recently resolved (
-    /// [`crate::evidence`]). An open entry whose tool did not complete holds the compute:
+    /// Reconciliation evidence held for an owner, open and recently resolved ([`crate::evidence`]). An open entry whose tool did not complete holds the compute:
     /// the idle lease does not stop it until `sandboxctl resolve` closes it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub evidence: Vec<crate::evidence::Evidence>,

@@ -1,11 +1,17 @@
-//! The house rules of `sandbox-core` that a compiler does not check (docs/ARCHITECTURE.md,
+//! The house rules of the workspace that a compiler does not check (docs/ARCHITECTURE.md,
 //! "Module layers"; CONTRIBUTING.md, "House conventions"):
 //!
-//! - no file under `crates/core/src/` is longer than [`MAX_LINES`] lines;
-//! - the crate's top-level modules import each other without a circle: every `crate::x`
-//!   path in code (comments and `#[cfg(test)]` modules aside) points to a module below the
-//!   one using it. A directory module (`decision/`) counts as one module: its files are one
-//!   concern split by check group;
+//! - no source file is over its limit (`no_source_file_over_its_limit`): 700 lines in
+//!   `sandbox-core` and `sandbox-controller`, 1,000 in every other crate; tests, test
+//!   support (the `testkit` crate, the test suites' own crates under `tests/`, the
+//!   controller's `test-support` modules) and a file's `#[cfg(test)]` tail are excepted;
+//! - no crate's top-level modules import each other in a circle
+//!   (`no_import_circle_in_any_crate`): every `crate::x` path in code (comments and
+//!   `#[cfg(test)]` modules aside) points to a module below the one using it. A directory
+//!   module (`decision/`) counts as one module: its files are one concern split by check
+//!   group. Binaries under `src/bin/` are crates of their own;
+//! - the design is cited, not the history (`no_issue_numbers_in_code_or_docs`): no tracked
+//!   source, document or template names an issue by number;
 //! - every citation of the design in the repository's tracked files resolves
 //!   (`every_design_citation_resolves`): `docs/ARCHITECTURE.md principle N` and a bare
 //!   `principle N` name a principle that exists there, a section citation such as
@@ -17,8 +23,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The longest a source file of the core may be, lines.
-const MAX_LINES: usize = 700;
+/// The longest a source file of `sandbox-core` or `sandbox-controller` may be, lines.
+const MAX_LINES_CORE: usize = 700;
+/// The longest any other crate's source file may be, lines.
+const MAX_LINES_OTHER: usize = 1_000;
 
 fn src_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
@@ -42,24 +50,28 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The top-level module a file belongs to (`decision/idle.rs` → `decision`), `None` for
-/// the crate root.
-fn module_of(file: &Path) -> Option<String> {
-    let rel = file.strip_prefix(src_dir()).expect("file under src");
+/// The top-level module of `src` a file belongs to (`decision/idle.rs` → `decision`),
+/// `None` for the crate root (`lib.rs`, `main.rs`) and for binaries (`src/bin/`).
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).expect("file under src");
     let first = rel.components().next()?.as_os_str().to_string_lossy();
     let name = first.strip_suffix(".rs").unwrap_or(&first).to_owned();
-    (name != "lib").then_some(name)
+    (name != "lib" && name != "main" && name != "bin").then_some(name)
+}
+
+/// The lines of `text` that are code outside unit tests: everything before the first
+/// `#[cfg(test)]` line.
+fn code_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .take_while(|l| !l.trim_start().starts_with("#[cfg(test)]"))
 }
 
 /// The modules `text` names as `crate::<module>` in code: comment lines and everything
 /// from the first `#[cfg(test)]` on are skipped (unit tests may reach anywhere).
 fn imports(text: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    for line in text.lines() {
+    for line in code_lines(text) {
         let code = line.trim_start();
-        if code.starts_with("#[cfg(test)]") {
-            break;
-        }
         if code.starts_with("//") {
             continue;
         }
@@ -79,16 +91,16 @@ fn imports(text: &str) -> BTreeSet<String> {
     out
 }
 
-/// The import graph of the core's top-level modules: module → modules it imports.
-fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
-    let files = rust_files(&src_dir());
-    let modules: BTreeSet<String> = files.iter().filter_map(|f| module_of(f)).collect();
+/// The import graph of the top-level modules under `src`: module → modules it imports.
+fn import_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let files = rust_files(src);
+    let modules: BTreeSet<String> = files.iter().filter_map(|f| module_of(src, f)).collect();
     let mut graph: BTreeMap<String, BTreeSet<String>> = modules
         .iter()
         .map(|m| (m.clone(), BTreeSet::new()))
         .collect();
     for f in &files {
-        let Some(m) = module_of(f) else { continue };
+        let Some(m) = module_of(src, f) else { continue };
         let text = fs::read_to_string(f).expect("read source");
         for target in imports(&text) {
             if target != m && modules.contains(&target) {
@@ -97,6 +109,85 @@ fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
         }
     }
     graph
+}
+
+/// Every crate's `src` directory in the workspace: `crates/*/src` and `tests/*/src`.
+fn crate_src_dirs(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for group in ["crates", "tests"] {
+        let Ok(entries) = fs::read_dir(root.join(group)) else {
+            continue;
+        };
+        for entry in entries {
+            let src = entry.expect("directory entry").path().join("src");
+            if src.is_dir() {
+                out.push(src);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The circles of every crate under `root`, one line each (`crate: a -> b -> a`).
+fn circles_under(root: &Path) -> Vec<String> {
+    crate_src_dirs(root)
+        .iter()
+        .filter_map(|src| {
+            let name = src.parent()?.file_name()?.to_string_lossy().into_owned();
+            find_circle(&import_graph(src)).map(|c| format!("{name}: {}", c.join(" -> ")))
+        })
+        .collect()
+}
+
+/// Whether `file` (under `root`) is test support or a test, which have no line limit: the
+/// `testkit` crate, the crates under `tests/`, `tests/` and `benches/` directories, and the
+/// controller's `test-support` modules (`contract.rs`, `doubles.rs`).
+fn is_test_support(root: &Path, file: &Path) -> bool {
+    let rel = file.strip_prefix(root).unwrap_or(file);
+    let parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    parts.first().is_some_and(|p| p == "tests")
+        || parts.get(1).is_some_and(|p| p == "testkit")
+        || parts.iter().any(|p| p == "tests" || p == "benches")
+        || (parts.get(1).is_some_and(|p| p == "controller")
+            && parts
+                .last()
+                .is_some_and(|f| f == "contract.rs" || f == "doubles.rs"))
+}
+
+/// The line limit of a source file under `root`: [`MAX_LINES_CORE`] in `crates/core` and
+/// `crates/controller`, else [`MAX_LINES_OTHER`].
+fn line_limit(root: &Path, file: &Path) -> usize {
+    let rel = file.strip_prefix(root).unwrap_or(file);
+    if rel.starts_with("crates/core") || rel.starts_with("crates/controller") {
+        MAX_LINES_CORE
+    } else {
+        MAX_LINES_OTHER
+    }
+}
+
+/// Every non-test source file under `root`'s crates over its limit, counting the lines
+/// before its `#[cfg(test)]` tail.
+fn files_over_their_limit(root: &Path) -> Vec<String> {
+    crate_src_dirs(root)
+        .iter()
+        .flat_map(|src| rust_files(src))
+        .filter(|f| !is_test_support(root, f))
+        .filter_map(|f| {
+            let text = fs::read_to_string(&f).expect("read source");
+            let n = code_lines(&text).count();
+            let limit = line_limit(root, &f);
+            (n > limit).then(|| {
+                format!(
+                    "{}: {n} lines (limit {limit})",
+                    f.strip_prefix(root).unwrap_or(&f).display()
+                )
+            })
+        })
+        .collect()
 }
 
 /// One circle in `graph`, as the modules along it (first repeated last), if any.
@@ -132,34 +223,109 @@ fn find_circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>
 }
 
 #[test]
-fn no_core_source_file_exceeds_700_lines() {
-    let long: Vec<String> = rust_files(&src_dir())
-        .iter()
-        .filter_map(|f| {
-            let n = fs::read_to_string(f).expect("read source").lines().count();
-            (n > MAX_LINES).then(|| format!("{} has {n} lines", f.display()))
-        })
-        .collect();
+fn no_source_file_over_its_limit() {
+    let long = files_over_their_limit(&repo_root());
     assert!(
         long.is_empty(),
-        "files over {MAX_LINES} lines (split them by concern): {long:#?}"
+        "source files over their limit (split them by concern): {long:#?}"
     );
 }
 
 #[test]
-fn core_modules_import_no_circle() {
-    let graph = import_graph();
-    // The check must see the layers it guards: the decision imports the types it returns.
+fn no_import_circle_in_any_crate() {
+    let root = repo_root();
+    // The check must see the layers it guards: the core's decision imports the types it
+    // returns, and every crate of the workspace is scanned.
+    let core = import_graph(&src_dir());
     assert!(
-        graph["decision"].contains("outcome") && graph["record"].contains("evidence"),
-        "the import scan found no edges: {graph:#?}"
+        core["decision"].contains("outcome") && core["record"].contains("evidence"),
+        "the import scan found no edges: {core:#?}"
     );
-    if let Some(circle) = find_circle(&graph) {
-        panic!(
-            "import circle in sandbox-core: {}; a module may import only modules below it",
-            circle.join(" -> ")
-        );
+    assert!(
+        crate_src_dirs(&root).len() >= 10,
+        "the crates were not found"
+    );
+    let circles = circles_under(&root);
+    assert!(
+        circles.is_empty(),
+        "import circles (a module may import only modules below it): {circles:#?}"
+    );
+}
+
+/// A throwaway workspace under the target directory with `files` (path → text).
+fn scratch_workspace(name: &str, files: &[(&str, String)]) -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("house-rules-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&root);
+    for (path, text) in files {
+        let p = root.join(path);
+        fs::create_dir_all(p.parent().expect("a parent")).expect("mkdir");
+        fs::write(p, text).expect("write");
     }
+    root
+}
+
+#[test]
+fn the_whole_workspace_checks_can_fail() {
+    let long = "// line\n".repeat(MAX_LINES_CORE + 1);
+    let medium = "// line\n".repeat(MAX_LINES_OTHER - 1);
+    let root = scratch_workspace(
+        "self-test",
+        &[
+            ("crates/core/src/lib.rs", "pub mod a;\n".to_owned()),
+            ("crates/core/src/big.rs", long.clone()),
+            ("crates/local/src/fine.rs", medium),
+            ("crates/local/src/huge.rs", long.repeat(2)),
+            (
+                "crates/local/src/tested.rs",
+                format!(
+                    "// code\n#[cfg(test)]\nmod tests {{\n{}}}\n",
+                    long.repeat(2)
+                ),
+            ),
+            ("crates/testkit/src/sim.rs", long.repeat(3)),
+            ("crates/controller/src/contract.rs", long.repeat(3)),
+            ("crates/aws/src/a.rs", "use crate::b::B;\n".to_owned()),
+            (
+                "crates/aws/src/b/mod.rs",
+                "// use crate::a::A; a comment is no import\nuse crate::c::C;\n".to_owned(),
+            ),
+            (
+                "crates/aws/src/c.rs",
+                "pub(crate) use crate::a::A;\n".to_owned(),
+            ),
+            (
+                "crates/aws/src/bin/tool.rs",
+                "use crate::a::A;\n".to_owned(),
+            ),
+            (
+                "crates/cli/src/x.rs",
+                "use crate::y::Y;\n#[cfg(test)]\nmod tests { use crate::y::Z; }\n".to_owned(),
+            ),
+            (
+                "crates/cli/src/y.rs",
+                "#[cfg(test)]\nmod tests { use crate::x::X; }\n".to_owned(),
+            ),
+        ],
+    );
+    assert_eq!(
+        files_over_their_limit(&root),
+        vec![
+            format!(
+                "crates/core/src/big.rs: {} lines (limit 700)",
+                MAX_LINES_CORE + 1
+            ),
+            format!(
+                "crates/local/src/huge.rs: {} lines (limit 1000)",
+                2 * (MAX_LINES_CORE + 1)
+            ),
+        ]
+    );
+    assert_eq!(
+        circles_under(&root),
+        vec!["aws: a -> b -> c -> a".to_owned()]
+    );
+    let _ = fs::remove_dir_all(&root);
 }
 
 #[test]
@@ -226,7 +392,7 @@ fn repository_text_files() -> Vec<PathBuf> {
         .expect("git runs (the citation check lists the repository's files with it)");
     assert!(out.status.success(), "git ls-files failed: {out:?}");
     let text_ext = [
-        "rs", "md", "toml", "py", "ts", "yaml", "yml", "sh", "mk", "json", "txt",
+        "rs", "md", "toml", "py", "ts", "yaml", "yml", "sh", "mk", "json", "txt", "mjs",
     ];
     out.stdout
         .split(|b| *b == 0)
@@ -383,4 +549,72 @@ fn a_citation_that_does_not_resolve_is_named_with_its_file_and_line() {
         ["x.rs:2", "x.rs:3", "x.rs:5", "x.rs:6"],
         "{found:#?}"
     );
+}
+
+// --- The design is cited, not the history. ---
+
+/// Every place `text` names an issue by number (the word, singular or plural, then a
+/// number, optionally after `#`), case-insensitively, as `line: the words`.
+fn issue_numbers(text: &str) -> Vec<String> {
+    let word = ["iss", "ue"].concat();
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let lower = line.to_ascii_lowercase();
+        let mut from = 0;
+        while let Some(i) = lower[from..].find(&word) {
+            let at = from + i;
+            from = at + word.len();
+            let before = lower[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                continue;
+            }
+            let rest = lower[from..].strip_prefix('s').unwrap_or(&lower[from..]);
+            let spaced = rest.trim_start_matches([' ', '\t']);
+            if spaced.len() == rest.len() && !rest.starts_with('#') {
+                continue;
+            }
+            let number = spaced.trim_start_matches('#');
+            if number.starts_with(|c: char| c.is_ascii_digit()) {
+                let end = (from + 12).min(line.len());
+                out.push(format!(
+                    "{}: {}",
+                    n + 1,
+                    line.get(at..end).unwrap_or(line).trim()
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_issue_numbers_in_code_or_docs() {
+    let root = repo_root();
+    let mut found = Vec::new();
+    for file in repository_text_files() {
+        let rel = file.strip_prefix(&root).unwrap_or(&file).to_path_buf();
+        let Ok(text) = fs::read_to_string(&file) else {
+            continue;
+        };
+        for hit in issue_numbers(&text) {
+            found.push(format!("{}:{hit}", rel.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "{} citations of issue numbers (cite the design in docs/ instead, or drop the history): {found:#?}",
+        found.len()
+    );
+}
+
+#[test]
+fn the_issue_number_check_finds_them() {
+    let word = ["Iss", "ue"].concat();
+    let text = format!(
+        "// {word} 26: the split.\n/// See {word}s 26 and 27.\n# ({} #27)\nfine: tissue 5, {word}-free, aws/containers-roadmap#1917, {word}s and pull requests\n",
+        word.to_lowercase()
+    );
+    let hits = issue_numbers(&text);
+    assert_eq!(hits.len(), 3, "{hits:#?}");
+    assert!(hits[0].starts_with("1: ") && hits[1].starts_with("2: ") && hits[2].starts_with("3: "));
 }

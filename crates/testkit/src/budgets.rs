@@ -215,8 +215,7 @@ pub async fn measure_recovered_start() -> Transition {
 }
 
 /// A sweep that finds an idle environment's shutdown lease due (the lease's own timer
-/// was lost or is late): the sweep stops the compute, after one turns read (
-/// turn evidence before every stop of an idle session). Measured with
+/// was lost or is late): the sweep stops the compute, after one turns read (turn evidence before every stop of an idle session). Measured with
 /// `settled_resweep_secs = 0`, the sweep's fixed cost (registry and provider listings)
 /// included.
 pub async fn measure_sweep_stop() -> Transition {

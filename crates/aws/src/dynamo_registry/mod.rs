@@ -23,9 +23,9 @@
 //! | receipt | effect key | `receipt#{epoch ms, 15 digits}#{seq, 6 digits}#{16 hex}` | `receipt` (S: [`Receipt`] JSON), `at`, `expires_at` (`at` + the history retention) |
 //! | executor slot holder | `capacity#executors` | `slot#{environment id}` | `environment_id` (S), `acquired_at` |
 //! | executor slot counter | `capacity#executors` | `counter` | `in_use` |
-//! | terminal record (issue 25) | effect key | `terminal` | `terminal` (S: the close's [`sandbox_controller::terminal::TerminalRecord`] JSON), `closed_at`; written once (`attribute_not_exists(pk)`), never an `expires_at`: it does not expire with the history |
+//! | terminal record | effect key | `terminal` | `terminal` (S: the close's [`sandbox_controller::terminal::TerminalRecord`] JSON), `closed_at`; written once (`attribute_not_exists(pk)`), never an `expires_at`: it does not expire with the history |
 //!
-//! What each read touches (issue 22 item 1: reads proportional to what is live):
+//! What each read touches (reads proportional to what is live):
 //!
 //! | read | call | items read |
 //! |---|---|---|
@@ -50,7 +50,7 @@
 //!
 //! # Rules
 //!
-//! - The executor cap per deployment (issue 13 item 3): a slot is taken with one
+//! - The executor cap per deployment: a slot is taken with one
 //!   `TransactWriteItems` of a `ConditionCheck` of the fence on the record item, a `Put` of
 //!   the environment's holder with `attribute_not_exists(pk)` and an `Update`
 //!   `ADD in_use :one` on the counter with `attribute_not_exists(in_use) OR in_use < :cap`;
@@ -148,7 +148,7 @@ pub const SESSION_INDEX: &str = "by_session";
 pub const SESSION_ATTR: &str = "session_id";
 /// The TTL attribute (Unix seconds).
 pub const TTL_ATTR: &str = "expires_at";
-/// The sparse global secondary index of the records that are not closed (issue 22).
+/// The sparse global secondary index of the records that are not closed.
 pub const OPEN_INDEX: &str = "by_open";
 /// Its partition key attribute: `open#{shard}`, present only on records not closed.
 pub const OPEN_ATTR: &str = "open_shard";
@@ -160,7 +160,7 @@ const SK_RECORD: &str = "record";
 const SK_LEDGER: &str = "ledger";
 /// Sort key prefix of an executor slot holder (under [`SLOTS_PK`]).
 const SK_SLOT_PREFIX: &str = "slot#";
-/// Sort key of a closed session's terminal record (issue 25; never expires with history).
+/// Sort key of a closed session's terminal record (never expires with history).
 const SK_TERMINAL: &str = "terminal";
 /// The partition key of the deployment's executor slot counter.
 const SLOTS_PK: &str = "capacity#executors";
@@ -225,7 +225,7 @@ impl DynamoRegistry {
     }
 
     /// The same registry with audit entries and receipts kept `secs` seconds (their
-    /// `expires_at`; issue 22 item 2). Makes no call.
+    /// `expires_at`). Makes no call.
     #[must_use]
     pub fn with_history_retention(mut self, secs: u64) -> Self {
         self.history_retention_secs = secs;
@@ -247,7 +247,7 @@ impl DynamoRegistry {
         &self.table
     }
 
-    /// Puts the records written before the `by_open` index existed into it (issue 22):
+    /// Puts the records written before the `by_open` index existed into it:
     /// such a record has no `open_shard`, so
     /// [`Registry::list_open`](sandbox_controller::ports::Registry::list_open) (the sweep's read)
     /// never sees it until its next write. One consistent `Scan` of the record items that

@@ -13,7 +13,7 @@
 //!   (the session's `remote_url`, unchanged) and `ENVIRONMENT_ID` only — the executor key
 //!   `CODEX_API_KEY` comes from the task definition's `secrets` (Secrets Manager), never
 //!   from this process; the configured container is the key holder, the one that
-//!   registers: `forwarder` in the split task (issue 26: the `executor` container, where
+//!   registers: `forwarder` in the split task (the `executor` container, where
 //!   the agent's commands run, gets no override, no secret and no environment), `executor`
 //!   in the single-container fallback —, the tags `sandbox:deployment`, `sandbox:environment`,
 //!   `sandbox:session`, `sandbox:generation`, `propagateTags` = `TASK_DEFINITION` and
@@ -39,7 +39,7 @@
 //!   With the warm pool ([`EcsCompute::with_pool`], [`crate::ecs_pool`]) also one `Query`
 //!   of the pool table's `by_environment` index (a claimed member keeps the pool's
 //!   `startedBy`), and the one `DescribeTasks` reads both sets.
-//! - **pool members** (issue 27) in describe, list and find: a task tagged `sandbox:pool`
+//! - **pool members** in describe, list and find: a task tagged `sandbox:pool`
 //!   without `sandbox:environment` (a worker died between the claim and its
 //!   `TagResource`) is resolved from its member item (key: its `sandbox:pool-role` tag,
 //!   `:`, its task id; one consistent `BatchGetItem` per 100, or the `by_environment`
@@ -128,7 +128,7 @@ pub struct EcsConfig {
     pub task_definition: String,
     /// The name of the task definition's container that registers with the Agents API
     /// (the override target): `forwarder` in the split task, `executor` in the
-    /// single-container fallback (issue 26, `EXECUTOR_MODE`).
+    /// single-container fallback (`EXECUTOR_MODE`).
     pub container_name: String,
     /// awsvpc subnets (ids), at least one.
     pub subnets: Vec<String>,
@@ -147,7 +147,7 @@ pub struct EcsCompute {
     /// EBS workspaces (feature `ec2`), when configured.
     #[cfg(feature = "ec2")]
     ebs: Option<Arc<crate::ebs_workspaces::Ebs>>,
-    /// The warm pool (issue 27, [`crate::ecs_pool`]), when configured.
+    /// The warm pool ([`crate::ecs_pool`]), when configured.
     pub(crate) pool: Option<Arc<crate::ecs_pool::Pool>>,
     /// The clock of every deadline check before a `RunTask` or `StopTask` and of the
     /// pool's bookkeeping (members' `created_at`, ages, expiry); the system clock unless a
@@ -685,7 +685,7 @@ impl Compute for EcsCompute {
         self.pool_release(id).await
     }
 
-    /// Issue 27: see [`crate::ecs_pool`] (refused without [`EcsCompute::with_pool`]).
+    /// See [`crate::ecs_pool`] (refused without [`EcsCompute::with_pool`]).
     async fn start_pool_member(
         &self,
         deployment: &DeploymentId,
@@ -694,12 +694,12 @@ impl Compute for EcsCompute {
         self.pool_start_member(deployment, not_after).await
     }
 
-    /// Issue 27: see [`crate::ecs_pool`] (empty without the pool).
+    /// See [`crate::ecs_pool`] (empty without the pool).
     async fn list_pool(&self, deployment: &DeploymentId) -> Result<Vec<PoolMember>, PortError> {
         self.pool_list(deployment).await
     }
 
-    /// Issue 27: see [`crate::ecs_pool`] (a miss without the pool).
+    /// See [`crate::ecs_pool`] (a miss without the pool).
     async fn claim_pool_member(
         &self,
         spec: &StartSpec,
@@ -711,7 +711,7 @@ impl Compute for EcsCompute {
             .await
     }
 
-    /// Issue 27: see [`crate::ecs_pool`]; with [`EcsCompute::with_claim_fence`] the claim's
+    /// See [`crate::ecs_pool`]; with [`EcsCompute::with_claim_fence`] the claim's
     /// transaction is conditioned on the environment's lock.
     async fn claim_pool_member_fenced(
         &self,
@@ -725,7 +725,7 @@ impl Compute for EcsCompute {
             .await
     }
 
-    /// Issue 27: see [`crate::ecs_pool`] (a stop without the pool, as the default).
+    /// See [`crate::ecs_pool`] (a stop without the pool, as the default).
     async fn recycle_pool_member(
         &self,
         id: &InstanceId,
@@ -734,7 +734,7 @@ impl Compute for EcsCompute {
         self.pool_recycle(id, not_after).await
     }
 
-    /// Issue 27: see [`crate::ecs_pool`] (nothing without the pool).
+    /// See [`crate::ecs_pool`] (nothing without the pool).
     async fn reconcile_pool(
         &self,
         deployment: &DeploymentId,
@@ -743,7 +743,7 @@ impl Compute for EcsCompute {
         self.pool_reconcile(deployment, not_after).await
     }
 
-    /// Issue 27: [`EcsCompute::take_refill_lease`] (one conditional `UpdateItem` on
+    /// [`EcsCompute::take_refill_lease`] (one conditional `UpdateItem` on
     /// `refill#<deployment>`); without the pool nothing can be overfilled: `Ok(true)`.
     async fn take_pool_refill_lease(
         &self,

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 impl EcsCompute {
-    /// Turns the warm pool on (issue 27): members are started, claimed, recycled and
+    /// Turns the warm pool on: members are started, claimed, recycled and
     /// reconciled as [`crate::ecs_pool`] says, with their bookkeeping in the pool table
     /// `config.table_name` through `ddb`, and `find`/`describe`/`list` resolve claimed
     /// members. Makes no call.

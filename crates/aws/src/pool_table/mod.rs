@@ -1,4 +1,4 @@
-//! The warm pool's DynamoDB table (issue 27, docs/WARM_POOL.md "The pool table"): every
+//! The warm pool's DynamoDB table (docs/WARM_POOL.md "The pool table"): every
 //! DynamoDB call of the pool, and nothing else. The ECS side is [`crate::ecs_pool`].
 //!
 //! # Table schema

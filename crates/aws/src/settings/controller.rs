@@ -149,7 +149,7 @@ impl ControllerSettings {
         let ecs = EcsSettings { pool, ..ecs };
         controller.filter.agent_ids = vars.list("AGENT_IDS")?;
         controller.filter.workspace_directory = vars.optional("WORKSPACE_DIRECTORY");
-        // Issue 25 (F3): the metadata ownership rule, beside `AGENT_IDS`.
+        // The metadata ownership rule, beside `AGENT_IDS`.
         controller.filter.metadata = vars.metadata_rule("OWNER_METADATA")?;
         controller.policy.provision_on = vars.provision_on("PROVISION_ON")?;
         controller.executor_key_location = format!(
@@ -198,7 +198,7 @@ impl ControllerSettings {
 /// call, and a refill's `RunTask`s fit its time ([`sandbox_controller::pool::REFILL_MAX_SECS`]).
 pub const MAX_POOL_SIZE: u32 = 100;
 
-/// The warm pool (issue 27, docs/WARM_POOL.md): `POOL_SIZE` (default 0: off, at most
+/// The warm pool (docs/WARM_POOL.md): `POOL_SIZE` (default 0: off, at most
 /// [`MAX_POOL_SIZE`]) and
 /// `POOL_MAX_AGE_SECS` (default 3600, at least 60); with `POOL_SIZE` > 0 also
 /// `POOL_TABLE_NAME` and `POOL_TASK_ROLE_ID`. Refused with `POOL_SIZE` > 0: the
@@ -289,7 +289,7 @@ fn warm_pool<F: Fn(&str) -> Option<String>>(
     Ok((settings, Some(pool)))
 }
 
-/// The cost and safety ceilings (issue 13) into `policy`.
+/// The cost and safety ceilings into `policy`.
 fn ceilings<F: Fn(&str) -> Option<String>>(
     vars: &Vars<F>,
     policy: &mut Policy,

@@ -25,17 +25,17 @@
 //! | `SHUTDOWN_GRACE_SECS` | worker, sweeper | no | seconds between an idle session and the stop (default 300) |
 //! | `CONNECT_DEADLINE_SECS` | worker, sweeper | no | seconds a started executor has to connect before it is replaced (default 180; ≥ 1) |
 //! | `SNAPSHOT_KEEP` | worker, sweeper | no | workspace snapshots kept per environment (default 1; ≥ 1) |
-//! | `SNAPSHOT_WAIT_SECS` | worker, sweeper | no | seconds a start waits for the snapshot it restores to leave `pending`, counted from the snapshot, before it is a failed start (default 14,400 = 4 h; ≥ 1; issue 23) |
+//! | `SNAPSHOT_WAIT_SECS` | worker, sweeper | no | seconds a start waits for the snapshot it restores to leave `pending`, counted from the snapshot, before it is a failed start (default 14,400 = 4 h; ≥ 1) |
 //! | `SNAPSHOT_RECHECK_SECS` | worker, sweeper | no | seconds between two looks at a pending snapshot a start waits for (default 30; ≥ 1) |
 //! | `CLOSE_WORKSPACE` | worker, sweeper | no | what a close does with the workspace: `delete` or `retain:<days ≥ 1>` (default `retain:7`) |
-//! | `ECS_INFRASTRUCTURE_ROLE_ARN` | worker, sweeper | no | ARN of the ECS infrastructure role for EBS volumes: set, every task gets a workspace volume that is snapshotted after it stops (issue 14; unset: no workspace is kept, `none`) |
+//! | `ECS_INFRASTRUCTURE_ROLE_ARN` | worker, sweeper | no | ARN of the ECS infrastructure role for EBS volumes: set, every task gets a workspace volume that is snapshotted after it stops (unset: no workspace is kept, `none`) |
 //! | `WORKSPACE_VOLUME_GIB` | worker, sweeper | with `ECS_INFRASTRUCTURE_ROLE_ARN` | size of each workspace volume, GiB, within its type's range: `gp2`/`gp3` 1–16,384, `io1`/`io2` 4–16,384, `st1`/`sc1` 125–16,384 |
 //! | `WORKSPACE_VOLUME_TYPE` | worker, sweeper | no | EBS volume type of the workspace volume: `gp3` (default), `gp2`, `io1`, `io2`, `st1`, `sc1` (`standard` is not supported on Fargate) |
 //! | `WORKSPACE_VOLUME_IOPS` | worker, sweeper | with `io1`/`io2` | provisioned IOPS: `gp3` 3,000–16,000 (default 3,000), `io1` 100–64,000, `io2` 100–256,000, at most 500 per GiB (`io1`: 50); refused for `gp2`, `st1`, `sc1` |
 //! | `WORKSPACE_VOLUME_THROUGHPUT` | worker, sweeper | no | provisioned throughput, MiB/s, `gp3` only: 125–1,000 (default 125), at most IOPS / 4 |
 //! | `AGENTS_API_BASE_URL` | worker | no | Agents API root (default `https://api.openai.com/v1`) |
-//! | `OPENAI_API_KEY_SECRET_ARN` | worker | yes (worker) | Secrets Manager ARN (or name) of the OpenAI API key; the sweeper reads no session and is given none (issue 24) |
-//! | `OPERATOR_KEY_SECRET_ARN` | worker | no | Secrets Manager ARN (or name) of the operator key (at least 32 bytes): verifies the proof a forced `close`, `resolve` or `timeout_reported` job for a session no record names carries; unset, every such job is refused (README.md, "Security") |
+//! | `OPENAI_API_KEY_SECRET_ARN` | worker | yes (worker) | Secrets Manager ARN (or name) of the OpenAI API key; the sweeper reads no session and is given none |
+//! | `OPERATOR_KEY_SECRET_ARN` | worker | no | Secrets Manager ARN (or name) of the operator key (at least 32 bytes): verifies the proof a forced `close`, `resolve` or `timeout_reported` job for a session no record names carries; unset, every such job is refused (docs/SECURITY.md) |
 //! | `WEBHOOK_SECRET_ARN` | webhook | yes | Secrets Manager ARN (or name) of the webhook signing secret (`whsec_...`) |
 //! | `WEBHOOK_PREVIOUS_SECRET_ARN` | webhook | no | ARN (or name) of the previous signing secret during a rotation: deliveries signed with either verify |
 //! | `WEBHOOK_TOLERANCE_SECS` | webhook | no | accepted `webhook-timestamp` skew, both directions, seconds (default 300; 1 to 900, refused at start-up above) |
@@ -46,7 +46,7 @@
 //! | `REPLACEMENT_WINDOW_SECS` | worker, sweeper | no | the replacement cap's window, seconds (default 3,600; ≥ 1) |
 //! | `MAX_EXECUTORS` | worker, sweeper | no | concurrency cap: executors running at once in the deployment; a start beyond it waits (`capacity_limit`) (default 0 = off) |
 //! | `REMOTE_URL_ALLOWLIST` | worker, sweeper | no | comma-separated hosts a session's `remote_url` may name (`host`, `*.domain`, `scheme://host`; default `api.openai.com`, `wss` or `https` only) |
-//! | `HISTORY_RETENTION_DAYS` | worker, sweeper | no | days audit entries and receipts are kept (DynamoDB TTL `expires_at`; default 30; ≥ 1); never less than `CLOSE_WORKSPACE`'s retention, so a closed record's terminal receipts outlive its retained workspace (issue 22) |
+//! | `HISTORY_RETENTION_DAYS` | worker, sweeper | no | days audit entries and receipts are kept (DynamoDB TTL `expires_at`; default 30; ≥ 1); never less than `CLOSE_WORKSPACE`'s retention, so a closed record's terminal receipts outlive its retained workspace |
 //! | `AWS_ENDPOINT_URL` | all | no | one endpoint for every AWS service: tests only (moto) |
 //!
 //! An empty or blank value counts as unset. Every failure is one [`SettingsError`] naming
@@ -136,15 +136,15 @@ pub struct EcsSettings {
     pub security_groups: Vec<String>,
     /// `ASSIGN_PUBLIC_IP`.
     pub assign_public_ip: bool,
-    /// EBS workspaces: set when `ECS_INFRASTRUCTURE_ROLE_ARN` is (issue 14).
+    /// EBS workspaces: set when `ECS_INFRASTRUCTURE_ROLE_ARN` is.
     pub workspace: Option<WorkspaceVolumeSettings>,
-    /// `EXECUTOR_MODE` (issue 26): which container of the task holds the executor key.
+    /// `EXECUTOR_MODE`: which container of the task holds the executor key.
     pub executor_mode: ExecutorMode,
-    /// The warm pool's table (issue 27, docs/WARM_POOL.md): set when `POOL_SIZE` > 0.
+    /// The warm pool's table (docs/WARM_POOL.md): set when `POOL_SIZE` > 0.
     pub pool: Option<PoolTableSettings>,
 }
 
-/// Where the warm pool keeps its members on AWS (issue 27, docs/WARM_POOL.md "The pool
+/// Where the warm pool keeps its members on AWS (docs/WARM_POOL.md "The pool
 /// table"): `POOL_TABLE_NAME` and `POOL_TASK_ROLE_ID`, required when `POOL_SIZE` > 0.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolTableSettings {
@@ -166,7 +166,7 @@ pub const DEFAULT_POOL_MAX_AGE_SECS: u64 = 3_600;
 /// `RUNNING` yet (Fargate: 30–60 s, aws-semantics.md).
 pub const MIN_POOL_MAX_AGE_SECS: u64 = 60;
 
-/// `EXECUTOR_MODE`: how the executor task is split (issue 26; the task definition in
+/// `EXECUTOR_MODE`: how the executor task is split (the task definition in
 /// infra/sam/template.yaml and infra/cdk must match, `ExecutorMode` / `executorMode`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ExecutorMode {
@@ -187,7 +187,7 @@ impl ExecutorMode {
         match self {
             Self::Split => None,
             Self::SingleContainer => Some(
-                "EXECUTOR_MODE=single: the executor container holds CODEX_API_KEY; agent code can read it (issue 26 fallback)",
+                "EXECUTOR_MODE=single: the executor container holds CODEX_API_KEY; agent code can read it (the single-container fallback)",
             ),
         }
     }
@@ -320,7 +320,7 @@ impl WebhookSettings {
                 sandbox_core::webhook::DEFAULT_TOLERANCE_SECS,
                 true,
             )? {
-                // Issue 24: a longer window lets a captured delivery be replayed long past
+                // A longer window lets a captured delivery be replayed long past
                 // the FIFO queue's 5-minute deduplication.
                 t if t > sandbox_core::webhook::MAX_TOLERANCE_SECS => {
                     return Err(SettingsError::Invalid {

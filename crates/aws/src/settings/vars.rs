@@ -69,7 +69,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         }
     }
 
-    /// `key=value` pairs, comma-separated (issue 25: `OWNER_METADATA`).
+    /// `key=value` pairs, comma-separated (`OWNER_METADATA`).
     pub(super) fn metadata_rule(
         &self,
         var: &'static str,
@@ -90,7 +90,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         })
     }
 
-    /// `PROVISION_ON` (issue 25), default `connection_request`.
+    /// `PROVISION_ON`, default `connection_request`.
     pub(super) fn provision_on(&self, var: &'static str) -> Result<ProvisionOn, SettingsError> {
         match self.optional(var) {
             None => Ok(ProvisionOn::default()),

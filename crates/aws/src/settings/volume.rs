@@ -190,7 +190,7 @@ impl WorkspaceVolumeSettings {
     }
 }
 
-/// The workspace volume settings (issue 14): all of `ECS_INFRASTRUCTURE_ROLE_ARN` and
+/// The workspace volume settings: all of `ECS_INFRASTRUCTURE_ROLE_ARN` and
 /// `WORKSPACE_VOLUME_GIB` (plus the optional `WORKSPACE_VOLUME_TYPE`), or none of them.
 /// A half configuration fails naming the missing variable, so a deployment never runs
 /// believing it keeps workspaces when it does not.

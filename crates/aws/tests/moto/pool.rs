@@ -1,4 +1,4 @@
-//! The warm pool on ECS + DynamoDB (issue 27, docs/WARM_POOL.md; `EcsCompute::with_pool`)
+//! The warm pool on ECS + DynamoDB (docs/WARM_POOL.md; `EcsCompute::with_pool`)
 //! against moto: the pool contract, the crash paths (a member whose item was never
 //! written, a claim whose tag never happened), concurrent claims, recycle after a claim,
 //! an idle item whose task is gone, the refill lease, `Controller::refill_pool`, and the

@@ -184,7 +184,7 @@ async fn a_queue_without_dlq_counts_zero_dead_letters() {
     assert_eq!(plain.dead_letter_count().await.unwrap(), 0);
 }
 
-/// Issue 22 item 4: `SendMessageBatch` stores up to 10 messages in one call, each with its
+/// `SendMessageBatch` stores up to 10 messages in one call, each with its
 /// own `DelaySeconds`; a message `send` would refuse (a delay beyond 900 s) is refused
 /// alone and the others are still stored; more than 10 is refused before any call.
 #[tokio::test]

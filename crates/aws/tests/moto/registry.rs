@@ -428,7 +428,7 @@ impl aws_sdk_dynamodb::config::Intercept for ItemsRead {
     }
 }
 
-/// Issue 22: the sweep's registry reads (`list_open`, `slots`) read the open records and
+/// The sweep's registry reads (`list_open`, `slots`) read the open records and
 /// the slot partition only: 30 days of audit entries and receipts per environment and as
 /// many closed records again change nothing, while a table `Scan` (`list`, the operators'
 /// view) reads all of it. Expired history reads as absent.
@@ -536,7 +536,7 @@ async fn registry_reads_do_not_grow_with_history() {
     assert_eq!(receipts.len(), 30, "the expired receipt reads as absent");
 }
 
-/// Issue 22: records written before the `by_open` index existed carry no `open_shard`, so
+/// Records written before the `by_open` index existed carry no `open_shard`, so
 /// the sweep's read (`list_open`) never sees them; `backfill_open_index` (behind
 /// `sandboxctl migrate`) puts every open one into the index, leaves closed ones out, writes
 /// nothing on a dry run and nothing on a second run.

@@ -119,7 +119,7 @@ async fn completed(c: &EcsCompute, d: &DeploymentId, env: &EnvironmentId, g: Gen
     assert!(c.delete_working_copy(d, env, g, id).await.unwrap());
 }
 
-/// Issue 23 on EBS (moto keeps snapshots `pending` for a few seconds): a save returns at
+/// Snapshots still pending, on EBS (moto keeps snapshots `pending` for a few seconds): a save returns at
 /// once with a `pending` snapshot and keeps the volume; while pending, the working copy is
 /// neither deleted by `delete_working_copy` nor by `delete_stored`, and a `RunTask`
 /// restoring it is refused (no task: a failed start); once `completed`, the volume is
@@ -363,7 +363,7 @@ async fn ebs_retention_deletes_the_pruned_snapshot_and_the_latest_restores() {
     );
 
     // A start from the pruned snapshot is refused (it no longer exists): RunTask answers
-    // InvalidParameterException, no task started, a failed start (issue 23 item 4).
+    // InvalidParameterException, no task started, a failed start.
     let refused = compute
         .start(&spec(&env, 4, Some(&s1)), &d, NO_DEADLINE)
         .await;
@@ -450,8 +450,7 @@ async fn the_sweeper_deletes_an_orphaned_volume_and_an_expired_snapshot_on_ebs()
     let mut api = ClientConfig::new("sk-unused".to_owned());
     api.base_url = format!("{}/unused", endpoint());
     // A real (empty) registry table: a stored workspace whose environment the sweep's
-    // open records do not name is looked up by id before it counts as orphaned (issue 22:
-    // the sweep reads open records only), and an unreadable record keeps it.
+    // open records do not name is looked up by id before it counts as orphaned (the sweep reads open records only), and an unreadable record keeps it.
     let ddb = aws_sdk_dynamodb::Client::new(&sdk);
     let table = format!("ws-registry-{}", unique());
     sandbox_aws::create_table(&ddb, &table)
@@ -466,7 +465,7 @@ async fn the_sweeper_deletes_an_orphaned_volume_and_an_expired_snapshot_on_ebs()
         Arc::new(FixedClock(later)) as Arc<dyn Clock>,
         config,
     );
-    // The saves' volumes outlive them (issue 23) until their snapshots completed.
+    // The saves' volumes outlive them until their snapshots completed.
     for id in [&expired, &latest] {
         let begun = std::time::Instant::now();
         while compute.snapshot_state(&d, id).await.unwrap() != SnapshotState::Completed {
