@@ -7,7 +7,7 @@
 #                     workspaces on, the warm pool on, egress allowlist); cfn-lint on the CDK
 #                     templates; the CDK assertion tests (node --test);
 #                     infra/tests (pytest: SAM vs CDK agreement, least privilege, wiring to
-#                     crates/aws/src/settings.rs, the executor entrypoint, the pool
+#                     crates/aws/src/settings/, the executor entrypoint, the pool
 #                     forwarder's await-assignment.mjs against moto on 127.0.0.1, and the
 #                     pinned `codex exec-server --help`).
 #   make deploy-sam   sam build + sam deploy       (variables: see `make deploy-help`)

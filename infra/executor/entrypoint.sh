@@ -31,7 +31,7 @@
 #
 # With no argument the role is `single` (images started by an older task definition).
 # REMOTE_URL and ENVIRONMENT_ID come from the controller's RunTask container overrides
-# (crates/aws/src/ecs_compute.rs, on CONTAINER_NAME = the key holder). A missing or
+# (crates/aws/src/ecs_compute/, on CONTAINER_NAME = the key holder). A missing or
 # forbidden input exits 64 (EX_USAGE) at once.
 #
 # Why not `exec`: PID 1 gets no default signal actions, so a process that installs no

@@ -168,9 +168,10 @@ FUNCTIONS = {
                 "transact_write_items",
             )
         }
-        # The pool's reads and stops go through EcsCompute's (ecs_compute.rs, above), but
-        # for the reconcile's one backstop ListTasks page (maxResults, nextToken).
-        | {("ecs_pool.rs", op) for op in ("run_task", "tag_resource", "list_tasks")},
+        # The pool's members are started and tagged by ecs_compute/pool.rs and its reconcile
+        # reads one backstop ListTasks page (ecs_compute/pool_upkeep.rs: maxResults,
+        # nextToken); its reads and stops are EcsCompute's (above).
+        | {("ecs_compute.rs", op) for op in ("run_task", "tag_resource", "list_tasks")},
         "extra": EVENT_SOURCE,
     },
     "sweeper": {
@@ -210,11 +211,23 @@ def strip_tests_and_comments(src: str) -> str:
     return re.sub(r"//[^\n]*", "", src)
 
 
+def adapter_source(file: str) -> str:
+    """An adapter's code, tests and comments stripped: `X.rs`, or every file of the
+    directory module `X/` (one adapter split by concern, as the house rules count it)."""
+    path = AWS_SRC / file
+    if path.is_file():
+        return strip_tests_and_comments(path.read_text())
+    directory = AWS_SRC / file.removesuffix(".rs")
+    files = sorted(directory.glob("*.rs"))
+    assert files, f"adapter {file}: neither {path} nor {directory}/*.rs exists"
+    return "\n".join(strip_tests_and_comments(f.read_text()) for f in files)
+
+
 def adapter_operations() -> dict[tuple[str, str], set[str]]:
     """{(file, operation): IAM actions}, for every SDK operation the adapters send."""
     out = {}
     for file, service in ADAPTERS.items():
-        src = strip_tests_and_comments((AWS_SRC / file).read_text())
+        src = adapter_source(file)
         for op in set(re.findall(CLIENT_RECEIVER, src)) - {"clone"}:
             if (service, op) in RENAMED:
                 actions = set(RENAMED[(service, op)])

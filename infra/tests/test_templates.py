@@ -9,7 +9,7 @@
   task role without any policy, or with the warm pool on one statement reading
   only the task's own pool item.
 - Wiring: every function environment variable is one the Rust code reads
-  (crates/aws/src/settings.rs, parsed here), every required one is set, and the
+  (crates/aws/src/settings/, parsed here), every required one is set, and the
   failed-start metric filter matches a message the controller really logs.
 
 Roles are matched across the two templates by what uses them (a function, by its
@@ -28,7 +28,7 @@ import pytest
 from conftest import resolve_conditions
 
 REPO = Path(__file__).resolve().parents[2]
-SETTINGS_RS = REPO / "crates" / "aws" / "src" / "settings.rs"
+SETTINGS_DIR = REPO / "crates" / "aws" / "src" / "settings"
 METRICS_RS = REPO / "crates" / "controller" / "src" / "metrics.rs"
 
 # Resource types that may legitimately differ between the two templates. Empty: the
@@ -112,10 +112,16 @@ def function_by_binary(cfn: dict, binary: str) -> dict:
 
 def settings_vars() -> dict[str, dict[str, set[str]]]:
     """{"webhook"|"controller": {"required": {...}, "optional": {...}}}, read from the
-    `impl WebhookSettings` / `impl ControllerSettings` blocks of settings.rs."""
-    text = SETTINGS_RS.read_text()
-    webhook = text[text.index("impl WebhookSettings") : text.index("impl ControllerSettings")]
-    controller = text[text.index("impl ControllerSettings") :]
+    `impl WebhookSettings` block of settings/mod.rs and the controller's files of
+    settings/ (`impl ControllerSettings` in controller.rs, the workspace volume's
+    variables in volume.rs)."""
+    root = (SETTINGS_DIR / "mod.rs").read_text()
+    root = root.split("#[cfg(test)]")[0]
+    webhook = root[root.index("impl WebhookSettings") :]
+    controller = "".join(
+        (SETTINGS_DIR / name).read_text().split("#[cfg(test)]")[0] for name in ("controller.rs", "volume.rs")
+    )
+    assert "impl ControllerSettings" in controller
     call = re.compile(r'vars\s*\.\s*(\w+)\(\s*"([A-Z0-9_]+)"', re.S)
     required_kinds = {"required", "queue_url", "secret_ref"}
 
@@ -481,7 +487,7 @@ def test_the_workspace_volume_is_off_by_default_and_mounted_when_on(sam_cfn_raw,
 
 
 # Every DynamoDB action the registry adapter sends from the functions
-# (crates/aws/src/dynamo_registry.rs; `Scan` only serves sandboxctl's `Registry::list`).
+# (crates/aws/src/dynamo_registry/; `Scan` only serves sandboxctl's `Registry::list`).
 # TransactWriteItems has no action of its own: it is authorized per item action
 # (ConditionCheckItem for the fence, PutItem, UpdateItem, DeleteItem; DynamoDB Developer
 # Guide, "Using IAM with DynamoDB transactions").
@@ -1106,7 +1112,7 @@ def test_pool_settings_reach_the_worker_and_the_sweeper_only(sam_cfn, cdk_cfn, s
 
 
 def test_pool_variables_are_read_by_the_settings():
-    """The wiring contract with crates/aws/src/settings.rs (docs/WARM_POOL.md, "Settings")."""
+    """The wiring contract with crates/aws/src/settings/ (docs/WARM_POOL.md, "Settings")."""
     assert POOL_VARIABLES <= settings_vars()["controller"]["optional"] | settings_vars()["controller"]["required"]
 
 

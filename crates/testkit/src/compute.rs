@@ -28,7 +28,7 @@
 //! [`AwsLike::ecs`] turns everything on (the simulation's default).
 //!
 //! The twin also counts the ECS API calls each port call stands for ([`EcsCalls`]), the
-//! way the AWS adapter (`crates/aws/src/ecs_compute.rs`) makes them: a describe is one
+//! way the AWS adapter (`crates/aws/src/ecs_compute/`) makes them: a describe is one
 //! `DescribeTasks`, `describe_many` of n ids ⌈n/100⌉, a list of L live tasks
 //! max(1, ⌈L/100⌉) `ListTasks` pages and ⌈L/100⌉ `DescribeTasks`.
 //!
@@ -225,7 +225,7 @@ pub struct EcsCalls {
 
 /// The remote calls of the warm pool's refill side, by `service.Operation`
 /// (`ecs.ListTasks`, `dynamodb.Query`, ...), as the AWS adapter makes them
-/// (`crates/aws/src/ecs_pool.rs`, `crates/aws/src/pool_table.rs`; docs/WARM_POOL.md "ECS
+/// (`crates/aws/src/ecs_pool.rs`, `crates/aws/src/pool_table/`; docs/WARM_POOL.md "ECS
 /// calls"), counted apart from [`EcsCalls`] and never throttled:
 ///
 /// - the refill lease: one `dynamodb.UpdateItem` per take;
@@ -488,7 +488,7 @@ pub struct TwinCompute {
 const DEP: &str = "compute";
 
 /// Whether two starts send ECS the same `RunTask` parameters: what the adapter
-/// (`crates/aws/src/ecs_compute.rs`) puts in the request — the `REMOTE_URL` and
+/// (`crates/aws/src/ecs_compute/`) puts in the request — the `REMOTE_URL` and
 /// `ENVIRONMENT_ID` overrides and the session, environment and generation tags (the
 /// deployment is part of the token's key). `workspace_directory` and `previous` are not
 /// sent, so they cannot make a `ConflictException`.

@@ -8,7 +8,7 @@
  * `lambda.EventSourceMapping`, and every role carries its whole policy inline: nothing is
  * added to a role behind the author's back, so the policies read here are all there is.
  *
- * Environment variables are the ones `crates/aws/src/settings.rs` reads.
+ * Environment variables are the ones `crates/aws/src/settings/` reads.
  */
 import { Duration, RemovalPolicy, Stack, Token } from "aws-cdk-lib";
 import * as cloudwatch from "aws-cdk-lib/aws-cloudwatch";
@@ -328,7 +328,7 @@ export class SandboxLifecycle extends Construct {
     });
 
     // ------------------------------------------------------------ registry
-    // The schema of crates/aws/src/dynamo_registry.rs.
+    // The schema of crates/aws/src/dynamo_registry/.
     this.table = new dynamodb.Table(this, "RegistryTable", {
       partitionKey: { name: "pk", type: dynamodb.AttributeType.STRING },
       sortKey: { name: "sk", type: dynamodb.AttributeType.STRING },
@@ -352,7 +352,7 @@ export class SandboxLifecycle extends Construct {
     });
 
     // The warm pool's table (docs/WARM_POOL.md "The pool table"; the schema of
-    // crates/aws/src/pool_table.rs), only with the pool on. Apart from the registry, so the
+    // crates/aws/src/pool_table/), only with the pool on. Apart from the registry, so the
     // executor task role's one grant can never reach a registry item. Sparse GSIs by_idle
     // (idle members, oldest first), by_pool (the refill's own items: launches, idle and
     // recycled members, never a claimed one) and by_environment (members claimed for an
@@ -682,7 +682,7 @@ export class SandboxLifecycle extends Construct {
         conditions: { StringEquals: { "iam:PassedToService": "ecs-tasks.amazonaws.com" } },
       }),
       // The warm pool (docs/WARM_POOL.md "ECS calls"), only with it on: the pool
-      // table's calls of crates/aws/src/pool_table.rs (claim: GetItem of the token, Query
+      // table's calls of crates/aws/src/pool_table/ (claim: GetItem of the token, Query
       // by_idle, TransactWriteItems = UpdateItem + PutItem, authorized per item action, plus
       // the lock's ConditionCheckItem on the registry record, granted by the registry
       // statement; refill: PutItem of a launch, TransactWriteItems = PutItem + DeleteItem,
@@ -1375,7 +1375,7 @@ function validate(props: SandboxLifecycleProps): void {
     problems.push("workspaceVolumeType must be one of gp3, gp2, io1, io2, st1, sc1 (standard is not supported on Fargate)");
   }
   if (gib > 0) {
-    // The per-type rules of crates/aws/src/settings.rs (VOLUME_TYPE_RULES), which the
+    // The per-type rules of crates/aws/src/settings/ (VOLUME_TYPE_RULES), which the
     // worker checks again at start-up.
     const minGib = volumeType.startsWith("io") ? 4 : volumeType === "st1" || volumeType === "sc1" ? 125 : 1;
     if (gib < minGib) problems.push(`workspaceVolumeGiB must be at least ${minGib} for ${volumeType}`);

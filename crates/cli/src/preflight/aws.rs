@@ -6,7 +6,7 @@
 //!    holder) must log with the `awslogs` driver (`awslogs-group`, `awslogs-stream-prefix`,
 //!    optional `awslogs-region`), where the check lines are read back; without it the
 //!    command is a configuration error (exit 2) and starts nothing.
-//! 2. One `RunTask` as the worker starts executors (crates/aws/src/ecs_compute.rs: same
+//! 2. One `RunTask` as the worker starts executors (crates/aws/src/ecs_compute/: same
 //!    `cluster`, `taskDefinition`, `launchType` `FARGATE`, awsvpc `subnets`,
 //!    `securityGroups`, `assignPublicIp`), with `startedBy` [`STARTED_BY`] (no environment
 //!    tag, so the controller never takes it for an executor), a `clientToken` of this run
