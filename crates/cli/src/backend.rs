@@ -139,9 +139,6 @@ pub trait Ops {
     fn compute(&self) -> &Self::C;
     /// A queue.
     fn queue(&self, which: QueueKind) -> &Self::Q;
-    /// The sweep queue: where `sandboxctl sweep` sends its jobs, as the sweeper
-    /// (`SWEEP_QUEUE_URL`; local: `queues.db`'s `sweep`).
-    fn sweep_queue(&self) -> &Self::Q;
     /// The controller settings (deployment id, policy, filter).
     fn config(&self) -> &ControllerConfig;
     /// The audit entries of `key`, oldest first.
@@ -262,9 +259,6 @@ impl Ops for LocalOps {
             QueueKind::Timers => &self.timers,
             QueueKind::Sweep => &self.sweep,
         }
-    }
-    fn sweep_queue(&self) -> &Self::Q {
-        &self.sweep
     }
     fn config(&self) -> &ControllerConfig {
         &self.config
@@ -467,9 +461,6 @@ impl Ops for AwsOps {
             QueueKind::Timers => &self.timers,
             QueueKind::Sweep => &self.sweep,
         }
-    }
-    fn sweep_queue(&self) -> &Self::Q {
-        &self.sweep
     }
     fn config(&self) -> &ControllerConfig {
         &self.settings.controller

@@ -454,7 +454,7 @@ pub async fn sweep<O: Ops>(
         Arc::new(SystemClock) as Arc<dyn Clock>,
         ops.config().clone(),
     )
-    .with_sweep_queue(ops.sweep_queue().clone());
+    .with_sweep_queue(ops.queue(QueueKind::Sweep).clone());
     let report = controller.sweep_fan_out().await?;
     let problems: Vec<String> = if report.deferred > 0 {
         vec![format!(
