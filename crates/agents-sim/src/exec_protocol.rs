@@ -49,22 +49,23 @@ pub const MAX_OUTPUT: usize = 64 * 1024;
 /// Is `url` a `ws://` URL on a loopback address (`127.0.0.0/8`, `localhost`, `[::1]`) with
 /// a port? The only executor URLs the simulator connects to.
 pub fn is_loopback_ws(url: &str) -> bool {
-    let Some(rest) = url.strip_prefix("ws://") else {
-        return false;
-    };
+    loopback_port(url, "ws://").is_some_and(|p| p != 0)
+}
+
+/// The port of `url` when it is `scheme` (`"ws://"`, `"http://"`, ...) on a loopback
+/// address (`127.0.0.0/8`, `localhost`, `[::1]`) with an explicit port (0 included: an
+/// ephemeral one to listen on); `None` otherwise.
+pub fn loopback_port(url: &str, scheme: &str) -> Option<u16> {
+    let rest = url.strip_prefix(scheme)?;
     let authority = rest.split('/').next().unwrap_or_default();
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((h, p)) => (h, p),
-        None => return false,
-    };
-    if port.parse::<u16>().map_or(true, |p| p == 0) {
-        return false;
-    }
-    host == "localhost"
+    let (host, port) = authority.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok()?;
+    let loopback = host == "localhost"
         || host == "[::1]"
         || host
             .parse::<std::net::Ipv4Addr>()
-            .is_ok_and(|ip| ip.is_loopback())
+            .is_ok_and(|ip| ip.is_loopback());
+    loopback.then_some(port)
 }
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;

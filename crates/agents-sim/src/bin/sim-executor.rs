@@ -251,22 +251,14 @@ fn transport_is_served(transport: RemoteTransport) -> Result<(), String> {
 
 /// `ws://` on a loopback host, any port (0: ephemeral).
 fn is_loopback_listen(url: &str) -> bool {
-    let Some((base, port)) = url.rsplit_once(':') else {
-        return false;
-    };
-    port.parse::<u16>().is_ok() && agents_sim::exec_protocol::is_loopback_ws(&format!("{base}:1"))
+    agents_sim::exec_protocol::loopback_port(url, "ws://").is_some()
 }
 
-/// `http(s)://` on a loopback host (with a path or not).
+/// `http(s)://` on a loopback host with a port (with a path or not).
 fn is_loopback_http(url: &str) -> bool {
-    let Some(rest) = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"))
-    else {
-        return false;
-    };
-    let authority = rest.split('/').next().unwrap_or_default();
-    agents_sim::exec_protocol::is_loopback_ws(&format!("ws://{authority}"))
+    ["http://", "https://"]
+        .iter()
+        .any(|scheme| agents_sim::exec_protocol::loopback_port(url, scheme).is_some())
 }
 
 /// The listener's capability token from `--ws-auth capability-token --ws-token-file F`
