@@ -7,6 +7,9 @@
 //! refuses, missing and unknown options and bad enumerated values. Every remote is a closed
 //! loopback port, so a line that gets past its checks fails its registration at once.
 
+mod common;
+
+use common::pinned_codex;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -31,17 +34,6 @@ const RUNS_FOR: Duration = Duration::from_secs(4);
 const DEAD: &str = "http://127.0.0.1:9/v1";
 const LISTENER: &str = "ws://127.0.0.1:7070";
 const KEY: &str = "sk-test-parity-executor-key";
-
-fn codex() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../infra/executor/node_modules/.bin/codex");
-    assert!(
-        p.exists(),
-        "{} missing: run `make infra-tools`",
-        p.display()
-    );
-    p
-}
 
 /// Runs `program argv` with an empty environment (plus `CODEX_API_KEY` when `key`, and a
 /// private `CODEX_HOME` for codex), stdin closed, in its own process group (the codex shim
@@ -411,7 +403,7 @@ async fn the_stand_in_accepts_exactly_what_codex_accepts() {
     ];
 
     let stand_in = PathBuf::from(env!("CARGO_BIN_EXE_sim-executor"));
-    let codex = codex();
+    let codex = pinned_codex();
     let mut mismatches = Vec::new();
     for (what, argv, key, want) in &table {
         let ((real, real_out), (ours, our_out)) = tokio::join!(

@@ -8,7 +8,7 @@
 mod common;
 
 use agents_sim::{SessionEnvironment, SimConfig, SimHandle, spawn};
-use common::{WAIT, wait_until_async};
+use common::{WAIT, pinned_codex, wait_until_async};
 use sandbox_core::environment::EnvironmentStatus;
 use sandbox_core::session::SessionStatus;
 use serde_json::Value;
@@ -19,17 +19,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 const EXECUTOR_KEY: &str = "sk-test-restricted-executor-key-relay";
-
-fn codex() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../infra/executor/node_modules/.bin/codex");
-    assert!(
-        p.exists(),
-        "{} missing: run `make infra-tools`",
-        p.display()
-    );
-    p
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -118,7 +107,7 @@ fn base(cmd: &mut Command, home: &Path) {
 }
 
 fn listener(port: u16, home: &Path) -> Proc {
-    let mut cmd = Command::new(codex());
+    let mut cmd = Command::new(pinned_codex());
     cmd.args(["exec-server", "--listen", &format!("ws://127.0.0.1:{port}")]);
     base(&mut cmd, home);
     cmd.stdin(Stdio::null()).stderr(Stdio::null());
@@ -138,7 +127,7 @@ async fn forwarder(
     via: KeyVia,
     home: &Path,
 ) -> Proc {
-    let mut cmd = Command::new(codex());
+    let mut cmd = Command::new(pinned_codex());
     cmd.args(["exec-server", "forward", "--remote", &sim.base_url()])
         .args(["--environment-id", env])
         .args(["--connect", &format!("ws://127.0.0.1:{port}")]);

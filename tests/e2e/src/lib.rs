@@ -138,6 +138,29 @@ pub fn pinned_codex() -> anyhow::Result<PathBuf> {
     Ok(std::path::absolute(path)?)
 }
 
+/// A port of 127.0.0.1 free when asked (the kernel picks it; released at once).
+///
+/// # Panics
+/// When no port can be bound on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on 127.0.0.1")
+}
+
+/// `dir/bin` holding `codex` → the pinned binary ([`pinned_codex`]), as the executor image
+/// links it into /usr/local/bin: put it first on `PATH` to run the Fargate entrypoint.
+///
+/// # Errors
+/// The pinned codex is missing, or the directory or link cannot be made.
+pub fn pinned_codex_on_path(dir: &Path) -> anyhow::Result<PathBuf> {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    std::os::unix::fs::symlink(pinned_codex()?, bin.join("codex"))?;
+    Ok(bin)
+}
+
 /// `E2E_LOG=info` (any `RUST_LOG` filter) shows the controller's logs in a test's output
 /// (nextest captures it: add `--no-capture` to see it live). Both harnesses call it at
 /// start; the first call in a process wins.

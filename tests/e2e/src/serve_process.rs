@@ -55,14 +55,7 @@ pub fn serve_command(dir: &Path, sim_base: &str, port: u16, extra: &[&str]) -> C
     cmd
 }
 
-/// A free loopback port (bound, then released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use crate::free_port;
 
 /// Waits up to 30 s for something to listen on `127.0.0.1:port`.
 ///

@@ -79,14 +79,7 @@ pub fn certificates(dir: &Path) {
     );
 }
 
-/// A port of 127.0.0.1 free when asked (the kernel picks it; released at once).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use crate::free_port;
 
 /// `openssl s_server` on 127.0.0.1:`port`, answering HTTP (`-www`); ended on drop.
 pub struct TlsServer(Child);

@@ -21,9 +21,9 @@
 use anyhow::{Context, bail};
 use sandbox_core::ids::{EnvironmentId, Generation, SessionId, idempotency_token};
 use sandbox_core::outcome::StartSpec;
-use sandbox_e2e::pinned_codex;
+use sandbox_e2e::{free_port, pinned_codex, pinned_codex_on_path};
 use sandbox_local::process_compute::ExecutorCommand;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -99,13 +99,6 @@ enum Proof {
     Listens(u16),
     /// It sent the registration to [`Registry`].
     Registers,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port on 127.0.0.1")
 }
 
 /// Runs `cmd` (in a process group of its own, ended afterwards) until `proof` is seen, and
@@ -233,20 +226,12 @@ fn entrypoint(
     cmd
 }
 
-/// A directory holding `codex` → the pinned binary (what the image links into /usr/local/bin).
-fn codex_on_path(dir: &Path, codex: &Path) -> anyhow::Result<PathBuf> {
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin)?;
-    std::os::unix::fs::symlink(codex, bin.join("codex"))?;
-    Ok(bin)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_codex_command_line_runs_with_the_pinned_binary() -> anyhow::Result<()> {
     let codex = pinned_codex()?;
     let scratch = tempfile::tempdir()?;
     let home = scratch.path();
-    let bin = codex_on_path(home, &codex)?;
+    let bin = pinned_codex_on_path(home)?;
     let registry = Registry::start().await?;
     let spec = spec(&registry.base);
     let program = |c: ExecutorCommand| ExecutorCommand::new(codex.display().to_string(), c.args);

@@ -24,7 +24,7 @@ use aws_sdk_dynamodb::types::{
 use sandbox_core::environment::EnvironmentStatus;
 use sandbox_core::session::SessionStatus;
 use sandbox_e2e::aws_stack::{moto_endpoint, unique};
-use sandbox_e2e::pinned_codex;
+use sandbox_e2e::{free_port, pinned_codex_on_path};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -104,22 +104,6 @@ impl Drop for Container {
             .stderr(Stdio::null())
             .status();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port on 127.0.0.1")
-}
-
-/// A directory holding `codex` → the pinned binary (what the image links into
-/// /usr/local/bin).
-fn codex_on_path(dir: &Path) -> anyhow::Result<PathBuf> {
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin)?;
-    std::os::unix::fs::symlink(pinned_codex()?, bin.join("codex"))?;
-    Ok(bin)
 }
 
 async fn simulator(nonce: &str) -> SimHandle {
@@ -378,7 +362,7 @@ async fn put_member(
 async fn fargate_entrypoint_roles_relay_a_turn_with_the_real_codex() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let home = scratch.path();
-    let bin = codex_on_path(home)?;
+    let bin = pinned_codex_on_path(home)?;
     let nonce = format!("fargate-entrypoint-{}", unique());
     let sim = simulator(&nonce).await;
     let client = sim.client();

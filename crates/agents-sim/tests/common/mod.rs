@@ -218,3 +218,15 @@ pub async fn sim_with_receiver(
     let sim = spawn(cfg).await.expect("simulator starts");
     (sim, rx)
 }
+
+/// The pinned codex (infra/executor, `npm ci`): `node_modules/.bin/codex`.
+pub fn pinned_codex() -> std::path::PathBuf {
+    let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../infra/executor/node_modules/.bin/codex");
+    assert!(
+        p.exists(),
+        "{} missing: run `make infra-tools`",
+        p.display()
+    );
+    p
+}
